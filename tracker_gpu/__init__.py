@@ -1,0 +1,16 @@
+"""tracker_gpu: reverse-mode automatic differentiation over any Array API library.
+
+>>> import numpy as np, tracker_gpu as tg
+>>> tg.gradient(lambda x: tg.sum(x**2) + tg.prod(x[1:]), np.array([1.0, 2.0, 3.0]))
+(array([2., 7., 8.]),)
+"""
+
+# tracked first: the rule modules build on it, and it binds its operators to them.
+from .tracked import TrackedArray, data, grad, isleaf, istracked, param, rule, update, zero_grad
+
+from . import namespace, testing  # noqa: I001
+from .api import Grads, Params, WithGradient, back, gradient, nobacksies, withgradient
+from .namespace import *  # noqa: F403
+from .tape import BackError, PullbackError
+
+__version__ = "0.1.0"

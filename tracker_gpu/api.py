@@ -1,0 +1,269 @@
+"""Tracker's gradient API: back, gradient, withgradient, Params and Grads, nobacksies.
+
+>>> import numpy as np, tracker_gpu as tg
+>>> f = lambda x: tg.sum(x**2) + tg.prod(x[1:])
+>>> tg.gradient(f, np.array([1.0, 2.0, 3.0]))
+(array([2., 7., 8.]),)
+>>> float(tg.withgradient(f, np.array([1.0, 2.0, 3.0])).val)
+20.0
+"""
+
+import math
+from collections import namedtuple
+
+import numpy as np
+
+from . import backend
+from .backend import SCALARS
+from .pytree import tree_map
+from .tape import BackError, walk
+from .tracked import TrackedArray, data, identity, leaf, param
+
+__all__ = ["back", "gradient", "withgradient", "WithGradient", "Params", "Grads", "nobacksies"]
+
+WithGradient = namedtuple("WithGradient", ["val", "grad"])
+
+
+def back(y, dy=None, *, once=True):
+    """Backpropagate from `y` into the leaves it depends on (Tracker's `back!`).
+
+    A scalar `y` is seeded with 1 (it must be finite); any other `y` needs a seed `dy` of its
+    shape. Leaf gradients accumulate across passes. With `once=True` the graph is freed as it is
+    walked and a second pass raises; `once=False` keeps it.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> x = tg.param(np.array([1.0, 2.0]))
+    >>> tg.back(x * 3, np.array([1.0, 1.0]))
+    >>> tg.grad(x)
+    array([3., 3.])
+    """
+    if not isinstance(y, TrackedArray):
+        raise TypeError(f"back needs a tracked value, got {type(y).__name__}")
+    seed = _scalar_seed(y) if dy is None else _given_seed(y, dy)
+    for node, g in walk(y, seed, once=once):
+        if node._rule is None:
+            node._grad = g if node._grad is None else node._grad + g
+
+
+def _scalar_seed(y):
+    if y.ndim != 0:
+        raise BackError(
+            f"value is not scalar (shape {tuple(y.shape)}): use back(sum(y)) or back(y, dy) "
+            "with a seed dy of y's shape"
+        )
+    value = float(y.data)
+    if not math.isfinite(value):
+        raise BackError(
+            f"loss is {value} (not finite): the backward pass needs a finite loss; look for "
+            "overflow, log(0) or 0/0 in the forward pass"
+        )
+    return y._xp.ones_like(y.data)
+
+
+def _given_seed(y, dy):
+    xp = y._xp
+    dy = data(dy)
+    if type(dy) in SCALARS or isinstance(dy, (list, tuple)):
+        dy = xp.asarray(dy, dtype=y.dtype, device=y.device)
+    backend.check_same_library(xp, dy)
+    if xp.isdtype(dy.dtype, "complex floating"):
+        raise TypeError("a complex seed is not supported; pass a real seed of y's dtype")
+    if tuple(dy.shape) != tuple(y.shape):
+        raise ValueError(f"seed of shape {tuple(dy.shape)} for a value of shape {tuple(y.shape)}")
+    if backend.device_of(dy) != y.device:
+        raise ValueError(
+            f"seed on device {backend.device_of(dy)} for a value on device {y.device}; "
+            f"create the seed on {y.device}"
+        )
+    return dy if dy.dtype == y.dtype else xp.astype(dy, y.dtype)
+
+
+def gradient(f, *args, nest=False):
+    """The gradients of the scalar `f(*args)` with respect to each argument.
+
+    Arguments may be nested structures (tuples, lists, dicts, named tuples, dataclasses): each
+    float array inside becomes a parameter and gets its gradient in the same place; everything
+    else gets `None`, and so does an input the loss does not depend on. Top-level numbers and
+    integer arrays are made float parameters, as by `param`. `f` may return `(loss, aux...)`.
+    With `nest=True` the gradients are tracked, so they can be differentiated again.
+
+    The implicit form `gradient(lambda: loss, Params([W, b]))` returns `Grads`, looked up by
+    parameter.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> tg.gradient(lambda p: tg.sum(p["w"] * p["x"]), {"w": np.ones(2), "x": np.arange(2.0)})
+    ({'w': array([0., 1.]), 'x': array([1., 1.])},)
+    """
+    return withgradient(f, *args, nest=nest).grad
+
+
+def withgradient(f, *args, nest=False):
+    """`(val, grad)`: the value of `f(*args)` (its whole output) and `gradient(f, *args)`."""
+    if len(args) == 1 and isinstance(args[0], Params):
+        return _implicit(f, args[0], nest)
+    args = tuple(_as_array_if_number(a) for a in args)
+    inputs = {}  # id of the user's array -> its tracked input
+    tracked_args = tuple(_track(a, inputs, nest, top=True) for a in args)
+    val = f(*tracked_args)
+    loss = val[0] if isinstance(val, tuple) else val
+    found = _backprop(loss, inputs.values(), nest)
+    grads = tuple(tree_map(lambda x: _grad_of(x, inputs, found, nest), a) for a in args)
+    return WithGradient(val, grads)
+
+
+def _as_array_if_number(x):
+    """A top-level number becomes a 0-d float64 array: a parameter of its own."""
+    if type(x) in SCALARS and type(x) is not bool:
+        return np.asarray(float(x))
+    return x
+
+
+def _track(tree, inputs, nest, top):
+    def track(x):
+        key = id(x)
+        if key not in inputs:
+            made = _input(x, nest, top and not isinstance(tree, (tuple, list, dict)))
+            if made is None:
+                return x
+            inputs[key] = made
+        return inputs[key]
+
+    return tree_map(track, tree)
+
+
+def _input(x, nest, top):
+    """The tracked input standing for a user's value, or None if it is not a parameter."""
+    if isinstance(x, TrackedArray):
+        return identity(x) if nest else leaf(x.data)
+    if not backend.is_array(x):
+        return None
+    xp = backend.namespace_of(x)
+    if xp.isdtype(x.dtype, "real floating"):
+        return leaf(x)
+    if xp.isdtype(x.dtype, "complex floating"):
+        raise TypeError("complex inputs are not supported yet; split real and imaginary parts")
+    return param(x) if top else None
+
+
+def _backprop(loss, inputs, nest):
+    """{id(input): gradient} for the inputs the scalar `loss` depends on."""
+    if not isinstance(loss, TrackedArray):
+        _check_loss_is_scalar(loss)
+        return {}
+    seed = _scalar_seed(loss)
+    if nest:  # a tracked constant, so that every vjp sees a tracked gradient
+        seed = TrackedArray(seed, loss._xp)
+    reached = walk(loss, seed, once=not nest, nested=nest, stop=inputs)
+    return {id(node): g for node, g in reached}
+
+
+def _check_loss_is_scalar(loss):
+    shape = getattr(loss, "shape", ())
+    if tuple(shape) != ():
+        raise BackError(f"the loss must be a scalar, got shape {tuple(shape)}; use sum(...)")
+
+
+def _grad_of(x, inputs, found, nest):
+    made = inputs.get(id(x))
+    if made is None:
+        return None
+    g = found.get(id(made))
+    if g is not None and isinstance(x, TrackedArray) and not nest:
+        return nobacksies(NEST_MESSAGE, g, parent=x)
+    return g
+
+
+NEST_MESSAGE = (
+    "this gradient was computed without nest=True, so it cannot be differentiated again; "
+    "use gradient(f, x, nest=True) for nested derivatives"
+)
+
+
+# --- nobacksies: a value a backward pass must not go through
+class NestedDerivativeError(RuntimeError):
+    """A backward pass reached a value marked with `nobacksies`."""
+
+
+class _NoBacksies:
+    name = "nobacksies"
+
+    def pullback(self, node, args, message, g, nested):
+        raise NestedDerivativeError(message)
+
+
+_NO_BACKSIES = _NoBacksies()
+
+
+def nobacksies(message, x, *, parent=None):
+    """`x` unchanged, marked so that a backward pass through it raises `message`.
+
+    Tracker uses it to mark rules that are not twice differentiable: on plain values it does
+    nothing, on tracked ones (a nested pass) it makes differentiating through them an error.
+    `parent` links a plain `x` to the tape of a tracked value.
+    """
+    link = parent if parent is not None else x
+    if not isinstance(link, TrackedArray):
+        return x
+    return TrackedArray(data(x), link._xp, _NO_BACKSIES, (link,), message)
+
+
+# --- the implicit interface
+class Params:
+    """An ordered set of tracked leaves, de-duplicated by identity (Flux's implicit params)."""
+
+    def __init__(self, xs=()):
+        self._items = []
+        self._ids = set()
+        for x in xs:
+            self.append(x)
+
+    def append(self, x):
+        if not isinstance(x, TrackedArray):
+            raise TypeError(f"Params holds tracked values (tg.param(x)), got {type(x).__name__}")
+        if id(x) not in self._ids:
+            self._ids.add(id(x))
+            self._items.append(x)
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self):
+        return len(self._items)
+
+    def __contains__(self, x):
+        return id(x) in self._ids
+
+    def __repr__(self):
+        return f"Params({len(self)} arrays)"
+
+
+class Grads:
+    """Gradients of implicit parameters, looked up by parameter: `gs[W]`."""
+
+    def __init__(self, params, found):
+        self.params = params
+        self._found = found
+
+    def __getitem__(self, x):
+        if x not in self.params:
+            raise KeyError("not one of the Params this gradient was taken for")
+        return self._found.get(id(x))
+
+    def __iter__(self):
+        return iter(self.params)
+
+    def __len__(self):
+        return len(self.params)
+
+    def items(self):
+        return [(p, self[p]) for p in self.params]
+
+    def __repr__(self):
+        return f"Grads({len(self)} arrays)"
+
+
+def _implicit(f, params, nest):
+    val = f()
+    loss = val[0] if isinstance(val, tuple) else val
+    found = _backprop(loss, list(params), nest)
+    return WithGradient(val, Grads(params, found))

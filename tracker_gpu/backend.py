@@ -1,0 +1,131 @@
+"""The backend: which array library and device an array belongs to.
+
+Namespaces are resolved once per array type and cached. NumPy 2 exposes the standard in its main
+namespace, which is faster than a wrapper; other libraries go through array-api-compat. CuPy is
+detected through `sys.modules`, so importing tracker_gpu never imports it.
+"""
+
+import sys
+
+import array_api_compat
+import numpy as np
+
+__all__ = [
+    "SCALARS",
+    "namespace_of",
+    "is_array",
+    "is_numpy",
+    "is_cupy",
+    "device_of",
+    "check_same_library",
+    "check_same_device",
+    "scatter_add",
+]
+
+# Python numbers, by exact type: NumPy scalars subclass float but are arrays here.
+SCALARS = frozenset({int, float, bool})
+_BY_TYPE = {np.ndarray: np, np.float64: np, np.float32: np}
+
+
+def namespace_of(x):
+    """The Array API namespace of a (plain) array, cached by type.
+
+    >>> import numpy as np
+    >>> namespace_of(np.ones(2)) is np
+    True
+    """
+    xp = _BY_TYPE.get(type(x))
+    if xp is None:
+        xp = _resolve(x)
+        _BY_TYPE[type(x)] = xp
+    return xp
+
+
+def _resolve(x):
+    if isinstance(x, (np.ndarray, np.generic)):
+        return np
+    try:
+        return array_api_compat.array_namespace(x)
+    except TypeError:
+        raise TypeError(
+            f"expected an array of an Array API library (NumPy, CuPy, PyTorch, ...), "
+            f"got {type(x).__name__}; convert it with the library's asarray first"
+        ) from None
+
+
+def is_array(x):
+    """True for an array of any library array-api-compat recognises (not Python scalars)."""
+    t = type(x)
+    if t in _BY_TYPE:
+        return True
+    if t in SCALARS or x is None:
+        return False
+    return isinstance(x, (np.ndarray, np.generic)) or array_api_compat.is_array_api_obj(x)
+
+
+def is_numpy(xp):
+    return xp is np
+
+
+def is_cupy(x):
+    """True for a CuPy array; never imports CuPy."""
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and isinstance(x, cupy.ndarray)
+
+
+def device_of(x):
+    return array_api_compat.device(x)
+
+
+def check_same_library(xp, x):
+    """Refuse a plain array of another library than `xp` in one operation."""
+    other = namespace_of(x)
+    if other is not xp and not (_is_numpy_like(other) and _is_numpy_like(xp)):
+        raise TypeError(
+            f"cannot mix arrays of {_library(xp)} and {_library(other)} in one operation; "
+            f"convert one of them, e.g. with {_library(xp)}'s asarray"
+        )
+
+
+def check_same_device(arrays):
+    """Refuse arrays on different devices in one operation, naming both devices."""
+    first = device_of(arrays[0])
+    for a in arrays[1:]:
+        other = device_of(a)
+        if other != first:
+            raise ValueError(
+                f"arrays on different devices in one operation: {first} and {other}; "
+                f"move one with to_device(x, device) (a tracked op) first"
+            )
+
+
+def _is_numpy_like(xp):
+    return xp is np or getattr(xp, "__name__", "") == "array_api_compat.numpy"
+
+
+def _library(xp):
+    return getattr(xp, "__name__", repr(xp)).replace("array_api_compat.", "")
+
+
+def scatter_add(xp, z, key, values):
+    """`z[key] += values` with repeated indices accumulating; returns the result.
+
+    NumPy, CuPy and PyTorch use their own scatter; other libraries a one-hot product, which the
+    standard can express (it has no scatter).
+    """
+    if xp is np:
+        np.add.at(z, key, values)
+        return z
+    if is_cupy(z):
+        import cupyx
+
+        cupyx.scatter_add(z, key, values)
+        return z
+    shape = z.shape
+    positions = xp.reshape(xp.arange(z.size, device=device_of(z)), shape)[key]
+    positions = xp.reshape(positions, (-1,))
+    values = xp.reshape(values, (-1,))
+    if array_api_compat.is_torch_array(z):
+        return xp.reshape(z, (-1,)).index_add(0, positions, values).reshape(shape)
+    onehot = positions[:, None] == xp.arange(z.size, device=device_of(z))[None, :]
+    return z + xp.reshape(values[None, :] @ xp.astype(onehot, values.dtype), shape)

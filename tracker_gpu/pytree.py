@@ -1,0 +1,60 @@
+"""Nested structures: tuples, lists, dicts, named tuples and dataclasses, mapped leaf by leaf.
+
+>>> tree_map(lambda x: x * 2, {"a": (1, 2), "b": [3]})
+{'a': (2, 4), 'b': [6]}
+"""
+
+import copy
+import dataclasses
+
+__all__ = ["tree_map", "tree_leaves", "is_container"]
+
+
+def is_container(x):
+    return isinstance(x, (tuple, list, dict)) or (
+        dataclasses.is_dataclass(x) and not isinstance(x, type)
+    )
+
+
+def tree_map(fn, tree, *rest):
+    """Apply `fn` to each leaf of `tree` (and the matching leaves of `rest`), keeping the shape."""
+    for other in rest:
+        _check_same_structure(tree, other)
+    if isinstance(tree, dict):
+        return type(tree)((k, tree_map(fn, v, *(r[k] for r in rest))) for k, v in tree.items())
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(tree_map(fn, *items) for items in zip(tree, *rest)))
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(tree_map(fn, *items) for items in zip(tree, *rest))
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        out = copy.copy(tree)
+        for field in dataclasses.fields(tree):
+            values = (getattr(t, field.name) for t in (tree, *rest))
+            object.__setattr__(out, field.name, tree_map(fn, *values))
+        return out
+    return fn(tree, *rest)
+
+
+def tree_leaves(tree):
+    """The leaves of `tree`, in order."""
+    leaves = []
+    tree_map(leaves.append, tree)
+    return leaves
+
+
+def _check_same_structure(a, b):
+    if is_container(a) or is_container(b):
+        same = type(a) is type(b) or (
+            isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and not hasattr(a, "_fields")
+        )
+        if not same or (isinstance(a, (tuple, list, dict)) and len(a) != len(b)):
+            raise ValueError(
+                f"mismatched structures: {type(a).__name__} of {_length(a)} and "
+                f"{type(b).__name__} of {_length(b)}; pass a gradient shaped like the model"
+            )
+        if isinstance(a, dict) and a.keys() != b.keys():
+            raise ValueError(f"mismatched dict keys: {sorted(a)} and {sorted(b)}")
+
+
+def _length(x):
+    return len(x) if isinstance(x, (tuple, list, dict)) else "fields"

@@ -1,0 +1,281 @@
+"""Elementwise functions of the Array API standard: a table of forward names and vjps.
+
+Each vjp is `vjp(g, ans, *args)`. A possibly-tracked value stays the left operand (some array
+libraries refuse a foreign right operand). Masks are computed from plain values: they are
+constants of the derivative.
+
+>>> import numpy as np, tracker_gpu as tg
+>>> tg.gradient(lambda x: tg.sum(tg.sin(x) * tg.exp(x)), np.array([0.0]))[0]
+array([1.])
+"""
+
+import math
+
+from ..backend import SCALARS, device_of, namespace_of
+from ..tracked import Primitive, data
+
+__all__ = [
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "pow",
+    "remainder",
+    "negative",
+    "positive",
+    "identity",
+    "astype",
+    "exp",
+    "expm1",
+    "log",
+    "log1p",
+    "log2",
+    "log10",
+    "sqrt",
+    "square",
+    "reciprocal",
+    "sin",
+    "cos",
+    "tan",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "tanh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "abs",
+    "sign",
+    "real",
+    "conj",
+    "maximum",
+    "minimum",
+    "atan2",
+    "hypot",
+    "logaddexp",
+    "copysign",
+    "where",
+    "clip",
+    "floor_divide",
+]
+
+
+def _unary(name, vjp):
+    def forward(xp, x):
+        return getattr(xp, name)(x)
+
+    return Primitive(name, forward, (vjp,))
+
+
+def _binary(name, forward, vjp_x, vjp_y):
+    return Primitive(name, forward, (vjp_x, vjp_y))
+
+
+def _function(name):
+    """The forward of a standard binary function, with Python scalars made arrays."""
+
+    def forward(xp, x, y):
+        x, y = _as_arrays(xp, x, y)
+        return getattr(xp, name)(x, y)
+
+    return forward
+
+
+def _as_arrays(xp, *args):
+    like = next((a for a in args if type(a) not in SCALARS), None)
+    return tuple(
+        xp.asarray(a, dtype=like.dtype, device=device_of(like)) if type(a) in SCALARS else a
+        for a in args
+    )
+
+
+def zeros_like(x):
+    """Plain zeros shaped, typed and placed like `x` (a constant of the derivative)."""
+    x = data(x)
+    if type(x) in SCALARS:
+        return 0.0
+    return namespace_of(x).zeros_like(x)
+
+
+def mask(condition, g):
+    """`g` where `condition` holds, zero elsewhere; differentiable in `g`."""
+    return where(condition, g, zeros_like(g))
+
+
+# --- arithmetic, through the operators so that Python scalars keep the array's dtype
+add = _binary("add", lambda xp, x, y: x + y, lambda g, ans, x, y: g, lambda g, ans, x, y: g)
+subtract = _binary(
+    "subtract", lambda xp, x, y: x - y, lambda g, ans, x, y: g, lambda g, ans, x, y: -g
+)
+multiply = _binary(
+    "multiply", lambda xp, x, y: x * y, lambda g, ans, x, y: g * y, lambda g, ans, x, y: g * x
+)
+divide = _binary(
+    "divide", lambda xp, x, y: x / y, lambda g, ans, x, y: g / y, lambda g, ans, x, y: -g * ans / y
+)
+pow = _binary(
+    "pow",
+    lambda xp, x, y: x**y,
+    lambda g, ans, x, y: g * y * x ** (y - 1),
+    lambda g, ans, x, y: g * log(x) * ans,
+)
+remainder = _binary(
+    "remainder",
+    lambda xp, x, y: x % y,
+    lambda g, ans, x, y: g,
+    lambda g, ans, x, y: -g * _plain_floor_divide(x, y),
+)
+negative = Primitive("negative", lambda xp, x: -x, (lambda g, ans, x: -g,))
+identity = Primitive("identity", lambda xp, x: x, (lambda g, ans, x: g,))
+
+
+def positive(x):
+    return x
+
+
+def _astype_forward(xp, x, dtype, /, *, copy=True):
+    return xp.astype(x, dtype, copy=copy)
+
+
+# The cast back to the argument's dtype is done by the one place that fits gradients.
+astype = Primitive("astype", _astype_forward, (lambda g, ans, x, dtype, **kw: g, None))
+
+# --- unary functions: name and vjp
+exp = _unary("exp", lambda g, ans, x: g * ans)
+expm1 = _unary("expm1", lambda g, ans, x: g * (ans + 1))
+log = _unary("log", lambda g, ans, x: g / x)
+log1p = _unary("log1p", lambda g, ans, x: g / (x + 1))
+log2 = _unary("log2", lambda g, ans, x: g / (x * math.log(2)))
+log10 = _unary("log10", lambda g, ans, x: g / (x * math.log(10)))
+sqrt = _unary("sqrt", lambda g, ans, x: g / (ans * 2))
+square = _unary("square", lambda g, ans, x: g * (x * 2))
+reciprocal = _unary("reciprocal", lambda g, ans, x: -g * ans * ans)
+sin = _unary("sin", lambda g, ans, x: g * cos(x))
+cos = _unary("cos", lambda g, ans, x: -g * sin(x))
+tan = _unary("tan", lambda g, ans, x: g * (ans * ans + 1))
+asin = _unary("asin", lambda g, ans, x: g / sqrt(1 - x * x))
+acos = _unary("acos", lambda g, ans, x: -g / sqrt(1 - x * x))
+atan = _unary("atan", lambda g, ans, x: g / (x * x + 1))
+sinh = _unary("sinh", lambda g, ans, x: g * cosh(x))
+cosh = _unary("cosh", lambda g, ans, x: g * sinh(x))
+tanh = _unary("tanh", lambda g, ans, x: g * (1 - ans * ans))
+asinh = _unary("asinh", lambda g, ans, x: g / sqrt(x * x + 1))
+acosh = _unary("acosh", lambda g, ans, x: g / sqrt(x * x - 1))
+atanh = _unary("atanh", lambda g, ans, x: g / (1 - x * x))
+abs = _unary("abs", lambda g, ans, x: where(data(x) >= 0, g, -g))  # abs'(0) = +1, as Tracker
+sign = _unary("sign", lambda g, ans, x: None)
+real = _unary("real", lambda g, ans, x: g)
+conj = _unary("conj", lambda g, ans, x: g)
+
+# --- binary functions
+# Ties of maximum/minimum send the gradient to the second argument, as Tracker does.
+maximum = _binary(
+    "maximum",
+    _function("maximum"),
+    lambda g, ans, x, y: mask(data(x) > data(y), g),
+    lambda g, ans, x, y: mask(data(x) <= data(y), g),
+)
+minimum = _binary(
+    "minimum",
+    _function("minimum"),
+    lambda g, ans, x, y: mask(data(x) < data(y), g),
+    lambda g, ans, x, y: mask(data(x) >= data(y), g),
+)
+atan2 = _binary(
+    "atan2",
+    _function("atan2"),
+    lambda g, ans, y, x: g * x / add(x * x, y * y),
+    lambda g, ans, y, x: -g * y / add(x * x, y * y),
+)
+hypot = _binary(
+    "hypot",
+    _function("hypot"),
+    lambda g, ans, x, y: g * x / ans,
+    lambda g, ans, x, y: g * y / ans,
+)
+logaddexp = _binary(
+    "logaddexp",
+    _function("logaddexp"),
+    lambda g, ans, x, y: g * exp(subtract(x, ans)),
+    lambda g, ans, x, y: g * exp(subtract(y, ans)),
+)
+copysign = _binary(
+    "copysign",
+    _function("copysign"),
+    lambda g, ans, x, y: where(_plain_signbit(x) == _plain_signbit(ans), g, -g),
+    lambda g, ans, x, y: None,
+)
+
+
+def _where_forward(xp, condition, x, y):
+    x, y = _as_arrays(xp, x, y)
+    return xp.where(condition, x, y)
+
+
+where = Primitive(
+    "where",
+    _where_forward,
+    (
+        None,
+        lambda g, ans, c, x, y: where(c, g, zeros_like(g)),
+        lambda g, ans, c, x, y: where(c, zeros_like(g), g),
+    ),
+)
+
+
+def _clip_forward(xp, x, lo, hi):
+    return xp.clip(x, data(lo), data(hi))
+
+
+def _clip_vjp_x(g, ans, x, lo, hi):
+    inside = _and(lo is None or data(x) >= data(lo), hi is None or data(x) <= data(hi))
+    return g if inside is True else mask(inside, g)
+
+
+_clip = Primitive(
+    "clip",
+    _clip_forward,
+    (
+        _clip_vjp_x,
+        lambda g, ans, x, lo, hi: mask(data(x) < data(lo), g),
+        lambda g, ans, x, lo, hi: mask(data(x) > data(hi), g),
+    ),
+)
+
+
+def _and(a, b):
+    if a is True:
+        return b
+    return a if b is True else a & b
+
+
+def clip(x, /, min=None, max=None):
+    """Clamp `x` to `[min, max]`; the gradient passes where `x` is inside, bounds included."""
+    return _clip(x, min, max)
+
+
+# --- non-differentiable elementwise functions: plain arrays out
+def _plain(name):
+    def plain_function(*args, **kw):
+        values = [data(a) for a in args]
+        xp = namespace_of(next(v for v in values if type(v) not in SCALARS))
+        return getattr(xp, name)(*_as_arrays(xp, *values), **kw)
+
+    plain_function.__name__ = name
+    plain_function.__doc__ = f"The standard's `{name}` on plain values; not differentiable."
+    return plain_function
+
+
+PLAIN_FUNCTIONS = {
+    name: _plain(name)
+    for name in (
+        "ceil floor trunc round signbit isfinite isinf isnan equal not_equal greater "
+        "greater_equal less less_equal logical_and logical_or logical_xor logical_not "
+        "bitwise_and bitwise_or bitwise_xor bitwise_invert bitwise_left_shift "
+        "bitwise_right_shift floor_divide nextafter"
+    ).split()
+}
+floor_divide = _plain_floor_divide = PLAIN_FUNCTIONS["floor_divide"]
+_plain_signbit = PLAIN_FUNCTIONS["signbit"]

@@ -1,0 +1,158 @@
+"""Reductions with `axis` and `keepdims`: sum, prod, mean, max, min, var, std.
+
+A reduction's vjp passes the gradient back as a broadcast view, never a filled array.
+`max`/`min` send the whole gradient to the first extremum along the reduced axes (ties are not
+split), as Tracker does. `prod` is exact at zeros, to any order of differentiation.
+
+>>> import numpy as np, tracker_gpu as tg
+>>> tg.gradient(tg.prod, np.array([2.0, 0.0, 3.0]))[0]
+array([0., 6., 0.])
+"""
+
+import builtins
+
+from ..backend import namespace_of
+from ..tracked import Primitive, data
+from .elementwise import mask, sqrt, square, where
+from .shape import broadcast_to, permute_dims, reshape
+
+
+def normalize_axes(axis, ndim):
+    """`axis` (None, an int or a tuple) as a sorted tuple of non-negative axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    return tuple(sorted(a % ndim if ndim else a for a in axes))
+
+
+def expand(g, x, axis, keepdims):
+    """The gradient of a reduction of `x`, broadcast back to `x`'s shape (a view)."""
+    shape = tuple(x.shape)
+    if not keepdims and axis is not None:
+        reduced = normalize_axes(axis, len(shape))
+        g = reshape(g, tuple(1 if i in reduced else n for i, n in enumerate(shape)))
+    return broadcast_to(g, shape)
+
+
+def _count(shape, axis):
+    n = 1
+    for a in normalize_axes(axis, len(shape)):
+        n *= shape[a]
+    return n
+
+
+def _reduction(name):
+    def forward(xp, x, /, *, axis=None, keepdims=False, **kw):
+        return getattr(xp, name)(x, axis=axis, keepdims=keepdims, **kw)
+
+    return forward
+
+
+sum = Primitive(
+    "sum", _reduction("sum"), (lambda g, ans, x, axis=None, keepdims=False, dtype=None: expand(g, x, axis, keepdims),)
+)
+mean = Primitive(
+    "mean",
+    _reduction("mean"),
+    (lambda g, ans, x, axis=None, keepdims=False: expand(g, x, axis, keepdims) / _count(x.shape, axis),),
+)
+
+
+# --- prod: the gradient is the product of all the other elements, computed without dividing
+def _prod_vjp(g, ans, x, axis=None, keepdims=False, dtype=None):
+    return expand(g, x, axis, keepdims) * _others_along(x, axis)
+
+
+prod = Primitive("prod", _reduction("prod"), (_prod_vjp,))
+
+
+def _others_along(x, axis):
+    """For each element, the product of the other elements along `axis` (moved last)."""
+    ndim = len(x.shape)
+    reduced = normalize_axes(axis, ndim)
+    kept = tuple(a for a in range(ndim) if a not in reduced)
+    order = kept + reduced
+    moved = permute_dims(x, order) if order != tuple(range(ndim)) else x
+    lead = tuple(moved.shape[: len(kept)])
+    others = _others(reshape(moved, lead + (-1,)))
+    others = reshape(others, tuple(moved.shape))
+    if order == tuple(range(ndim)):
+        return others
+    inverse = tuple(sorted(range(ndim), key=lambda i: order[i]))
+    return permute_dims(others, inverse)
+
+
+def _others_forward(xp, x):
+    """Exclusive products from the left and the right along the last axis: no division."""
+    ones = xp.ones_like(x[..., :1])
+    left = xp.cumulative_prod(xp.concat([ones, x[..., :-1]], axis=-1), axis=-1)
+    right = xp.flip(
+        xp.cumulative_prod(xp.concat([ones, xp.flip(x, axis=-1)[..., :-1]], axis=-1), axis=-1),
+        axis=-1,
+    )
+    return left * right
+
+
+def _others_vjp(g, ans, x):
+    # d others_i / d x_k = product of all but x_i and x_k (k != i): the "others" of x with x_i
+    # set to 1, a tensor one axis larger; n is small wherever second derivatives are taken.
+    n = x.shape[-1]
+    xp = namespace_of(data(x))
+    eye = xp.eye(n, dtype=xp.bool, device=_device(x))
+    rows = where(eye, xp.ones_like(data(x))[..., None, :], _expand_rows(x, n))
+    return sum(mask(~eye, _others(rows)) * g[..., :, None], axis=-2)
+
+
+def _expand_rows(x, n):
+    return broadcast_to(reshape(x, tuple(x.shape[:-1]) + (1, n)), tuple(x.shape[:-1]) + (n, n))
+
+
+def _device(x):
+    from ..backend import device_of
+
+    return device_of(data(x))
+
+
+_others = Primitive("prod_others", _others_forward, (_others_vjp,))
+
+
+# --- max and min: the gradient goes to the first extremum
+def _extremum_vjp(arg):
+    def vjp(g, ans, x, axis=None, keepdims=False):
+        return mask(_first_extremum(arg, data(x), axis), expand(g, x, axis, keepdims))
+
+    return vjp
+
+
+def _first_extremum(arg, x, axis):
+    """A boolean mask of the first extremum of `x` along `axis` (found with argmax/argmin)."""
+    xp = namespace_of(x)
+    ndim = x.ndim
+    reduced = normalize_axes(axis, ndim)
+    kept = tuple(a for a in range(ndim) if a not in reduced)
+    order = kept + reduced
+    moved = xp.permute_dims(x, order)
+    lead = tuple(moved.shape[: len(kept)])
+    flat = xp.reshape(moved, lead + (-1,))
+    index = getattr(xp, arg)(flat, axis=-1, keepdims=True)
+    positions = xp.arange(flat.shape[-1], device=x.device if hasattr(x, "device") else None)
+    hit = xp.reshape(positions == index, tuple(moved.shape))
+    inverse = tuple(sorted(range(ndim), key=lambda i: order[i]))
+    return xp.permute_dims(hit, inverse)
+
+
+max = Primitive("max", _reduction("max"), (_extremum_vjp("argmax"),))
+min = Primitive("min", _reduction("min"), (_extremum_vjp("argmin"),))
+
+
+# --- composites: differentiable through the rules above
+def var(x, /, *, axis=None, correction=0.0, keepdims=False):
+    """Variance over `axis`, divided by `n - correction`."""
+    centred = x - mean(x, axis=axis, keepdims=True)
+    n = _count(x.shape, axis)
+    return sum(square(centred), axis=axis, keepdims=keepdims) / builtins.max(n - correction, 0)
+
+
+def std(x, /, *, axis=None, correction=0.0, keepdims=False):
+    """Standard deviation over `axis` (the square root of `var`)."""
+    return sqrt(var(x, axis=axis, correction=correction, keepdims=keepdims))

@@ -1,0 +1,180 @@
+"""Shape, indexing and device rules, and `unbroadcast`: the one place broadcasting is undone.
+
+>>> import numpy as np, tracker_gpu as tg
+>>> tg.gradient(lambda x: tg.sum(x[np.array([0, 2, 2])]), np.array([1.0, 2.0, 3.0]))[0]
+array([1., 0., 2.])
+"""
+
+import builtins
+
+import numpy as np
+
+from .. import backend
+from ..backend import device_of, namespace_of
+from ..tracked import ByPosition, Primitive, TrackedArray
+
+
+def _method(name):
+    def forward(xp, x, *args, **kw):
+        return getattr(xp, name)(x, *args, **kw)
+
+    return forward
+
+
+reshape = Primitive(
+    "reshape", _method("reshape"), (lambda g, ans, x, shape, **kw: reshape(g, x.shape), None)
+)
+permute_dims = Primitive(
+    "permute_dims",
+    _method("permute_dims"),
+    (lambda g, ans, x, axes: permute_dims(g, tuple(np.argsort(axes).tolist())), None),
+)
+expand_dims = Primitive(
+    "expand_dims", _method("expand_dims"), (lambda g, ans, x, **kw: reshape(g, x.shape),)
+)
+squeeze = Primitive("squeeze", _method("squeeze"), (lambda g, ans, x, **kw: reshape(g, x.shape),))
+flip = Primitive("flip", _method("flip"), (lambda g, ans, x, **kw: flip(g, **kw),))
+# The gradient of broadcast_to is summed back to the argument's shape by the fitting step.
+broadcast_to = Primitive(
+    "broadcast_to", _method("broadcast_to"), (lambda g, ans, x, shape: g, None)
+)
+
+
+def unbroadcast(g, shape, name="?"):
+    """Sum `g` over the axes along which an argument of `shape` was broadcast."""
+    gshape = tuple(g.shape)
+    lead = len(gshape) - len(shape)
+    if lead < 0 or any(n not in (1, m) for n, m in zip(shape, gshape[lead:])):
+        raise ValueError(
+            f"the pullback of {name!r} returned a gradient of shape {gshape} for an argument "
+            f"of shape {tuple(shape)}; a gradient must have its argument's shape (or broadcast to it)"
+        )
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, n in enumerate(shape) if n == 1 and gshape[lead + i] != 1
+    )
+    if axes:
+        from .reductions import sum
+
+        g = sum(g, axis=axes, keepdims=True)
+    return reshape(g, tuple(shape)) if lead else g
+
+
+# --- joining and splitting
+def _concat_forward(xp, *arrays, axis=0):
+    return xp.concat(arrays, axis=axis)
+
+
+def _concat_vjp(i, g, ans, *arrays, axis=0):
+    if axis is None:
+        start = builtins.sum(_size(a) for a in arrays[:i])
+        return reshape(g[start : start + _size(arrays[i])], arrays[i].shape)
+    axis = axis % ans.ndim
+    start = builtins.sum(a.shape[axis] for a in arrays[:i])
+    key = (slice(None),) * axis + (slice(start, start + arrays[i].shape[axis]),)
+    return g[key]
+
+
+_concat = Primitive("concat", _concat_forward, ByPosition(_concat_vjp))
+
+
+def concat(arrays, /, *, axis=0):
+    """Join arrays along an existing axis (tracked and plain arrays may be mixed)."""
+    return _concat(*arrays, axis=axis)
+
+
+def _stack_forward(xp, *arrays, axis=0):
+    return xp.stack(arrays, axis=axis)
+
+
+def _stack_vjp(i, g, ans, *arrays, axis=0):
+    axis = axis % ans.ndim
+    return g[(slice(None),) * axis + (i,)]
+
+
+_stack = Primitive("stack", _stack_forward, ByPosition(_stack_vjp))
+
+
+def stack(arrays, /, *, axis=0):
+    """Join arrays along a new axis (tracked and plain arrays may be mixed)."""
+    return _stack(*arrays, axis=axis)
+
+
+def _size(x):
+    n = 1
+    for d in x.shape:
+        n *= d
+    return n
+
+
+# --- indexing
+def _getitem_forward(xp, x, key):
+    return x[key]
+
+
+def _index_adjoint_forward(xp, g, shape, key):
+    """Zeros of `shape` with `g` added at `key` (repeated integer indices accumulate)."""
+    z = xp.zeros(shape, dtype=g.dtype, device=device_of(g))
+    if not _has_integer_array(key):
+        z[key] = g
+        return z
+    return backend.scatter_add(xp, z, key, g)
+
+
+_getitem = Primitive(
+    "getitem", _getitem_forward, (lambda g, ans, x, key: _index_adjoint(g, x.shape, key), None)
+)
+_index_adjoint = Primitive(
+    "index_adjoint",
+    _index_adjoint_forward,
+    (lambda g, ans, gx, shape, key: _getitem(g, key), None, None),
+)
+
+
+def getitem(x, key):
+    """`x[key]`, with integers, slices, None, ..., integer arrays and boolean masks."""
+    xp = x._xp if isinstance(x, TrackedArray) else namespace_of(x)
+    return _getitem(x, _normalize_key(xp, x, key))
+
+
+def _normalize_key(xp, x, key):
+    if isinstance(key, tuple):
+        return tuple(_normalize_index(xp, x, k) for k in key)
+    return _normalize_index(xp, x, key)
+
+
+def _normalize_index(xp, x, k):
+    if isinstance(k, (int, slice)) or k is None or k is Ellipsis:
+        return k
+    if isinstance(k, TrackedArray):
+        raise TypeError("an index must be a plain integer or boolean array, not a tracked one")
+    if isinstance(k, list) or (backend.is_array(k) and namespace_of(k) is not xp):
+        device = x.device if isinstance(x, TrackedArray) else device_of(x)
+        return xp.asarray(np.asarray(k), device=device)
+    return k
+
+
+def _has_integer_array(key):
+    parts = key if isinstance(key, tuple) else (key,)
+    for k in parts:
+        if backend.is_array(k) and not namespace_of(k).isdtype(k.dtype, "bool"):
+            return True
+    return False
+
+
+# --- devices
+def _to_device_forward(xp, x, device):
+    import array_api_compat
+
+    return array_api_compat.to_device(x, device)
+
+
+to_device = Primitive(
+    "to_device",
+    _to_device_forward,
+    (lambda g, ans, x, device: to_device(g, _device(x)), None),
+)
+
+
+def _device(x):
+    return x.device if isinstance(x, TrackedArray) else device_of(x)
+

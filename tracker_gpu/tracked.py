@@ -1,0 +1,457 @@
+"""The tracked array, and how an operation on one is recorded.
+
+A `Primitive` is a forward `f(xp, *args, **kw)` and one vector-Jacobian product per positional
+argument, `vjp(g, ans, *args, **kw)` (`None` for an argument with no gradient). The vjps are
+written with this package's functions and operators, which accept plain and tracked arrays alike:
+a first-order pass calls them on plain arrays (fast), a nested pass on tracked ones (so the
+gradient is itself differentiable). Broadcasting is undone in one place, `_fit`.
+"""
+
+import functools
+
+import numpy as np
+
+from . import backend
+from .backend import SCALARS, namespace_of
+from .tape import Node
+
+__all__ = [
+    "TrackedArray",
+    "Primitive",
+    "ByPosition",
+    "rule",
+    "param",
+    "data",
+    "grad",
+    "istracked",
+    "isleaf",
+    "zero_grad",
+    "update",
+]
+
+
+class TrackedArray(Node):
+    """An array of any Array API library whose operations are recorded for differentiation.
+
+    A 0-d TrackedArray plays the role of Tracker's `TrackedReal`.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> x = tg.param(np.array([1.0, 2.0]))
+    >>> y = tg.sum(x * x)
+    >>> float(y)
+    5.0
+    """
+
+    __slots__ = ("data", "_xp")
+    __array_ufunc__ = None  # NumPy defers to our reflected operators instead of unwrapping us
+
+    def __init__(self, value, xp, rule=None, args=(), ctx=None):
+        self.data = value
+        self._xp = xp
+        self._rule = rule
+        self._args = args
+        self._ctx = ctx
+        self._grad = None
+
+    # --- attributes of the Array API array object
+    shape = property(lambda self: self.data.shape)
+    dtype = property(lambda self: self.data.dtype)
+    ndim = property(lambda self: self.data.ndim)
+    size = property(lambda self: self.data.size)
+    device = property(lambda self: backend.device_of(self.data))
+    T = property(lambda self: permute_dims(self, tuple(range(self.ndim - 1, -1, -1))))
+    mT = property(lambda self: matrix_transpose(self))
+
+    def __array_namespace__(self, *, api_version=None):
+        from . import namespace
+
+        return namespace
+
+    def to_device(self, device, /, *, stream=None):
+        return to_device(self, device)
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError(
+            "converting a TrackedArray to a NumPy array would drop its gradient tape; "
+            "use tg.data(x) for the plain value"
+        )
+
+    # --- arithmetic: recorded
+    def __add__(self, other):
+        return add(self, other)
+
+    def __radd__(self, other):
+        return add(other, self)
+
+    def __sub__(self, other):
+        return subtract(self, other)
+
+    def __rsub__(self, other):
+        return subtract(other, self)
+
+    def __mul__(self, other):
+        return multiply(self, other)
+
+    def __rmul__(self, other):
+        return multiply(other, self)
+
+    def __truediv__(self, other):
+        return divide(self, other)
+
+    def __rtruediv__(self, other):
+        return divide(other, self)
+
+    def __pow__(self, other):
+        return pow(self, other)
+
+    def __rpow__(self, other):
+        return pow(other, self)
+
+    def __matmul__(self, other):
+        return matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return matmul(other, self)
+
+    def __floordiv__(self, other):
+        return floor_divide(self, other)
+
+    def __rfloordiv__(self, other):
+        return floor_divide(other, self)
+
+    def __mod__(self, other):
+        return remainder(self, other)
+
+    def __rmod__(self, other):
+        return remainder(other, self)
+
+    def __neg__(self):
+        return negative(self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return abs(self)
+
+    def __getitem__(self, key):
+        return getitem(self, key)
+
+    def __setitem__(self, key, value):
+        raise TypeError(
+            "cannot assign into a TrackedArray: in-place writes would corrupt the recorded "
+            "gradient. Build a new array instead, e.g. tg.where(mask, value, x), "
+            "tg.concat([...]), or assign into tg.data(x) outside differentiation"
+        )
+
+    # --- comparisons: plain boolean arrays, as in Tracker
+    def __lt__(self, other):
+        return self.data < data(other)
+
+    def __le__(self, other):
+        return self.data <= data(other)
+
+    def __gt__(self, other):
+        return self.data > data(other)
+
+    def __ge__(self, other):
+        return self.data >= data(other)
+
+    def __eq__(self, other):
+        return self.data == data(other)
+
+    def __ne__(self, other):
+        return self.data != data(other)
+
+    __hash__ = None
+
+    # --- Python conversions
+    def __float__(self):
+        return float(self.data)
+
+    def __int__(self):
+        return int(self.data)
+
+    def __bool__(self):
+        return bool(self.data)
+
+    def __complex__(self):
+        return complex(self.data)
+
+    def __index__(self):
+        raise TypeError("a TrackedArray holds floats and cannot be used as an index")
+
+    def __len__(self):
+        return len(self.data)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __repr__(self):
+        if self._rule is None:
+            kind = "leaf"
+        else:
+            kind = f"rule={getattr(self._rule, 'name', '?')}"
+        return f"TrackedArray({self.data!r}, {kind})"
+
+
+class Primitive:
+    """A differentiable operation: forward `f(xp, *args, **kw)` and a vjp per argument."""
+
+    def __init__(self, name, forward, vjps, doc=None):
+        self.name = self.__name__ = self.__qualname__ = name
+        self.forward = forward
+        self.vjps = vjps
+        self.__doc__ = doc
+
+    def __call__(self, *args, **kw):
+        for a in args:
+            if type(a) is TrackedArray:
+                return _record(self, args, kw)
+        return self.forward(_namespace_of_plain(args), *args, **kw)
+
+    def pullback(self, node, args, kw, g, nested):
+        if nested:
+            ans, values = node, args
+        else:
+            ans = node.data
+            values = [a.data if type(a) is TrackedArray else a for a in args]
+        grads = []
+        for a, vjp in zip(args, self.vjps):
+            if vjp is None or type(a) is not TrackedArray:
+                grads.append(None)
+                continue
+            ga = vjp(g, ans, *values, **kw)
+            if ga is not None and (ga.shape != a.data.shape or ga.dtype != a.data.dtype):
+                ga = _fit(ga, a, self.name)
+            grads.append(ga)
+        return grads
+
+    def __repr__(self):
+        return f"<tracked primitive {self.name}>"
+
+
+class ByPosition:
+    """The vjps of a variadic primitive: `vjp(i, g, ans, *args, **kw)` for argument `i`."""
+
+    def __init__(self, vjp):
+        self.vjp = vjp
+
+    def __iter__(self):
+        i = 0
+        while True:
+            yield functools.partial(self.vjp, i)
+            i += 1
+
+
+def _namespace_of_plain(args):
+    for a in args:
+        if backend.is_array(a):
+            return namespace_of(a)
+    return np
+
+
+def _record(prim, args, kw):
+    xp = None
+    values = []
+    plain_arrays = False
+    for a in args:
+        if type(a) is TrackedArray:
+            if xp is None:
+                xp = a._xp
+            elif a._xp is not xp:
+                backend.check_same_library(xp, a.data)
+            values.append(a.data)
+        else:
+            plain_arrays = plain_arrays or type(a) not in SCALARS
+            values.append(a)
+    if plain_arrays:
+        _check_plain_operands(xp, values)
+    if len(values) > 1 and xp is not np:
+        backend.check_same_device([v for v in values if backend.is_array(v)])
+    return TrackedArray(prim.forward(xp, *values, **kw), xp, prim, args, kw)
+
+
+def _check_plain_operands(xp, values):
+    for v in values:
+        if backend.is_array(v):
+            backend.check_same_library(xp, v)
+
+
+def _fit(ga, a, name):
+    """Sum a gradient down to the shape of its argument, and cast it to the argument's dtype."""
+    shape = a.shape
+    if ga.shape != shape:
+        ga = unbroadcast(ga, shape, name)
+    if ga.dtype != a.dtype:
+        ga = astype(ga, a.dtype)
+    return ga
+
+
+# --- custom rules: Tracker's `track` + `@grad`
+
+
+class _CustomRule:
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = getattr(fn, "__name__", "custom rule")
+
+    def pullback(self, node, args, ctx, g, nested):
+        pb, kw = ctx
+        if nested:  # re-run the forward on tracked arguments, so the pullback is recorded too
+            _, pb = self.fn(*args, **kw)
+        grads = pb(g)
+        if not isinstance(grads, tuple) or len(grads) != len(args):
+            raise ValueError(
+                f"the pullback of custom rule {self.name!r} must return a tuple with one "
+                f"gradient (or None) per positional argument: {len(args)}, got {grads!r:.80}"
+            )
+        return [
+            None if ga is None or not isinstance(a, TrackedArray) else _fit(ga, a, self.name)
+            for a, ga in zip(args, grads)
+        ]
+
+
+def rule(fn):
+    """Turn `fn(*args) -> (y, pullback)` into a tracked operation (Tracker's `@grad`).
+
+    `fn` receives plain arrays and returns the plain result and a pullback that maps the
+    gradient of the result to a tuple with one gradient (or `None`) per positional argument.
+    Write the pullback with tracker_gpu functions and it is differentiable again (`nest=True`).
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> @tg.rule
+    ... def cube(x):
+    ...     return x**3, lambda g: (g * 3 * x**2,)
+    >>> tg.gradient(lambda x: tg.sum(cube(x)), np.array([1.0, 2.0]))[0]
+    array([ 3., 12.])
+    """
+    custom = _CustomRule(fn)
+
+    @functools.wraps(fn)
+    def tracked_fn(*args, **kw):
+        if not any(isinstance(a, TrackedArray) for a in args):
+            return fn(*args, **kw)[0]
+        xp = next(a._xp for a in args if isinstance(a, TrackedArray))
+        y, pb = fn(*(data(a) for a in args), **kw)
+        if isinstance(y, TrackedArray):
+            raise TypeError(f"custom rule {custom.name!r} must return a plain array, not a tracked one")
+        return TrackedArray(y, xp, custom, args, (pb, kw))
+
+    return tracked_fn
+
+
+# --- Tracker's API on tracked values
+
+
+def param(x):
+    """A leaf to differentiate with respect to: always a float copy of `x`.
+
+    Integers and booleans become the library's default float dtype; float32 stays float32.
+    `param` of a tracked value is an identity op that stays linked to its tape.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> tg.param(np.array([1, 2]))
+    TrackedArray(array([1., 2.]), leaf)
+    """
+    if isinstance(x, TrackedArray):
+        return identity(x)
+    if type(x) in SCALARS:
+        x = np.float64(x)
+    xp = namespace_of(x)
+    device = backend.device_of(x)
+    dtype = _float_dtype(xp, x, device)
+    return TrackedArray(xp.asarray(x, dtype=dtype, device=device, copy=True), xp)
+
+
+def _float_dtype(xp, x, device):
+    if xp.isdtype(x.dtype, "real floating"):
+        return x.dtype
+    if xp.isdtype(x.dtype, "complex floating"):
+        raise TypeError(
+            "complex arrays are not supported yet; differentiate the real and imaginary "
+            "parts as separate real arrays"
+        )
+    if xp.isdtype(x.dtype, ("integral", "bool")):
+        return xp.__array_namespace_info__().default_dtypes(device=device)["real floating"]
+    raise TypeError(f"cannot make a parameter of dtype {x.dtype}; pass a numeric array")
+
+
+def leaf(x):
+    """A leaf over `x` itself (no copy): how gradient() tracks its inputs."""
+    if type(x) in SCALARS:
+        return param(x)
+    xp = namespace_of(x)
+    if not xp.isdtype(x.dtype, "real floating"):
+        return param(x)
+    return TrackedArray(x, xp)
+
+
+def data(x):
+    """The plain array inside a tracked value; anything else is returned unchanged."""
+    return x.data if isinstance(x, TrackedArray) else x
+
+
+def istracked(x):
+    return isinstance(x, TrackedArray)
+
+
+def isleaf(x):
+    return isinstance(x, TrackedArray) and x._rule is None
+
+
+def grad(x):
+    """The gradient accumulated in a leaf (zeros before any backward pass).
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> x = tg.param(np.array([3.0]))
+    >>> tg.back(tg.sum(x * x))
+    >>> tg.grad(x)
+    array([6.])
+    """
+    if not isinstance(x, TrackedArray):
+        raise TypeError(f"grad needs a tracked value (tg.param(x)), got {type(x).__name__}")
+    if x._rule is not None:
+        raise ValueError(
+            "gradients are kept only for leaves (made by tg.param); use tg.gradient(f, x) "
+            "or tg.hook to see the gradient of an intermediate value"
+        )
+    if x._grad is None:
+        return x._xp.zeros_like(x.data)
+    return x._grad
+
+
+def zero_grad(x):
+    """Reset the accumulated gradient of a leaf to zero."""
+    x._grad = None
+
+
+def update(x, dx):
+    """Tracker's `update!`: `x.data += dx` (as a new buffer), then zero the gradient."""
+    if not isleaf(x):
+        raise TypeError("update needs a leaf made by tg.param")
+    dx = data(dx)
+    if dx.shape != x.shape and x._xp.broadcast_shapes(dx.shape, x.shape) != x.shape:
+        raise ValueError(f"update of an array of shape {x.shape} by a step of shape {dx.shape}")
+    x.data = x.data + dx
+    x._grad = None
+    return x
+
+
+# The rules are defined in terms of TrackedArray; the operators above resolve these names at
+# call time, once the rule modules have been imported.
+from .rules.elementwise import (  # noqa: E402
+    abs,
+    add,
+    astype,
+    divide,
+    floor_divide,
+    identity,
+    multiply,
+    negative,
+    pow,
+    remainder,
+    subtract,
+)
+from .rules.linalg import matmul, matrix_transpose  # noqa: E402
+from .rules.shape import getitem, permute_dims, to_device, unbroadcast  # noqa: E402
