@@ -17,6 +17,7 @@ __all__ = [
     "is_numpy",
     "is_cupy",
     "device_of",
+    "size_of",
     "check_same_library",
     "check_same_device",
     "scatter_add",
@@ -77,6 +78,11 @@ def device_of(x):
     return array_api_compat.device(x)
 
 
+def size_of(x):
+    """The number of elements (a method, not an attribute, on PyTorch tensors)."""
+    return array_api_compat.size(x)
+
+
 def check_same_library(xp, x):
     """Refuse a plain array of another library than `xp` in one operation."""
     other = namespace_of(x)
@@ -122,10 +128,10 @@ def scatter_add(xp, z, key, values):
         cupyx.scatter_add(z, key, values)
         return z
     shape = z.shape
-    positions = xp.reshape(xp.arange(z.size, device=device_of(z)), shape)[key]
+    positions = xp.reshape(xp.arange(size_of(z), device=device_of(z)), shape)[key]
     positions = xp.reshape(positions, (-1,))
     values = xp.reshape(values, (-1,))
     if array_api_compat.is_torch_array(z):
         return xp.reshape(z, (-1,)).index_add(0, positions, values).reshape(shape)
-    onehot = positions[:, None] == xp.arange(z.size, device=device_of(z))[None, :]
+    onehot = positions[:, None] == xp.arange(size_of(z), device=device_of(z))[None, :]
     return z + xp.reshape(values[None, :] @ xp.astype(onehot, values.dtype), shape)

@@ -57,7 +57,7 @@ class TrackedArray(Node):
     shape = property(lambda self: self.data.shape)
     dtype = property(lambda self: self.data.dtype)
     ndim = property(lambda self: self.data.ndim)
-    size = property(lambda self: self.data.size)
+    size = property(lambda self: backend.size_of(self.data))
     device = property(lambda self: backend.device_of(self.data))
     T = property(lambda self: permute_dims(self, tuple(range(self.ndim - 1, -1, -1))))
     mT = property(lambda self: matrix_transpose(self))
@@ -208,7 +208,10 @@ class Primitive:
         for a in args:
             if type(a) is TrackedArray:
                 return _record(self, args, kw)
-        return self.forward(_namespace_of_plain(args), *args, **kw)
+        xp = _namespace_of_plain(args)
+        if xp is None:  # Python numbers in, a Python number out
+            return _as_number(self.forward(np, *args, **kw))
+        return self.forward(xp, *args, **kw)
 
     def pullback(self, node, args, kw, g, nested):
         if nested:
@@ -248,7 +251,11 @@ def _namespace_of_plain(args):
     for a in args:
         if backend.is_array(a):
             return namespace_of(a)
-    return np
+    return None
+
+
+def _as_number(y):
+    return y.item() if isinstance(y, (np.ndarray, np.generic)) and y.ndim == 0 else y
 
 
 def _record(prim, args, kw):

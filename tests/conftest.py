@@ -1,0 +1,107 @@
+"""The backend matrix: tests that take the `backend` fixture run on the array library chosen by
+``--backend`` (default: the TRACKER_GPU_BACKEND environment variable, else numpy)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+NO_GPU = "cupy backend selected but no CUDA GPU is available"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One array library on one device, with conversions from and to NumPy."""
+
+    name: str
+    xp: Any
+    device: Any
+    host: Callable[[Any], Any] = field(repr=False)
+
+    def asarray(self, obj, dtype=None):
+        """`obj` (NumPy array, list or scalar) as an array of this backend on its device."""
+        a = np.array(obj, dtype=dtype)
+        return self.xp.asarray(a, dtype=getattr(self.xp, a.dtype.name), device=self.device)
+
+    def to_numpy(self, arr) -> np.ndarray:
+        return np.asarray(self.host(arr))
+
+
+def _import(module: str, pip: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        pytest.skip(f"cannot import {module} ({exc}); install it with: {pip}")
+
+
+def _numpy() -> Backend:
+    return Backend("numpy", np, "cpu", np.asarray)
+
+
+def _strict(name: str) -> Backend:
+    xs = _import("array_api_strict", 'pip install "tracker-gpu[test]"')
+    cpu = xs.__array_namespace_info__().default_device()
+    device = xs.Device("device1") if name == "strict-device1" else cpu
+    return Backend(name, xs, device, lambda a: np.asarray(a.to_device(cpu)))
+
+
+def _torch() -> Backend:
+    xp = _import("array_api_compat.torch", 'pip install "tracker-gpu[torch]"')
+    cpu = importlib.import_module("torch").device("cpu")
+    return Backend("torch", xp, cpu, lambda a: a.detach().cpu().numpy())
+
+
+def _cupy() -> Backend:
+    cp = _import("cupy", 'pip install "tracker-gpu[cuda12]" (or "tracker-gpu[cuda13]")')
+    if not cp.is_available():
+        pytest.skip(NO_GPU)
+    xp = importlib.import_module("array_api_compat.cupy")
+    return Backend("cupy", xp, cp.cuda.Device(), lambda a: a.get())
+
+
+def _dask() -> Backend:
+    xp = _import("array_api_compat.dask.array", 'pip install "dask[array]"')
+    return Backend("dask", xp, "cpu", lambda a: a.compute())
+
+
+BACKENDS: dict[str, Callable[[], Backend]] = {
+    "numpy": _numpy,
+    "strict": lambda: _strict("strict"),
+    "strict-device1": lambda: _strict("strict-device1"),
+    "torch": _torch,
+    "cupy": _cupy,
+    "dask": _dask,
+}
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--backend",
+        choices=list(BACKENDS),
+        default=os.environ.get("TRACKER_GPU_BACKEND") or "numpy",
+        help="array library the `backend` fixture runs on "
+        "(default: $TRACKER_GPU_BACKEND, else numpy)",
+    )
+
+
+def pytest_configure(config):
+    if config.getoption("backend") not in BACKENDS:
+        raise pytest.UsageError(
+            f"unknown backend {config.getoption('backend')!r} (from TRACKER_GPU_BACKEND); "
+            f"choose one of {', '.join(BACKENDS)}"
+        )
+
+
+def pytest_report_header(config):
+    return f"tracker_gpu backend: {config.getoption('backend')}"
+
+
+@pytest.fixture(scope="session")
+def backend(request) -> Backend:
+    return BACKENDS[request.config.getoption("backend")]()

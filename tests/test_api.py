@@ -1,0 +1,167 @@
+"""Tracker's gradient API: param, back, grad, gradient, withgradient, Params, custom rules."""
+
+from collections import namedtuple
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import tracker_gpu as tg
+
+
+def test_readme_example_on_every_backend(backend):
+    x = backend.asarray([1.0, 2.0, 3.0])
+    val, (g,) = tg.withgradient(lambda x: tg.sum(x**2) + tg.prod(x[1:]), x)
+    assert float(tg.data(val)) == 20.0
+    assert np.allclose(backend.to_numpy(g), [2.0, 7.0, 8.0])
+    assert tg.data(g).device == backend.device
+
+
+def test_param_copies_and_promotes(backend):
+    ints = backend.asarray([1, 2], dtype="int64")
+    p = tg.param(ints)
+    assert backend.xp.isdtype(p.dtype, "real floating")
+    f32 = backend.asarray([1.0], dtype="float32")
+    assert tg.param(f32).dtype == backend.xp.float32
+    a = np.array([1.0, 2.0])
+    q = tg.param(a)
+    a[0] = 5.0
+    assert tg.data(q)[0] == 1.0
+    assert tg.isleaf(q) and tg.istracked(q) and not tg.isleaf(q * 2)
+
+
+def test_param_of_a_tracked_value_stays_on_its_tape():
+    x = tg.param(np.array([2.0]))
+    y = tg.param(x * 3.0)
+    assert not tg.isleaf(y)
+    tg.back(tg.sum(y * y))
+    assert np.allclose(tg.grad(x), [2 * 6.0 * 3.0])
+
+
+def test_back_with_a_seed_list_and_scalars():
+    x = tg.param(np.array([1.0, 2.0]))
+    tg.back(x * 5.0, [1, 2])
+    assert np.allclose(tg.grad(x), [5.0, 10.0])
+
+
+def test_grad_is_zero_before_any_pass_and_zero_grad_resets():
+    x = tg.param(np.array([1.0, 2.0]))
+    assert np.array_equal(tg.grad(x), [0.0, 0.0])
+    tg.back(tg.sum(x * 3.0))
+    tg.zero_grad(x)
+    assert np.array_equal(tg.grad(x), [0.0, 0.0])
+
+
+def test_update_adds_and_zeroes_the_gradient():
+    x = tg.param(np.array([1.0, 2.0]))
+    tg.back(tg.sum(x * x))
+    tg.update(x, -0.5 * tg.grad(x))
+    assert np.allclose(tg.data(x), [0.0, 0.0])
+    assert np.array_equal(tg.grad(x), [0.0, 0.0])
+
+
+def test_gradient_of_several_arguments_and_numbers():
+    gx, gy = tg.gradient(lambda x, y: x * y + y, 3.0, 4.0)
+    assert float(gx) == 4.0 and float(gy) == 4.0
+
+
+def test_gradient_over_named_tuples_lists_and_dataclasses():
+    Pair = namedtuple("Pair", "w b")
+
+    @dataclass
+    class Layer:
+        weight: np.ndarray
+        bias: np.ndarray
+        name: str = "dense"
+
+    x = np.array([1.0, -1.0])
+
+    def loss(model):
+        pair, layer, items = model
+        hidden = tg.tanh(layer.weight @ x + layer.bias)
+        return tg.sum(hidden * pair.w) + pair.b * items[0]
+
+    model = (
+        Pair(np.array([0.5, 2.0]), 3.0),
+        Layer(np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([0.1, 0.2])),
+        [np.array(2.0), np.array([1, 2])],
+    )
+    (g,) = tg.gradient(loss, model)
+    pair, layer, items = g
+    assert isinstance(pair, Pair) and isinstance(layer, Layer) and isinstance(items, list)
+    assert pair.b is None and layer.name is None and items[1] is None
+    assert float(items[0]) == 3.0  # d(b * items[0]) / d items[0] = b
+    h = np.tanh(model[1].weight @ x + model[1].bias)
+    dh = model[0].w * (1 - h**2)
+    assert np.allclose(layer.bias, dh) and np.allclose(layer.weight, np.outer(dh, x))
+    assert np.allclose(pair.w, h)
+
+
+def test_withgradient_keeps_aux_outputs_and_the_whole_value():
+    res = tg.withgradient(lambda x: (tg.sum(x), {"n": 1}), np.ones(3))
+    assert res.val[1] == {"n": 1}
+    assert np.allclose(res.grad[0], 1.0)
+
+
+def test_unused_input_gets_none():
+    gx, gy = tg.gradient(lambda x, y: tg.sum(x * 2.0), np.ones(2), np.ones(2))
+    assert np.allclose(gx, 2.0) and gy is None
+
+
+def test_implicit_params_do_not_touch_the_leaves():
+    W = tg.param(np.array([[1.0, 2.0], [3.0, 4.0]]))
+    b = tg.param(np.array([1.0, 1.0]))
+    gs = tg.gradient(lambda: tg.sum(W @ np.array([1.0, 1.0]) * b), tg.Params([W, b, W]))
+    assert len(gs) == 2
+    assert np.allclose(gs[W], [[1.0, 1.0], [1.0, 1.0]]) and np.allclose(gs[b], [3.0, 7.0])
+    assert np.array_equal(tg.grad(W), np.zeros((2, 2)))
+    with pytest.raises(KeyError):
+        gs[tg.param(np.ones(1))]
+
+
+def test_custom_rule_is_used_and_nests():
+    calls = []
+
+    @tg.rule
+    def cube(x):
+        calls.append(1)
+        return x**3, lambda g: (g * 3 * x**2,)
+
+    x = np.array([1.0, 2.0])
+    (g,) = tg.gradient(lambda x: tg.sum(cube(x)), x)
+    assert np.allclose(g, 3 * x**2) and calls
+    (h,) = tg.gradient(lambda x: tg.sum(tg.gradient(lambda y: tg.sum(cube(y)), x, nest=True)[0]), x)
+    assert np.allclose(h, 6 * x)
+
+
+def test_custom_rule_with_a_plain_argument():
+    @tg.rule
+    def scale(x, k):
+        return x * k, lambda g: (g * k, None)
+
+    (g,) = tg.gradient(lambda x: tg.sum(scale(x, np.array([2.0, 3.0]))), np.ones(2))
+    assert np.allclose(g, [2.0, 3.0])
+
+
+def test_gradient_on_a_float32_input_is_float32(backend):
+    x = backend.asarray([1.0, 2.0], dtype="float32")
+    (g,) = tg.gradient(lambda x: tg.sum(tg.exp(x) * 2.0), x)
+    assert tg.data(g).dtype == backend.xp.float32
+
+
+def test_second_order_without_nest_names_nest():
+    f = lambda x: tg.sum(x**3)  # noqa: E731
+    with pytest.raises(tg.PullbackError, match="nest=True"):
+        tg.gradient(lambda x: tg.sum(tg.gradient(f, x)[0]), np.array([1.0, 2.0]))
+
+
+def test_nested_gradient_matches_the_analytic_hessian_vector_product(backend):
+    x = backend.asarray([0.3, -0.7, 1.1])
+    w = backend.asarray([1.0, 2.0, -1.0])
+
+    def first(x):
+        return tg.gradient(lambda y: tg.sum(tg.sin(y) * y), x, nest=True)[0]
+
+    (hv,) = tg.gradient(lambda x: tg.sum(first(x) * w), x)
+    xn, wn = backend.to_numpy(x), backend.to_numpy(w)
+    assert np.allclose(backend.to_numpy(hv), (2 * np.cos(xn) - xn * np.sin(xn)) * wn)

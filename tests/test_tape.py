@@ -1,0 +1,138 @@
+"""The backward walk: long chains, wide graphs, single use, freeing, and failing pullbacks."""
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import tracker_gpu as tg
+
+
+def test_a_long_chain_needs_no_recursion(backend):
+    x = tg.param(backend.asarray([0.5]))
+    y = x
+    for _ in range(200_000):
+        y = y * 1.0
+    tg.back(tg.sum(y))
+    assert np.allclose(backend.to_numpy(tg.grad(x)), [1.0])
+
+
+def test_a_wide_graph_sums_every_use(backend):
+    x = tg.param(backend.asarray([2.0]))
+    total = x * 0.0
+    for k in range(1, 1001):
+        total = total + x * float(k)
+    tg.back(tg.sum(total))
+    assert np.allclose(backend.to_numpy(tg.grad(x)), [sum(range(1, 1001))])
+
+
+def test_diamond_graph_gets_both_paths(backend):
+    x = tg.param(backend.asarray([3.0]))
+    a = tg.exp(x)
+    y = tg.sum(a * a + a)  # d/dx = 2 e^{2x} + e^x
+    tg.back(y)
+    expected = 2 * np.exp(6.0) + np.exp(3.0)
+    assert np.allclose(backend.to_numpy(tg.grad(x)), [expected])
+
+
+def test_second_pass_of_a_single_use_graph_raises():
+    x = tg.param(np.array([1.0]))
+    y = tg.sum(x * 2.0)
+    tg.back(y)
+    with pytest.raises(tg.BackError, match="already used"):
+        tg.back(y)
+    assert np.allclose(tg.grad(x), [2.0])  # the refused pass changed nothing
+
+
+def test_once_false_keeps_the_graph_for_another_pass():
+    x = tg.param(np.array([1.0, 2.0]))
+    y = tg.sum(x * x)
+    tg.back(y, once=False)
+    tg.back(y, once=False)
+    assert np.allclose(tg.grad(x), [4.0, 8.0])
+
+
+def test_the_walk_frees_interior_nodes_as_it_goes():
+    x = tg.param(np.ones(1000))
+    h = tg.exp(x)
+    ref = weakref.ref(h.data)
+    y = tg.sum(h * 2.0)
+    del h
+    gc.collect()
+    assert ref() is not None  # held by the graph
+    tg.back(y)
+    gc.collect()
+    assert ref() is None  # released by the single-use walk
+
+
+def test_gradient_keeps_no_array_of_the_graph_alive():
+    x = np.ones(100)
+    refs = []
+
+    def f(x):
+        h = tg.tanh(x)
+        refs.append(weakref.ref(h.data))
+        return tg.sum(h * h)
+
+    tg.gradient(f, x)
+    gc.collect()
+    assert refs and refs[0]() is None
+
+
+class Boom(Exception):
+    pass
+
+
+@tg.rule
+def explode(x):
+    def pullback(g):
+        raise Boom("bad pullback")
+
+    return x, pullback
+
+
+def test_a_failing_pullback_leaves_a_single_use_graph_clearly_spent():
+    x = tg.param(np.array([1.0]))
+    y = tg.sum(explode(x) * 2.0)
+    with pytest.raises(tg.PullbackError, match="explode.*spent") as info:
+        tg.back(y)
+    assert isinstance(info.value.__cause__, Boom)
+    assert np.allclose(tg.grad(x), [0.0])  # no partial gradient leaked into the leaf
+    with pytest.raises(tg.BackError, match="already used"):
+        tg.back(y)
+
+
+def test_a_failing_pullback_leaves_a_kept_graph_usable():
+    calls = []
+
+    @tg.rule
+    def flaky(x):
+        def pullback(g):
+            calls.append(1)
+            if len(calls) == 1:
+                raise Boom("first time")
+            return (g * 3.0,)
+
+        return x * 3.0, pullback
+
+    x = tg.param(np.array([1.0]))
+    y = tg.sum(flaky(x))
+    with pytest.raises(tg.PullbackError, match="unchanged"):
+        tg.back(y, once=False)
+    tg.back(y, once=False)
+    assert np.allclose(tg.grad(x), [3.0])
+
+
+def test_independent_gradients_in_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def job(k):
+        x = np.linspace(0.1, 1.0, 50) * k
+        return tg.gradient(lambda x: tg.sum(tg.sin(x) * x), x)[0]
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(job, range(1, 17)))
+    for k, g in enumerate(results, start=1):
+        x = np.linspace(0.1, 1.0, 50) * k
+        assert np.allclose(g, np.cos(x) * x + np.sin(x))
