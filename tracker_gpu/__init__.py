@@ -6,11 +6,10 @@
 """
 
 # tracked first: the rule modules build on it, and it binds its operators to them.
-from .tracked import TrackedArray, data, grad, isleaf, istracked, param, rule, update, zero_grad
-
 from . import namespace, testing  # noqa: I001
 from .api import Grads, Params, WithGradient, back, gradient, nobacksies, withgradient
 from .namespace import *  # noqa: F403
 from .tape import BackError, PullbackError
+from .tracked import TrackedArray, data, grad, isleaf, istracked, param, rule, update, zero_grad
 
 __version__ = "0.1.0"

@@ -45,7 +45,9 @@ def tree_leaves(tree):
 def _check_same_structure(a, b):
     if is_container(a) or is_container(b):
         same = type(a) is type(b) or (
-            isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and not hasattr(a, "_fields")
+            isinstance(a, (tuple, list))
+            and isinstance(b, (tuple, list))
+            and not hasattr(a, "_fields")
         )
         if not same or (isinstance(a, (tuple, list, dict)) and len(a) != len(b)):
             raise ValueError(

@@ -342,7 +342,9 @@ def rule(fn):
         xp = next(a._xp for a in args if isinstance(a, TrackedArray))
         y, pb = fn(*(data(a) for a in args), **kw)
         if isinstance(y, TrackedArray):
-            raise TypeError(f"custom rule {custom.name!r} must return a plain array, not a tracked one")
+            raise TypeError(
+                f"custom rule {custom.name!r} must return a plain array, not a tracked one"
+            )
         return TrackedArray(y, xp, custom, args, (pb, kw))
 
     return tracked_fn
