@@ -59,7 +59,7 @@ def is_array(x):
     t = type(x)
     if t in _BY_TYPE:
         return True
-    if t in SCALARS or x is None:
+    if t in SCALARS or x is None or isinstance(x, type):
         return False
     return isinstance(x, (np.ndarray, np.generic)) or array_api_compat.is_array_api_obj(x)
 

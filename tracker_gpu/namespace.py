@@ -1,26 +1,75 @@
-"""The Array API namespace over tracked arrays: `x.__array_namespace__()` returns this module.
+"""The Array API namespace over tracked arrays (standard version 2024.12, with `linalg`).
 
-Functions accept tracked and plain arrays alike; they record on the tape when any argument is
-tracked and return plain arrays otherwise.
+`x.__array_namespace__()` (and so `array_api_compat.array_namespace(x)`) returns a namespace
+bound to the library of `x`'s data: its dtypes are that library's, and its creation functions
+create there. This module itself is the namespace bound to NumPy. Every function accepts tracked
+and plain arrays alike: it records on the tape when an argument is tracked.
+
+>>> import numpy as np, array_api_compat, tracker_gpu as tg
+>>> x = tg.param(np.array([1.0, 2.0]))
+>>> xp = array_api_compat.array_namespace(x)
+>>> float(xp.sum(xp.exp(x) * xp.ones_like(x)))
+10.1073379273896...
 """
 
-from .rules import linalg  # noqa: F401  (the standard's linalg extension)
-from .rules.elementwise import *  # noqa: F403
-from .rules.elementwise import PLAIN_FUNCTIONS
-from .rules.linalg import matmul, matrix_transpose, tensordot, vecdot  # noqa: F401
-from .rules.manipulation import *  # noqa: F403
-from .rules.nn import logsoftmax, logsumexp, relu, sigmoid, softmax  # noqa: F401
-from .rules.reductions import max, mean, min, prod, std, sum, var  # noqa: F401
-from .rules.shape import (  # noqa: F401
-    broadcast_to,
-    concat,
-    expand_dims,
-    flip,
-    permute_dims,
-    reshape,
-    squeeze,
-    stack,
-    to_device,
-)
+import math
+import sys
+import types
 
-globals().update(PLAIN_FUNCTIONS)
+import numpy as np
+
+from . import creation
+from .rules import elementwise, manipulation, nn, reductions, shape
+from .rules import linalg as linalg_rules
+
+__array_api_version__ = "2024.12"
+
+_SHARED = {name: getattr(elementwise, name) for name in elementwise.__all__}
+_SHARED.update(elementwise.PLAIN_FUNCTIONS)
+_SHARED.update({name: getattr(manipulation, name) for name in manipulation.__all__})
+
+
+def _names(module, names):
+    return {name: getattr(module, name) for name in names.split() if hasattr(module, name)}
+
+
+_SHARED.update(_names(reductions, "sum prod mean max min var std"))
+_SHARED.update(_names(nn, "sigmoid relu softmax logsoftmax logsumexp"))
+_SHARED.update(
+    _names(shape, "reshape permute_dims expand_dims squeeze flip broadcast_to concat stack to_device")
+)
+# The standard's linalg functions that also live at the top, and Tracker's extras.
+_SHARED.update(
+    _names(linalg_rules, "matmul matrix_transpose tensordot vecdot kron diagm logdet outer trace")
+)
+_SHARED.update(tril=creation.tril, triu=creation.triu)
+_CONSTANTS = dict(e=math.e, pi=math.pi, inf=math.inf, nan=math.nan, newaxis=None)
+
+linalg = types.ModuleType("tracker_gpu.linalg", "The standard's linalg extension, differentiable.")
+linalg.__dict__.update({name: getattr(linalg_rules, name) for name in linalg_rules.__all__})
+
+
+def _contents(xp):
+    contents = dict(_SHARED, **_CONSTANTS, linalg=linalg)
+    contents.update(creation.bound_functions(xp))
+    contents.update(__array_api_version__=__array_api_version__)
+    contents.update(__array_namespace_info__=xp.__array_namespace_info__)
+    return contents
+
+
+_BOUND = {np: sys.modules[__name__]}
+
+
+def namespace_for(xp):
+    """The tracked namespace bound to array library `xp` (cached)."""
+    ns = _BOUND.get(xp)
+    if ns is None:
+        name = getattr(xp, "__name__", "array library").replace("array_api_compat.", "")
+        ns = types.ModuleType(f"tracker_gpu.namespace[{name}]", __doc__)
+        ns.__dict__.update(_contents(xp))
+        _BOUND[xp] = ns
+    return ns
+
+
+globals().update(_contents(np))
+__all__ = sorted(name for name in _contents(np) if not name.startswith("_")) + ["namespace_for"]

@@ -43,7 +43,9 @@ class TrackedArray(Node):
     """
 
     __slots__ = ("data", "_xp")
-    __array_ufunc__ = None  # NumPy defers to our reflected operators instead of unwrapping us
+    # NumPy (and CuPy) defer to our reflected operators instead of unwrapping us.
+    __array_ufunc__ = None
+    __array_priority__ = 1000
 
     def __init__(self, value, xp, rule=None, args=(), ctx=None):
         self.data = value
@@ -63,9 +65,9 @@ class TrackedArray(Node):
     mT = property(lambda self: matrix_transpose(self))
 
     def __array_namespace__(self, *, api_version=None):
-        from . import namespace
+        from .namespace import namespace_for
 
-        return namespace
+        return namespace_for(self._xp)
 
     def to_device(self, device, /, *, stream=None):
         return to_device(self, device)

@@ -1,0 +1,186 @@
+"""Creation and data-type functions of the standard, bound to one array library.
+
+Created arrays are plain (constants): parameters are made with `param`. A `device=` argument
+picks the library that owns that device, so `zeros(3, device=d)` lands where `d` is; otherwise
+the library the namespace is bound to is used (NumPy for the top-level module).
+
+>>> import numpy as np, tracker_gpu as tg
+>>> tg.zeros(2, dtype=tg.float32)
+array([0., 0.], dtype=float32)
+"""
+
+import importlib
+import sys
+
+import array_api_compat
+import numpy as np
+
+from .backend import is_array, namespace_of
+from .tracked import Primitive, TrackedArray, data
+
+__all__ = ["DTYPE_NAMES", "bound_functions", "library_of_device", "tril", "triu"]
+
+DTYPE_NAMES = (
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float32 float64 complex64 complex128"
+).split()
+
+
+def library_of_device(device, default):
+    """The namespace of the library that owns `device` (`default` for None or "cpu")."""
+    if device is None or isinstance(device, str) and device == "cpu":
+        return default
+    module = type(device).__module__.split(".")[0]
+    if module == "array_api_strict":
+        return sys.modules["array_api_strict"]
+    if module == "torch":
+        return array_api_compat.array_namespace(sys.modules["torch"].empty(0))
+    if module == "cupy":
+        return importlib.import_module("array_api_compat.cupy")
+    return default
+
+
+def _dtype_in(xp, dtype):
+    """`dtype` as the dtype object of library `xp` (dtypes of other libraries are translated)."""
+    if dtype is None:
+        return None
+    name = _dtype_name(dtype)
+    return getattr(xp, name) if name and hasattr(xp, name) else dtype
+
+
+def _dtype_name(dtype):
+    """The standard's name of a dtype of any library ("float32"), or None."""
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        text = str(dtype).rsplit(".", 1)[-1].strip("'>")
+        return text if text in DTYPE_NAMES else None
+
+
+def bound_functions(default):
+    """The creation and data-type functions of a namespace bound to library `default`."""
+
+    def target(device, dtype):
+        xp = library_of_device(device, default)
+        return xp, _dtype_in(xp, dtype)
+
+    def sized(name):
+        def create(shape, *, dtype=None, device=None):
+            xp, dt = target(device, dtype)
+            return getattr(xp, name)(shape, dtype=dt, device=device)
+
+        create.__name__ = name
+        return create
+
+    def full(shape, fill_value, *, dtype=None, device=None):
+        xp, dt = target(device, dtype)
+        return xp.full(shape, data(fill_value), dtype=dt, device=device)
+
+    def arange(start, /, stop=None, step=1, *, dtype=None, device=None):
+        xp, dt = target(device, dtype)
+        return xp.arange(start, stop, step, dtype=dt, device=device)
+
+    def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None):
+        xp, dt = target(device, dtype)
+        return xp.eye(n_rows, n_cols, k=k, dtype=dt, device=device)
+
+    def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True):
+        xp, dt = target(device, dtype)
+        return xp.linspace(start, stop, num, dtype=dt, device=device, endpoint=endpoint)
+
+    def asarray(obj, /, *, dtype=None, device=None, copy=None):
+        if isinstance(obj, TrackedArray):
+            return _tracked_asarray(obj, dtype, device, copy)
+        xp, dt = target(device, dtype)
+        if device is None and is_array(obj):
+            xp = namespace_of(obj)
+            dt = _dtype_in(xp, dtype)
+        return xp.asarray(obj, dtype=dt, device=device, copy=copy)
+
+    def from_dlpack(x, /, *, device=None, copy=None):
+        return default.from_dlpack(data(x), device=device, copy=copy)
+
+    functions = {name: sized(name) for name in ("zeros", "ones", "empty")}
+    functions.update(full=full, arange=arange, eye=eye, linspace=linspace, asarray=asarray)
+    functions.update(from_dlpack=from_dlpack)
+    functions.update({name: _like(name) for name in ("zeros_like", "ones_like", "empty_like")})
+    functions["full_like"] = _full_like
+    functions.update(_dtype_functions(default))
+    functions.update({name: getattr(default, name) for name in DTYPE_NAMES if hasattr(default, name)})
+    return functions
+
+
+def _tracked_asarray(x, dtype, device, copy):
+    from .rules.elementwise import astype
+    from .rules.shape import to_device
+
+    if dtype is not None and _dtype_name(dtype) != _dtype_name(x.dtype):
+        x = astype(x, _dtype_in(x._xp, dtype))
+    if device is not None and device != x.device:
+        x = to_device(x, device)
+    return x
+
+
+def _like(name):
+    def create(x, /, *, dtype=None, device=None):
+        x = data(x)
+        xp = namespace_of(x)
+        return getattr(xp, name)(x, dtype=_dtype_in(xp, dtype), device=device)
+
+    create.__name__ = name
+    return create
+
+
+def _full_like(x, /, fill_value, *, dtype=None, device=None):
+    x = data(x)
+    xp = namespace_of(x)
+    return xp.full_like(x, data(fill_value), dtype=_dtype_in(xp, dtype), device=device)
+
+
+def _dtype_functions(default):
+    """isdtype, result_type, can_cast, finfo, iinfo: asked of the library that owns the value."""
+
+    def owner(*values):
+        return next((namespace_of(v) for v in values if is_array(v)), default)
+
+    def isdtype(dtype, kind):
+        try:
+            return default.isdtype(dtype, kind)
+        except (TypeError, ValueError):
+            return np.isdtype(dtype, kind)
+
+    def result_type(*arrays_and_dtypes):
+        values = [data(a) for a in arrays_and_dtypes]
+        return owner(*values).result_type(*values)
+
+    def can_cast(from_, to, /):
+        return owner(data(from_)).can_cast(data(from_), to)
+
+    def finfo(type, /):
+        return owner(data(type)).finfo(data(type))
+
+    def iinfo(type, /):
+        return owner(data(type)).iinfo(data(type))
+
+    def broadcast_shapes(*shapes):
+        return tuple(np.broadcast_shapes(*shapes))
+
+    return dict(
+        isdtype=isdtype,
+        result_type=result_type,
+        can_cast=can_cast,
+        finfo=finfo,
+        iinfo=iinfo,
+        broadcast_shapes=broadcast_shapes,
+    )
+
+
+# --- triangles: differentiable masks
+def _triangle(name):
+    def forward(xp, x, /, *, k=0):
+        return getattr(xp, name)(x, k=k)
+
+    return Primitive(name, forward, (lambda g, ans, x, k=0: _TRIANGLES[name](g, k=k),))
+
+
+_TRIANGLES = {name: _triangle(name) for name in ("tril", "triu")}
+tril, triu = _TRIANGLES["tril"], _TRIANGLES["triu"]
