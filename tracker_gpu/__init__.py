@@ -7,6 +7,7 @@
 
 # tracked first: the rule modules build on it, and it binds its operators to them.
 from . import namespace, testing  # noqa: I001
+from .functional import checkpoint, forward, hessian, hook, hvp, jacobian, notrack, stop_gradient
 from .api import Grads, Params, WithGradient, back, gradient, nobacksies, withgradient
 from .namespace import *  # noqa: F403
 from .tape import BackError, PullbackError

@@ -39,13 +39,13 @@ def back(y, dy=None, *, once=True):
     """
     if not isinstance(y, TrackedArray):
         raise TypeError(f"back needs a tracked value, got {type(y).__name__}")
-    seed = _scalar_seed(y) if dy is None else _given_seed(y, dy)
+    seed = scalar_seed(y) if dy is None else given_seed(y, dy)
     for node, g in walk(y, seed, once=once):
         if node._rule is None:
             node._grad = g if node._grad is None else node._grad + g
 
 
-def _scalar_seed(y):
+def scalar_seed(y):
     if y.ndim != 0:
         raise BackError(
             f"value is not scalar (shape {tuple(y.shape)}): use back(sum(y)) or back(y, dy) "
@@ -60,7 +60,7 @@ def _scalar_seed(y):
     return y._xp.ones_like(y.data)
 
 
-def _given_seed(y, dy):
+def given_seed(y, dy):
     xp = y._xp
     dy = data(dy)
     if type(dy) in SCALARS or isinstance(dy, (list, tuple)):
@@ -101,14 +101,24 @@ def withgradient(f, *args, nest=False):
     """`(val, grad)`: the value of `f(*args)` (its whole output) and `gradient(f, *args)`."""
     if len(args) == 1 and isinstance(args[0], Params):
         return _implicit(f, args[0], nest)
-    args = tuple(_as_array_if_number(a) for a in args)
-    inputs = {}  # id of the user's array -> its tracked input
-    tracked_args = tuple(_track(a, inputs, nest, top=True) for a in args)
+    args, inputs, tracked_args = track_inputs(args, nest)
     val = f(*tracked_args)
     loss = val[0] if isinstance(val, tuple) else val
     found = _backprop(loss, inputs.values(), nest)
-    grads = tuple(tree_map(lambda x: _grad_of(x, inputs, found, nest), a) for a in args)
-    return WithGradient(val, grads)
+    return WithGradient(val, gradients_in_place(args, inputs, found, nest))
+
+
+def track_inputs(args, nest):
+    """`(args, inputs, tracked_args)`: numbers made arrays, a tracked input for each parameter
+    (keyed by the id of the user's array) and the arguments with the inputs in place."""
+    args = tuple(_as_array_if_number(a) for a in args)
+    inputs = {}
+    return args, inputs, tuple(_track(a, inputs, nest, top=True) for a in args)
+
+
+def gradients_in_place(args, inputs, found, nest):
+    """The arguments' structure with each parameter's gradient (from `found`) in its place."""
+    return tuple(tree_map(lambda x: _grad_of(x, inputs, found, nest), a) for a in args)
 
 
 def _as_array_if_number(x):
@@ -150,7 +160,7 @@ def _backprop(loss, inputs, nest):
     if not isinstance(loss, TrackedArray):
         _check_loss_is_scalar(loss)
         return {}
-    seed = _scalar_seed(loss)
+    seed = scalar_seed(loss)
     if nest:  # a tracked constant, so that every vjp sees a tracked gradient
         seed = TrackedArray(seed, loss._xp)
     reached = walk(loss, seed, once=not nest, nested=nest, stop=inputs)

@@ -8,6 +8,7 @@ gradient is itself differentiable). Broadcasting is undone in one place, `_fit`.
 """
 
 import functools
+import threading
 
 import numpy as np
 
@@ -198,12 +199,18 @@ class TrackedArray(Node):
 
 
 class Primitive:
-    """A differentiable operation: forward `f(xp, *args, **kw)` and a vjp per argument."""
+    """A differentiable operation: forward `f(xp, *args, **kw)` and a vjp per argument.
 
-    def __init__(self, name, forward, vjps, doc=None):
+    `fused`, when set, is a fast path for first-order passes: `fused(node, args, kw, g)` returns
+    the list of gradients (one fused kernel, say) or None to fall back to the vjps. Nested passes
+    always take the vjps, so that they stay differentiable.
+    """
+
+    def __init__(self, name, forward, vjps, doc=None, fused=None):
         self.name = self.__name__ = self.__qualname__ = name
         self.forward = forward
         self.vjps = vjps
+        self.fused = fused
         self.__doc__ = doc
 
     def __call__(self, *args, **kw):
@@ -216,6 +223,10 @@ class Primitive:
         return self.forward(xp, *args, **kw)
 
     def pullback(self, node, args, kw, g, nested):
+        if self.fused is not None and not nested:
+            grads = self.fused(node, args, kw, g)
+            if grads is not None:
+                return grads
         if nested:
             ans, values = node, args
         else:
@@ -234,6 +245,10 @@ class Primitive:
 
     def __repr__(self):
         return f"<tracked primitive {self.name}>"
+
+
+# Threads inside a `notrack()` block: their operations record nothing.
+NOT_TRACKING = set()
 
 
 class ByPosition:
@@ -278,6 +293,8 @@ def _record(prim, args, kw):
         _check_plain_operands(xp, values)
     if len(values) > 1 and xp is not np:
         backend.check_same_device([v for v in values if backend.is_array(v)])
+    if NOT_TRACKING and threading.get_ident() in NOT_TRACKING:
+        return prim.forward(xp, *values, **kw)
     return TrackedArray(prim.forward(xp, *values, **kw), xp, prim, args, kw)
 
 

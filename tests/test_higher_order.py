@@ -1,0 +1,223 @@
+"""Nested differentiation and the functional API: hessian, hvp, jacobian, forward, hook,
+checkpoint, nobacksies, notrack. Hessians are checked against finite differences of the
+first-order gradient (itself checked against finite differences of the function elsewhere)."""
+
+import numpy as np
+import pytest
+
+import tracker_gpu as tg
+
+W2 = np.array([[0.3, -0.2, 0.5], [0.1, 0.4, -0.3]])
+
+
+def mlp_loss(x):
+    hidden = tg.tanh(tg.reshape(x[:6], (2, 3)) @ x[6:9] + x[9:11])
+    return tg.sum(tg.logsoftmax(tg.concat([hidden, tg.sigmoid(hidden)]), axis=0) * x[11])
+
+
+def const(x, values):
+    """A constant on the library and device of `x`."""
+    return tg.asarray(np.asarray(values), device=x.device)
+
+
+def eye(x, n):
+    return tg.eye(n, dtype=x.dtype, device=x.device)
+
+
+def square_matrix(x, n):
+    return tg.reshape(x[: n * n], (n, n))
+
+
+HESSIANS = {
+    "cube": (lambda x: tg.sum(x**3), 4),
+    "prod with a zero": (lambda x: tg.prod(x * const(x, [1.0, 0.0, 1.0, 1.0])), 4),
+    "prod": (tg.prod, 4),
+    "indexing with repeats": (lambda x: tg.sum(tg.sin(x[const(x, [0, 1, 1, 3])]) ** 2), 4),
+    "logsumexp": (tg.logsumexp, 4),
+    "softmax": (lambda x: tg.sum(tg.softmax(x) * const(x, [1.0, 2.0, 3.0, 4.0])), 4),
+    "logsoftmax": (lambda x: tg.sum(tg.logsoftmax(x) * const(x, [1.0, -2.0, 3.0, 0.5])), 4),
+    "max": (lambda x: tg.max(x * x), 4),
+    "min": (lambda x: tg.min(tg.exp(x)), 4),
+    "var": (lambda x: tg.var(x, correction=1), 4),
+    "std": (tg.std, 4),
+    "exp sin": (lambda x: tg.sum(tg.exp(x) * tg.sin(x)), 4),
+    "tanh sigmoid": (lambda x: tg.sum(tg.tanh(x) * tg.sigmoid(x)), 4),
+    "division": (lambda x: tg.sum(x[:2] / (x[2:] + 3.0)), 4),
+    "power": (lambda x: tg.sum((x + 2.0) ** (x * 0.5)), 4),
+    "mlp": (mlp_loss, 12),
+    "det": (lambda x: tg.linalg.det(square_matrix(x, 3) + 3 * eye(x, 3)), 9),
+    "solve": (
+        lambda x: tg.sum(tg.linalg.solve(square_matrix(x, 2) + 2 * eye(x, 2), x[:2])),
+        4,
+    ),
+    "inv": (lambda x: tg.sum(tg.linalg.inv(square_matrix(x, 2) + 2 * eye(x, 2)) ** 2), 4),
+    "logdet": (lambda x: tg.logdet(square_matrix(x, 2) @ square_matrix(x, 2).mT + eye(x, 2)), 4),
+    "matmul": (lambda x: tg.sum((square_matrix(x, 2) @ square_matrix(x, 2)) ** 2), 4),
+    "cumulative_sum": (lambda x: tg.sum(tg.cumulative_sum(x) ** 3), 4),
+    "cumulative_prod": (lambda x: tg.sum(tg.cumulative_prod(x)), 4),
+    "sort": (lambda x: tg.sum(tg.sort(x) * const(x, [1.0, 2.0, 3.0, 4.0]) * x), 4),
+    "take": (lambda x: tg.sum(tg.take(x, const(x, [0, 0, 2])) ** 3), 4),
+    "where maximum abs": (lambda x: tg.sum(tg.maximum(x, 0.1) * tg.abs(x) * x), 4),
+}
+
+
+def numeric_hessian(f, x, eps=1e-5):
+    """Central differences of the (separately verified) first-order gradient."""
+    n = x.size
+    columns = []
+    for j in range(n):
+        step = np.zeros(n)
+        step[j] = eps
+        up = tg.gradient(f, x + step)[0]
+        down = tg.gradient(f, x - step)[0]
+        columns.append((np.asarray(up) - np.asarray(down)) / (2 * eps))
+    return np.stack(columns, axis=1)
+
+
+@pytest.mark.parametrize("name", HESSIANS)
+def test_hessian_matches_finite_differences(backend, name):
+    f, n = HESSIANS[name]
+    rng = np.random.default_rng(7)
+    x = rng.uniform(0.2, 1.2, n) * rng.choice([-1.0, 1.0], n)
+    if name.startswith("prod with"):
+        x = np.abs(x)
+    H = backend.to_numpy(tg.hessian(f, backend.asarray(x)))
+    assert np.allclose(H, numeric_hessian(f, x), rtol=1e-5, atol=1e-6)
+
+
+def test_hessian_of_prod_is_exact_at_zeros():
+    x = np.array([2.0, 0.0, 3.0, 5.0])
+    H = tg.hessian(tg.prod, x)
+    expected = np.array(
+        [[np.prod(np.delete(x, [i, j])) if i != j else 0.0 for j in range(4)] for i in range(4)]
+    )
+    assert np.allclose(H, expected)
+
+
+def test_hessian_of_a_100_parameter_mlp(backend):
+    rng = np.random.default_rng(0)
+    inputs = rng.standard_normal((8, 6))
+    labels = np.eye(3)[rng.integers(0, 3, 8)]
+    xb, yb = backend.asarray(inputs), backend.asarray(labels)
+    sizes = [(12, 6), (12,), (3, 12), (3,)]  # 72 + 12 + 36 + 3 = 123 parameters
+
+    def loss(theta, x=xb, y=yb):
+        parts, start = [], 0
+        for shape in sizes:
+            size = int(np.prod(shape))
+            parts.append(tg.reshape(theta[start : start + size], shape))
+            start += size
+        W1, b1, W2, b2 = parts
+        hidden = tg.tanh(tg.matmul(x, W1.mT) + b1)
+        logits = tg.matmul(hidden, W2.mT) + b2
+        return -tg.mean(tg.sum(tg.logsoftmax(logits, axis=-1) * y, axis=-1))
+
+    theta = rng.standard_normal(123) * 0.3
+    H = backend.to_numpy(tg.hessian(loss, backend.asarray(theta)))
+    reference = numeric_hessian(lambda t: loss(t, inputs, labels), theta)
+    assert np.allclose(H, H.T, atol=1e-10)
+    scale = np.max(np.abs(reference))
+    assert np.max(np.abs(H - reference)) <= 1e-6 * scale
+
+
+def test_hvp_equals_hessian_times_vector(backend):
+    f = HESSIANS["mlp"][0]
+    rng = np.random.default_rng(1)
+    x, v = rng.uniform(-1, 1, 12), rng.uniform(-1, 1, 12)
+    hv = tg.hvp(f, backend.asarray(x), backend.asarray(v))
+    assert np.allclose(backend.to_numpy(hv), numeric_hessian(f, x) @ v, atol=1e-6)
+
+
+def test_third_order_of_a_scalar_function():
+    def d(f):
+        return lambda x: tg.gradient(f, x, nest=True)[0]
+
+    third = tg.gradient(d(d(lambda x: tg.sin(x) * x**3)), 0.7)[0]
+    x = 0.7
+    expected = -np.cos(x) * x**3 - 9 * np.sin(x) * x**2 + 18 * np.cos(x) * x + 6 * np.sin(x)
+    assert np.isclose(float(third), expected)
+
+
+# --- Tracker's behaviour cases
+def test_hook_flips_the_gradient():
+    assert float(tg.gradient(lambda x: tg.hook(lambda d: -d, x), 2.0)[0]) == -1.0
+
+
+def test_checkpoint_runs_f_again_in_the_backward_pass():
+    count = []
+
+    def mul(a, b):
+        count.append(1)
+        return a * b
+
+    assert float(tg.gradient(lambda x: mul(5.0, x), 3.0)[0]) == 5.0
+    assert len(count) == 1
+    assert float(tg.gradient(lambda x: tg.checkpoint(mul, 5.0, x), 3.0)[0]) == 5.0
+    assert len(count) == 3
+
+
+def test_checkpoint_is_twice_differentiable():
+    f = lambda x: tg.sum(tg.checkpoint(lambda y: tg.sin(y) * y, x))  # noqa: E731
+    x = np.array([0.3, 1.1])
+    assert np.allclose(np.diag(tg.hessian(f, x)), 2 * np.cos(x) - x * np.sin(x))
+
+
+def test_jacobian_of_a_linear_map_is_the_matrix(backend):
+    A = backend.asarray([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    J = tg.jacobian(lambda x: tg.matmul(A, x), backend.asarray([1.0, 1.0, 1.0]))
+    assert np.array_equal(backend.to_numpy(J), backend.to_numpy(A))
+
+
+def test_jacobian_of_matrix_valued_functions_flattens_rows():
+    x = np.array([[1.0, 2.0], [3.0, 4.0]])
+    J = tg.jacobian(lambda x: x * x, x)
+    assert np.allclose(J, np.diag(2 * x.ravel()))
+
+
+def test_forward_returns_a_reusable_pullback():
+    y, back = tg.forward(lambda x: tg.stack([3 * x**2, 2 * x]), 5.0)
+    assert np.allclose(y, [75.0, 10.0])
+    assert float(back([1, 1])[0]) == 32.0
+    assert float(back([1, 0])[0]) == 30.0
+
+
+def test_nobacksies_refuses_a_second_order_pass():
+    @tg.rule
+    def first_order_only(x):
+        return x**2, lambda g: (
+            tg.nobacksies("first_order_only is not twice differentiable", g * 2 * x),
+        )
+
+    x = np.array([1.0, 2.0])
+    (g,) = tg.gradient(lambda x: tg.sum(first_order_only(x)), x)
+    assert np.allclose(g, 2 * x)
+    with pytest.raises(tg.PullbackError, match="not twice differentiable"):
+        tg.hessian(lambda x: tg.sum(first_order_only(x)), x)
+
+
+def test_notrack_and_stop_gradient():
+    x = tg.param(np.array([1.0, 2.0]))
+    with tg.notrack():
+        y = tg.exp(x) * 2.0
+    assert not tg.istracked(y)
+    (g,) = tg.gradient(lambda x: tg.sum(x * tg.stop_gradient(x)), np.array([3.0]))
+    assert np.allclose(g, [3.0])
+
+
+def test_fused_pullbacks_serve_first_order_passes_only():
+    calls = []
+
+    def fused(node, args, kw, g):
+        calls.append("fused")
+        return [g * 2.0]
+
+    double = tg.tracked.Primitive(
+        "double", lambda xp, x: x * 2.0, (lambda g, ans, x: g * 2.0,), fused=fused
+    )
+    x = np.array([1.0, 3.0])
+    (g,) = tg.gradient(lambda x: tg.sum(double(x) ** 2), x)
+    assert np.allclose(g, 8 * x) and calls == ["fused"]
+    calls.clear()
+    (nested,) = tg.gradient(lambda x: tg.sum(double(x) ** 2), x, nest=True)
+    assert calls == [] and tg.istracked(nested)
+    assert np.allclose(tg.hessian(lambda x: tg.sum(double(x) ** 2), x), 8 * np.eye(2))

@@ -1,0 +1,165 @@
+"""Tracker's functional API beyond `gradient`: forward, jacobian, hessian, hvp, hook,
+checkpoint, and ways to stop tracking (stop_gradient, notrack).
+
+>>> import numpy as np, tracker_gpu as tg
+>>> y, back = tg.forward(lambda x: tg.stack([3 * x**2, 2 * x]), 5.0)
+>>> back([1, 1])
+(np.float64(32.0),)
+"""
+
+import contextlib
+import threading
+
+from . import tracked
+from .api import given_seed, gradient, gradients_in_place, track_inputs
+from .backend import namespace_of
+from .rules.elementwise import identity
+from .rules.reductions import sum as _sum
+from .rules.shape import reshape
+from .tape import walk
+from .tracked import Primitive, TrackedArray, data, leaf
+
+__all__ = [
+    "forward",
+    "jacobian",
+    "hessian",
+    "hvp",
+    "hook",
+    "checkpoint",
+    "stop_gradient",
+    "notrack",
+]
+
+
+def forward(f, *args):
+    """`(y, back)`: the plain value of `f(*args)` and a pullback `back(dy)` giving the gradients
+    of `sum(dy * y)` with respect to the arguments. `back` may be called any number of times."""
+    args, inputs, tracked_args = track_inputs(args, nest=False)
+    y = f(*tracked_args)
+
+    def back(dy):
+        if not isinstance(y, TrackedArray):
+            return gradients_in_place(args, inputs, {}, nest=False)
+        reached = walk(y, given_seed(y, dy), once=False, stop=inputs.values())
+        found = {id(node): g for node, g in reached}
+        return gradients_in_place(args, inputs, found, nest=False)
+
+    return data(y), back
+
+
+def jacobian(f, x):
+    """The Jacobian of `f` at the array `x`: one row per element of `f(x)` (flattened), one
+    column per element of `x` (flattened). Seeds are made on the data's device.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> A = np.array([[1.0, 2.0], [3.0, 4.0]])
+    >>> tg.jacobian(lambda x: A @ x, np.array([1.0, 1.0]))
+    array([[1., 2.],
+           [3., 4.]])
+    """
+    x_in = x if isinstance(x, TrackedArray) else leaf(_as_float(x))
+    y = f(x_in)
+    xp = namespace_of(data(x_in))
+    n = _size(x_in.shape)
+    if not isinstance(y, TrackedArray):
+        return xp.zeros((_size(getattr(y, "shape", ())), n), dtype=x_in.dtype, device=x_in.device)
+    m = _size(y.shape)
+    eye = xp.eye(m, dtype=y.dtype, device=y.device)
+    rows = []
+    for i in range(m):
+        reached = walk(y, xp.reshape(eye[i, :], tuple(y.shape)), once=False, stop=(x_in,))
+        g = next((g for node, g in reached if node is x_in), None)
+        rows.append(xp.zeros(n, dtype=x_in.dtype, device=x_in.device) if g is None else g)
+    return xp.stack([xp.reshape(r, (n,)) for r in rows])
+
+
+def hessian(f, x):
+    """The Hessian of the scalar `f` at `x`: the Jacobian of its nested gradient.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> tg.hessian(lambda x: tg.sum(x**3), np.array([1.0, 2.0]))
+    array([[ 6.,  0.],
+           [ 0., 12.]])
+    """
+    return jacobian(lambda x: reshape(gradient(f, x, nest=True)[0], (-1,)), x)
+
+
+def hvp(f, x, v):
+    """The Hessian of the scalar `f` at `x` times `v`, without building the Hessian."""
+    return gradient(lambda x: _sum(gradient(f, x, nest=True)[0] * v), x)[0]
+
+
+def _as_float(x):
+    return tracked.param(x).data if not namespace_of(x).isdtype(x.dtype, "real floating") else x
+
+
+def _size(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# --- hook and checkpoint
+_hook = Primitive("hook", lambda xp, x, fn: x, (lambda g, ans, x, fn: fn(g), None))
+
+
+def hook(f, x):
+    """`x` unchanged; the backward pass applies `f` to the gradient arriving at it.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> tg.gradient(lambda x: tg.hook(lambda g: -g, x) * 1.0, 2.0)
+    (np.float64(-1.0),)
+    """
+    return _hook(x, f)
+
+
+class _Checkpoint:
+    name = "checkpoint"
+
+    def __init__(self, fn, kw):
+        self.fn, self.kw = fn, kw
+
+    def pullback(self, node, args, ctx, g, nested):
+        inputs = [_rerun_input(a, nested) for a in args]
+        y = self.fn(*inputs, **self.kw)
+        stops = [i for i in inputs if isinstance(i, TrackedArray)]
+        reached = walk(y, g, once=not nested, nested=nested, stop=stops)
+        found = {id(node): grad for node, grad in reached}
+        return [found.get(id(i)) if isinstance(i, TrackedArray) else None for i in inputs]
+
+
+def _rerun_input(a, nested):
+    if not isinstance(a, TrackedArray):
+        return a
+    return identity(a) if nested else leaf(a.data)
+
+
+def checkpoint(f, *args, **kw):
+    """`f(*args)`, keeping only its value: the backward pass runs `f` again to differentiate it,
+    trading compute for the memory of `f`'s intermediate values."""
+    if not any(isinstance(a, TrackedArray) for a in args):
+        return f(*args, **kw)
+    y = f(*(data(a) for a in args), **kw)
+    xp = next(a._xp for a in args if isinstance(a, TrackedArray))
+    return TrackedArray(y, xp, _Checkpoint(f, kw), args, None)
+
+
+# --- not tracking
+def stop_gradient(x):
+    """The plain value of `x`: no gradient flows through it."""
+    return data(x)
+
+
+@contextlib.contextmanager
+def notrack():
+    """Within this block, operations on tracked arrays return plain arrays and record nothing
+    (in this thread only)."""
+    ident = threading.get_ident()
+    outer = ident in tracked.NOT_TRACKING
+    tracked.NOT_TRACKING.add(ident)
+    try:
+        yield
+    finally:
+        if not outer:
+            tracked.NOT_TRACKING.discard(ident)
