@@ -5,12 +5,13 @@
 (array([2., 7., 8.]),)
 """
 
-# tracked first: the rule modules build on it, and it binds its operators to them.
-from . import namespace, testing  # noqa: I001
-from .functional import checkpoint, forward, hessian, hook, hvp, jacobian, notrack, stop_gradient
-from .api import Grads, Params, WithGradient, back, gradient, nobacksies, withgradient
-from .namespace import *  # noqa: F403
-from .tape import BackError, PullbackError
+# isort: skip_file
+# `tracked` first: the rule modules build on it, and it binds its operators to them.
 from .tracked import TrackedArray, data, grad, isleaf, istracked, param, rule, update, zero_grad
+from . import namespace, testing
+from .namespace import *
+from .api import Grads, Params, WithGradient, back, gradient, nobacksies, withgradient
+from .functional import checkpoint, forward, hessian, hook, hvp, jacobian, notrack, stop_gradient
+from .tape import BackError, PullbackError
 
 __version__ = "0.1.0"

@@ -1,0 +1,433 @@
+"""Manipulation, indexing, scan, sorting, searching and set functions of the standard.
+
+Most are composites of the shape rules (getitem, concat, reshape, broadcast_to, permute_dims), so
+they are differentiable to any order for free. Three are primitives: `cumulative_sum`,
+`cumulative_prod` and the linear recurrence behind the latter's gradient, which is exact at zeros
+(it never divides). `sort` sends the gradient through the permutation found by `argsort`.
+Searching, sorting indices, set functions and truth tests are not differentiable: they take the
+plain values of tracked arguments and return plain arrays.
+
+>>> import numpy as np, tracker_gpu as tg
+>>> tg.gradient(lambda x: tg.sum(tg.cumulative_prod(x)), np.array([2.0, 0.0, 3.0]))[0]
+array([1., 8., 0.])
+"""
+
+import builtins
+
+import array_api_compat
+import numpy as np
+
+from .. import backend
+from ..backend import device_of, namespace_of
+from ..tracked import Primitive, TrackedArray, data
+from .elementwise import multiply, subtract
+from .shape import broadcast_to, concat, expand_dims, flip, getitem, permute_dims, reshape
+
+__all__ = [
+    "cumulative_sum",
+    "cumulative_prod",
+    "take",
+    "take_along_axis",
+    "moveaxis",
+    "repeat",
+    "tile",
+    "roll",
+    "unstack",
+    "sort",
+    "diff",
+    "meshgrid",
+    "broadcast_arrays",
+    "argsort",
+    "argmax",
+    "argmin",
+    "nonzero",
+    "searchsorted",
+    "count_nonzero",
+    "unique_values",
+    "unique_counts",
+    "unique_inverse",
+    "unique_all",
+    "isin",
+    "all",
+    "any",
+]
+
+
+# --- helpers
+def _axis(axis, ndim, name):
+    """`axis` as a non-negative int, checked against `ndim`."""
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{name}: axis {axis} is out of range for an array of {ndim} dimensions")
+    return axis % ndim
+
+
+def _scan_axis(x, axis, name):
+    if x.ndim == 0:
+        raise ValueError(f"{name} needs an array of at least one dimension, got a 0-d array")
+    if axis is None:
+        if x.ndim != 1:
+            raise ValueError(f"{name} of an array of {x.ndim} dimensions needs an axis")
+        return 0
+    return _axis(axis, x.ndim, name)
+
+
+def _is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _ints(v):
+    """An int or a sequence of ints as a tuple of Python ints."""
+    return (int(v),) if _is_int(v) else tuple(int(a) for a in v)
+
+
+def _along(axis, index):
+    """A key applying `index` (an int or a slice) to `axis` and keeping every other axis."""
+    return (slice(None),) * axis + (index, Ellipsis)
+
+
+def _plain_namespace(x):
+    return namespace_of(data(x))
+
+
+def _shift(v, axis, d):
+    """`out[j] = v[j - d]` along `axis`, zero where `j - d` falls outside (differentiable)."""
+    n = v.shape[axis]
+    plain = data(v)
+    xp = namespace_of(plain)
+    if builtins.abs(d) >= n:
+        return multiply(v, 0.0)
+    zeros = xp.zeros_like(plain[_along(axis, slice(0, builtins.abs(d)))])
+    if d > 0:
+        return concat([zeros, getitem(v, _along(axis, slice(0, n - d)))], axis=axis)
+    return concat([getitem(v, _along(axis, slice(-d, n))), zeros], axis=axis)
+
+
+# --- cumulative sums: the gradient is the reversed cumulative sum of the incoming gradient
+def _cumulative_sum_forward(xp, x, *, axis, dtype, include_initial):
+    return xp.cumulative_sum(x, axis=axis, dtype=dtype, include_initial=include_initial)
+
+
+def _cumulative_sum_vjp(g, ans, x, *, axis, dtype, include_initial):
+    if include_initial:
+        g = getitem(g, _along(axis, slice(1, None)))
+    return flip(_cumulative_sum(flip(g, axis=axis), axis=axis), axis=axis)
+
+
+def _cumulative_sum(x, *, axis, dtype=None, include_initial=False):
+    return _cumulative_sum_primitive(x, axis=axis, dtype=dtype, include_initial=include_initial)
+
+
+_cumulative_sum_primitive = Primitive(
+    "cumulative_sum", _cumulative_sum_forward, (_cumulative_sum_vjp,)
+)
+
+
+def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False):
+    """Cumulative sum along `axis` (optional for 1-d `x`); `include_initial` prepends a zero."""
+    axis = _scan_axis(x, axis, "cumulative_sum")
+    return _cumulative_sum(x, axis=axis, dtype=dtype, include_initial=include_initial)
+
+
+# --- the linear recurrence r[j] = b[j] + a[j] * r[j -/+ 1], by doubling steps (no division)
+def _plain_shift(xp, v, axis, d):
+    """`out[j] = v[j - d]` on plain arrays, zero-filled; `0 < |d| < n`."""
+    n = v.shape[axis]
+    zeros = xp.zeros_like(v[_along(axis, slice(0, builtins.abs(d)))])
+    if d > 0:
+        return xp.concat([zeros, v[_along(axis, slice(0, n - d))]], axis=axis)
+    return xp.concat([v[_along(axis, slice(-d, n))], zeros], axis=axis)
+
+
+def _linear_scan_forward(xp, a, b, *, axis, reverse):
+    """`r[j] = b[j] + a[j] * r[j + 1]` (reverse) or `r[j - 1]`, the missing end term being 0."""
+    n = b.shape[axis]
+    step = -1 if reverse else 1
+    d = 1
+    while d < n:
+        b = b + a * _plain_shift(xp, b, axis, step * d)
+        if 2 * d < n:
+            a = a * _plain_shift(xp, a, axis, step * d)
+        d *= 2
+    return b
+
+
+def _linear_scan_vjp_b(g, ans, a, b, *, axis, reverse):
+    # The adjoint recurrence runs the other way, with its coefficients moved by one place:
+    # s[k] = g[k] + a[k - 1] * s[k - 1] for a reverse scan.
+    return _linear_scan(_shift(a, axis, 1 if reverse else -1), g, axis=axis, reverse=not reverse)
+
+
+def _linear_scan_vjp_a(g, ans, a, b, *, axis, reverse):
+    # a[j] multiplies the neighbour r[j + 1] (reverse) or r[j - 1] in the equation of r[j].
+    neighbour = _shift(ans, axis, -1 if reverse else 1)
+    return multiply(_linear_scan_vjp_b(g, ans, a, b, axis=axis, reverse=reverse), neighbour)
+
+
+_linear_scan = Primitive(
+    "linear_scan", _linear_scan_forward, (_linear_scan_vjp_a, _linear_scan_vjp_b)
+)
+
+
+# --- cumulative products
+def _cumulative_prod_forward(xp, x, *, axis, dtype, include_initial):
+    return xp.cumulative_prod(x, axis=axis, dtype=dtype, include_initial=include_initial)
+
+
+def _cumulative_prod_vjp(g, ans, x, *, axis, dtype, include_initial):
+    # d/dx[j] sum_k g[k] prod_{i<=k} x[i] = prod_{i<j} x[i] * r[j], where
+    # r[j] = sum_{k>=j} g[k] prod_{j<i<=k} x[i] = g[j] + x[j+1] * r[j+1]: no division, exact at 0.
+    if include_initial:
+        g = getitem(g, _along(axis, slice(1, None)))
+    if x.shape[axis] == 0:
+        return g
+    before = _cumulative_prod(x, axis=axis, include_initial=True)
+    before = getitem(before, _along(axis, slice(0, -1)))
+    r = _linear_scan(_shift(x, axis, -1), g, axis=axis, reverse=True)
+    return multiply(before, r)
+
+
+def _cumulative_prod(x, *, axis, dtype=None, include_initial=False):
+    return _cumulative_prod_primitive(x, axis=axis, dtype=dtype, include_initial=include_initial)
+
+
+_cumulative_prod_primitive = Primitive(
+    "cumulative_prod", _cumulative_prod_forward, (_cumulative_prod_vjp,)
+)
+
+
+def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
+    """Cumulative product along `axis`; its gradient is exact where `x` has zeros."""
+    axis = _scan_axis(x, axis, "cumulative_prod")
+    return _cumulative_prod(x, axis=axis, dtype=dtype, include_initial=include_initial)
+
+
+# --- indexing: integer-array keys over every axis, so that the core's getitem (and its
+# accumulating adjoint) does the work on every library, array-api-strict included
+def _check_indices(indices, name):
+    if isinstance(indices, TrackedArray):
+        raise TypeError(f"{name}: indices must be a plain integer array, not a tracked one")
+    return indices
+
+
+def _open_mesh(x, axis, indices):
+    """An integer-array key: `indices` on `axis`, every position of the other axes."""
+    xp = _plain_namespace(x)
+    device = device_of(data(x))
+    ndim = x.ndim
+    key = []
+    for d in range(ndim):
+        if d == axis:
+            key.append(indices)
+            continue
+        shape = tuple(x.shape[d] if e == d else 1 for e in range(ndim))
+        key.append(xp.reshape(xp.arange(x.shape[d], device=device), shape))
+    return tuple(key)
+
+
+def take(x, indices, /, *, axis=None):
+    """The elements of `x` at the 1-d `indices` along `axis` (repeated ones accumulate)."""
+    indices = _check_indices(indices, "take")
+    if axis is None:
+        if x.ndim != 1:
+            raise ValueError(f"take from an array of {x.ndim} dimensions needs an axis")
+        axis = 0
+    axis = _axis(axis, x.ndim, "take")
+    if indices.ndim != 1:
+        raise ValueError(f"take needs 1-d indices, got {indices.ndim} dimensions")
+    xp = _plain_namespace(x)
+    shape = tuple(indices.shape[0] if d == axis else 1 for d in range(x.ndim))
+    return getitem(x, _open_mesh(x, axis, xp.reshape(indices, shape)))
+
+
+def take_along_axis(x, indices, /, *, axis=-1):
+    """`x` at `indices` along `axis`; the other axes of the two broadcast."""
+    indices = _check_indices(indices, "take_along_axis")
+    if indices.ndim != x.ndim:
+        raise ValueError(
+            f"take_along_axis needs indices with x's {x.ndim} dimensions, got {indices.ndim}"
+        )
+    axis = _axis(axis, x.ndim, "take_along_axis")
+    return getitem(x, _open_mesh(x, axis, indices))
+
+
+# --- manipulation
+def moveaxis(x, source, destination, /):
+    """Move the axes `source` to the positions `destination` (ints or tuples of ints)."""
+    ndim = x.ndim
+    source, destination = _ints(source), _ints(destination)
+    if len(source) != len(destination):
+        raise ValueError("moveaxis: source and destination need the same number of axes")
+    source = tuple(_axis(a, ndim, "moveaxis") for a in source)
+    destination = tuple(_axis(a, ndim, "moveaxis") for a in destination)
+    if len(set(source)) != len(source) or len(set(destination)) != len(destination):
+        raise ValueError("moveaxis: repeated axes")
+    order = [a for a in range(ndim) if a not in source]
+    for dest, src in sorted(zip(destination, source)):
+        order.insert(dest, src)
+    order = tuple(order)
+    return x if order == tuple(range(ndim)) else permute_dims(x, order)
+
+
+def repeat(x, repeats, /, *, axis=None):
+    """Repeat each element of `x` along `axis` (`x` flattened if None) `repeats` times.
+
+    `repeats` is an int, or an integer array with one count per element along `axis` (or one).
+    """
+    if axis is None:
+        x = reshape(x, (-1,))
+        axis = 0
+    axis = _axis(axis, x.ndim, "repeat")
+    shape = tuple(x.shape)
+    if _is_int(repeats):
+        repeats = int(repeats)
+        if repeats < 0:
+            raise ValueError(f"repeat: repeats must be non-negative, got {repeats}")
+        wide = broadcast_to(
+            expand_dims(x, axis=axis + 1), shape[: axis + 1] + (repeats,) + shape[axis + 1 :]
+        )
+        return reshape(wide, shape[:axis] + (shape[axis] * repeats,) + shape[axis + 1 :])
+    repeats = _check_indices(repeats, "repeat")
+    xp = array_api_compat.array_namespace(data(x))
+    index = xp.repeat(xp.arange(shape[axis], device=device_of(data(x))), repeats)
+    return take(x, index, axis=axis)
+
+
+def tile(x, repetitions, /):
+    """`x` repeated `repetitions[i]` times along axis `i` (leading axes added as needed)."""
+    reps = tuple(repetitions)
+    ndim = builtins.max(len(reps), x.ndim)
+    shape = (1,) * (ndim - x.ndim) + tuple(x.shape)
+    reps = (1,) * (ndim - len(reps)) + reps
+    if builtins.all(r == 1 for r in reps):
+        return reshape(x, shape) if ndim != x.ndim else x
+    spread = tuple(n for pair in zip((1,) * ndim, shape) for n in pair)
+    target = tuple(n for pair in zip(reps, shape) for n in pair)
+    tiled = broadcast_to(reshape(x, spread), target)
+    return reshape(tiled, tuple(r * n for r, n in zip(reps, shape)))
+
+
+def roll(x, /, shift, *, axis=None):
+    """Shift the elements of `x` cyclically by `shift` along `axis` (flattened if None)."""
+    if axis is None:
+        return reshape(roll(reshape(x, (-1,)), shift, axis=0), tuple(x.shape))
+    shifts, axes = _ints(shift), _ints(axis)
+    if len(shifts) == 1:
+        shifts = shifts * len(axes)
+    if len(shifts) != len(axes):
+        raise ValueError("roll: shift and axis need the same number of entries")
+    total = {}
+    for s, a in zip(shifts, axes):
+        a = _axis(a, x.ndim, "roll")
+        total[a] = total.get(a, 0) + s
+    for a, s in total.items():
+        n = x.shape[a]
+        s = s % n if n else 0
+        if s:
+            head = getitem(x, _along(a, slice(n - s, n)))
+            tail = getitem(x, _along(a, slice(0, n - s)))
+            x = concat([head, tail], axis=a)
+    return x
+
+
+def unstack(x, /, *, axis=0):
+    """The slices of `x` along `axis`, as a tuple of arrays."""
+    if x.ndim == 0:
+        raise ValueError("unstack needs an array of at least one dimension")
+    axis = _axis(axis, x.ndim, "unstack")
+    return tuple(getitem(x, _along(axis, i)) for i in range(x.shape[axis]))
+
+
+def diff(x, /, *, axis=-1, n=1, prepend=None, append=None):
+    """The `n`-th forward difference along `axis`, after joining `prepend` and `append`."""
+    if x.ndim == 0:
+        raise ValueError("diff needs an array of at least one dimension")
+    axis = _axis(axis, x.ndim, "diff")
+    if n < 0:
+        raise ValueError(f"diff: n must be non-negative, got {n}")
+    if n == 0:
+        return x
+    parts = [_edge(x, p, axis) for p in (prepend, x, append) if p is not None]
+    if len(parts) > 1:
+        x = concat(parts, axis=axis)
+    for _ in range(n):
+        m = x.shape[axis]
+        x = subtract(
+            getitem(x, _along(axis, slice(1, m))),
+            getitem(x, _along(axis, slice(0, builtins.max(m - 1, 0)))),
+        )
+    return x
+
+
+def _edge(x, part, axis):
+    """`prepend`/`append` of diff; a Python number becomes a slice of `x`'s shape."""
+    if type(part) not in backend.SCALARS:
+        return part
+    plain = data(x)
+    xp = namespace_of(plain)
+    shape = tuple(1 if d == axis else n for d, n in enumerate(plain.shape))
+    return xp.full(shape, part, dtype=plain.dtype, device=device_of(plain))
+
+
+def broadcast_arrays(*arrays):
+    """The arrays broadcast against each other, as a tuple."""
+    shape = np.broadcast_shapes(*(tuple(a.shape) for a in arrays))
+    return tuple(a if tuple(a.shape) == shape else broadcast_to(a, shape) for a in arrays)
+
+
+def meshgrid(*arrays, indexing="xy"):
+    """Coordinate grids from 1-d arrays; `indexing` 'xy' (Cartesian) or 'ij' (matrix)."""
+    if indexing not in ("xy", "ij"):
+        raise ValueError(f"meshgrid: indexing must be 'xy' or 'ij', got {indexing!r}")
+    for a in arrays:
+        if a.ndim != 1:
+            raise ValueError(f"meshgrid needs 1-d arrays, got one of {a.ndim} dimensions")
+    sizes = [a.shape[0] for a in arrays]
+    positions = list(range(len(arrays)))
+    if indexing == "xy" and len(arrays) > 1:
+        positions[0], positions[1] = 1, 0
+    shape = [0] * len(arrays)
+    for size, p in zip(sizes, positions):
+        shape[p] = size
+    shape = tuple(shape)
+    grids = []
+    for a, size, p in zip(arrays, sizes, positions):
+        column = tuple(size if d == p else 1 for d in range(len(arrays)))
+        grids.append(broadcast_to(reshape(a, column), shape))
+    return tuple(grids)
+
+
+# --- sorting: the values follow the permutation of argsort
+def sort(x, /, *, axis=-1, descending=False, stable=True):
+    """`x` sorted along `axis`; the gradient goes back through the sorting permutation."""
+    if x.ndim == 0:
+        raise ValueError("sort needs an array of at least one dimension")
+    order = argsort(x, axis=axis, descending=descending, stable=stable)
+    return take_along_axis(x, order, axis=axis)
+
+
+# --- not differentiable: plain arrays in (tracked arguments are unwrapped), plain arrays out
+def _plain(name):
+    def plain_function(*args, **kw):
+        args = [data(a) for a in args]
+        kw = {k: data(v) for k, v in kw.items()}
+        xp = array_api_compat.array_namespace(*(a for a in args if backend.is_array(a)))
+        return getattr(xp, name)(*args, **kw)
+
+    plain_function.__name__ = plain_function.__qualname__ = name
+    plain_function.__doc__ = f"The standard's `{name}` on plain values; not differentiable."
+    return plain_function
+
+
+argsort = _plain("argsort")
+argmax = _plain("argmax")
+argmin = _plain("argmin")
+nonzero = _plain("nonzero")
+searchsorted = _plain("searchsorted")
+count_nonzero = _plain("count_nonzero")
+unique_values = _plain("unique_values")
+unique_counts = _plain("unique_counts")
+unique_inverse = _plain("unique_inverse")
+unique_all = _plain("unique_all")
+isin = _plain("isin")
+all = _plain("all")
+any = _plain("any")
