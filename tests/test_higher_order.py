@@ -207,7 +207,7 @@ def test_notrack_and_stop_gradient():
 def test_fused_pullbacks_serve_first_order_passes_only():
     calls = []
 
-    def fused(node, args, kw, g):
+    def fused(node, args, kw, g, pending):
         calls.append("fused")
         return [g * 2.0]
 

@@ -197,7 +197,7 @@ class NestedDerivativeError(RuntimeError):
 class _NoBacksies:
     name = "nobacksies"
 
-    def pullback(self, node, args, message, g, nested):
+    def pullback(self, node, args, message, g, nested, pending=None):
         raise NestedDerivativeError(message)
 
 

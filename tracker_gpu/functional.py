@@ -120,7 +120,7 @@ class _Checkpoint:
     def __init__(self, fn, kw):
         self.fn, self.kw = fn, kw
 
-    def pullback(self, node, args, ctx, g, nested):
+    def pullback(self, node, args, ctx, g, nested, pending=None):
         inputs = [_rerun_input(a, nested) for a in args]
         y = self.fn(*inputs, **self.kw)
         stops = [i for i in inputs if isinstance(i, TrackedArray)]

@@ -11,7 +11,7 @@ gradient; the second pass pulls a node back only when all of them have, then dro
 (and, for a single-use pass, its rule and arguments, which frees the graph as it goes).
 """
 
-__all__ = ["Node", "SPENT", "BackError", "PullbackError", "walk"]
+__all__ = ["Node", "SPENT", "BackError", "PullbackError", "Pending", "Total", "walk"]
 
 
 class BackError(RuntimeError):
@@ -63,6 +63,32 @@ def _count_references(root, stop):
     return counts
 
 
+class Total:
+    """What a fused pullback returns for an argument: the argument's whole pending gradient, with
+    this contribution already added (in a buffer the tape may own and add into in place)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+class Pending:
+    """The gradients waiting at the nodes of one walk, and which of their buffers the walk owns
+    (made by an addition or a fused kernel, so no one else holds them)."""
+
+    __slots__ = ("grads", "owned")
+
+    def __init__(self, root, seed):
+        self.grads = {id(root): seed}
+        self.owned = set()
+
+    def current(self, node):
+        """`(gradient, owned)` waiting at `node` so far (`(None, False)` if none)."""
+        key = id(node)
+        return self.grads.get(key), key in self.owned
+
+
 def walk(root, seed, *, once=True, nested=False, stop=()):
     """Pull `seed` back from `root`; return `[(node, gradient)]` for each leaf or stop node reached.
 
@@ -72,12 +98,14 @@ def walk(root, seed, *, once=True, nested=False, stop=()):
     """
     stop = {id(node) for node in stop}
     counts = _count_references(root, stop)
-    pending = {id(root): seed}
+    pending = Pending(root, seed)
+    grads_at, owned = pending.grads, pending.owned
     ready = [root]
     reached = []
     while ready:
         node = ready.pop()
-        g = pending.pop(id(node), None)
+        g = grads_at.pop(id(node), None)
+        owned.discard(id(node))
         rule = node._rule
         if rule is None or (stop and id(node) in stop):
             if g is not None:
@@ -89,20 +117,35 @@ def walk(root, seed, *, once=True, nested=False, stop=()):
         grads = (None,) * len(args)
         if g is not None:
             try:
-                grads = rule.pullback(node, args, ctx, g, nested)
+                grads = rule.pullback(node, args, ctx, g, nested, pending)
             except Exception as error:
                 raise _pullback_error(rule, error, once) from error
         for parent, gp in zip(args, grads):
             if isinstance(parent, Node):
                 key = id(parent)
                 if gp is not None:
-                    prev = pending.get(key)
-                    pending[key] = gp if prev is None else _add(prev, gp)
+                    _accumulate(grads_at, owned, key, gp, nested)
                 left = counts[key] - 1
                 counts[key] = left
                 if not left:
                     ready.append(parent)
     return reached
+
+
+def _accumulate(grads_at, owned, key, gp, nested):
+    if type(gp) is Total:
+        grads_at[key] = gp.value
+        owned.add(key)
+        return
+    prev = grads_at.get(key)
+    if prev is None:
+        grads_at[key] = gp  # may alias another gradient: not ours to add into
+    elif key in owned and not nested:
+        prev += gp  # in place for arrays; NumPy's 0-d scalars rebind, so store it back
+        grads_at[key] = prev
+    else:
+        grads_at[key] = _add(prev, gp)
+        owned.add(key)
 
 
 def _add(a, b):

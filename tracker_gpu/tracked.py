@@ -201,9 +201,10 @@ class TrackedArray(Node):
 class Primitive:
     """A differentiable operation: forward `f(xp, *args, **kw)` and a vjp per argument.
 
-    `fused`, when set, is a fast path for first-order passes: `fused(node, args, kw, g)` returns
-    the list of gradients (one fused kernel, say) or None to fall back to the vjps. Nested passes
-    always take the vjps, so that they stay differentiable.
+    `fused`, when set, is a fast path for first-order passes: `fused(node, args, kw, g, pending)`
+    returns the list of gradients (`tape.Total` where it added into the pending gradient itself,
+    in one fused kernel, say) or None to fall back to the vjps. Nested passes always take the
+    vjps, so that they stay differentiable.
     """
 
     def __init__(self, name, forward, vjps, doc=None, fused=None):
@@ -222,9 +223,9 @@ class Primitive:
             return _as_number(self.forward(np, *args, **kw))
         return self.forward(xp, *args, **kw)
 
-    def pullback(self, node, args, kw, g, nested):
+    def pullback(self, node, args, kw, g, nested, pending=None):
         if self.fused is not None and not nested:
-            grads = self.fused(node, args, kw, g)
+            grads = self.fused(node, args, kw, g, pending)
             if grads is not None:
                 return grads
         if nested:
@@ -322,7 +323,7 @@ class _CustomRule:
         self.fn = fn
         self.name = getattr(fn, "__name__", "custom rule")
 
-    def pullback(self, node, args, ctx, g, nested):
+    def pullback(self, node, args, ctx, g, nested, pending=None):
         pb, kw = ctx
         if nested:  # re-run the forward on tracked arguments, so the pullback is recorded too
             _, pb = self.fn(*args, **kw)
