@@ -185,7 +185,9 @@ class TrackedArray(Node):
         raise TypeError("a TrackedArray holds floats and cannot be used as an index")
 
     def __len__(self):
-        return len(self.data)
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tracked array")
+        return self.shape[0]
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))

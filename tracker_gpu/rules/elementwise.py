@@ -115,12 +115,22 @@ multiply = _binary(
 divide = _binary(
     "divide", lambda xp, x, y: x / y, lambda g, ans, x, y: g / y, lambda g, ans, x, y: -g * ans / y
 )
-pow = _binary(
-    "pow",
-    lambda xp, x, y: x**y,
-    lambda g, ans, x, y: g * y * x ** (y - 1),
-    lambda g, ans, x, y: g * log(x) * ans,
-)
+
+
+# At x = 0, d/dx x**0 = 0 and d/dy x**y = 0 (y > 0), not 0 * inf and -inf * 0 (as JAX, PyTorch).
+def _pow_vjp_x(g, ans, x, y):
+    if type(y) in SCALARS:
+        return g * y * x ** (y - 1 if y != 0 else 1)
+    return g * y * x ** where(data(y) == 0, 1.0, y - 1)
+
+
+def _pow_vjp_y(g, ans, x, y):
+    if type(x) in SCALARS:
+        return g * (log(x) if x != 0 else 0.0) * ans
+    return g * log(where(data(x) == 0, 1.0, x)) * ans
+
+
+pow = _binary("pow", lambda xp, x, y: x**y, _pow_vjp_x, _pow_vjp_y)
 remainder = _binary(
     "remainder",
     lambda xp, x, y: x % y,
@@ -274,7 +284,7 @@ PLAIN_FUNCTIONS = {
         "ceil floor trunc round signbit isfinite isinf isnan equal not_equal greater "
         "greater_equal less less_equal logical_and logical_or logical_xor logical_not "
         "bitwise_and bitwise_or bitwise_xor bitwise_invert bitwise_left_shift "
-        "bitwise_right_shift floor_divide nextafter"
+        "bitwise_right_shift floor_divide nextafter imag"
     ).split()
 }
 floor_divide = _plain_floor_divide = PLAIN_FUNCTIONS["floor_divide"]

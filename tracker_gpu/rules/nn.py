@@ -63,7 +63,8 @@ logsumexp = Primitive(
     "logsumexp",
     _logsumexp_forward,
     (
-        lambda g, ans, x, axis=None, keepdims=False: expand(g, x, axis, keepdims)
-        * exp(x - expand(ans, x, axis, keepdims)),
+        lambda g, ans, x, axis=None, keepdims=False: (
+            expand(g, x, axis, keepdims) * exp(x - expand(ans, x, axis, keepdims))
+        ),
     ),
 )

@@ -49,12 +49,18 @@ def _reduction(name):
 
 
 sum = Primitive(
-    "sum", _reduction("sum"), (lambda g, ans, x, axis=None, keepdims=False, dtype=None: expand(g, x, axis, keepdims),)
+    "sum",
+    _reduction("sum"),
+    (lambda g, ans, x, axis=None, keepdims=False, dtype=None: expand(g, x, axis, keepdims),),
 )
 mean = Primitive(
     "mean",
     _reduction("mean"),
-    (lambda g, ans, x, axis=None, keepdims=False: expand(g, x, axis, keepdims) / _count(x.shape, axis),),
+    (
+        lambda g, ans, x, axis=None, keepdims=False: (
+            expand(g, x, axis, keepdims) / _count(x.shape, axis)
+        ),
+    ),
 )
 
 
@@ -74,7 +80,7 @@ def _others_along(x, axis):
     order = kept + reduced
     moved = permute_dims(x, order) if order != tuple(range(ndim)) else x
     lead = tuple(moved.shape[: len(kept)])
-    others = _others(reshape(moved, lead + (-1,)))
+    others = _others(reshape(moved, lead + (_count(x.shape, axis),)))  # not -1: x may be empty
     others = reshape(others, tuple(moved.shape))
     if order == tuple(range(ndim)):
         return others
@@ -84,6 +90,8 @@ def _others_along(x, axis):
 
 def _others_forward(xp, x):
     """Exclusive products from the left and the right along the last axis: no division."""
+    if x.shape[-1] == 0:
+        return xp.ones_like(x)
     ones = xp.ones_like(x[..., :1])
     left = xp.cumulative_prod(xp.concat([ones, x[..., :-1]], axis=-1), axis=-1)
     right = xp.flip(
@@ -133,7 +141,7 @@ def _first_extremum(arg, x, axis):
     order = kept + reduced
     moved = xp.permute_dims(x, order)
     lead = tuple(moved.shape[: len(kept)])
-    flat = xp.reshape(moved, lead + (-1,))
+    flat = xp.reshape(moved, lead + (_count(x.shape, axis),))  # not -1: x may be empty
     index = getattr(xp, arg)(flat, axis=-1, keepdims=True)
     positions = xp.arange(flat.shape[-1], device=x.device if hasattr(x, "device") else None)
     hit = xp.reshape(positions == index, tuple(moved.shape))

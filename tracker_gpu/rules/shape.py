@@ -27,8 +27,15 @@ reshape = Primitive(
 permute_dims = Primitive(
     "permute_dims",
     _method("permute_dims"),
-    (lambda g, ans, x, axes: permute_dims(g, tuple(np.argsort(axes).tolist())), None),
+    (lambda g, ans, x, axes: permute_dims(g, _inverse(axes, len(x.shape))), None),
 )
+
+
+def _inverse(axes, ndim):
+    """The permutation that undoes `axes` (which may count from the end, as NumPy allows)."""
+    return tuple(np.argsort([a % ndim for a in axes]).tolist())
+
+
 expand_dims = Primitive(
     "expand_dims", _method("expand_dims"), (lambda g, ans, x, **kw: reshape(g, x.shape),)
 )
@@ -47,7 +54,8 @@ def unbroadcast(g, shape, name="?"):
     if lead < 0 or any(n not in (1, m) for n, m in zip(shape, gshape[lead:])):
         raise ValueError(
             f"the pullback of {name!r} returned a gradient of shape {gshape} for an argument "
-            f"of shape {tuple(shape)}; a gradient must have its argument's shape (or broadcast to it)"
+            f"of shape {tuple(shape)}; a gradient must have its argument's shape "
+            "(or broadcast to it)"
         )
     axes = tuple(range(lead)) + tuple(
         lead + i for i, n in enumerate(shape) if n == 1 and gshape[lead + i] != 1
@@ -70,7 +78,7 @@ def _concat_vjp(i, g, ans, *arrays, axis=0):
         return reshape(g[start : start + _size(arrays[i])], arrays[i].shape)
     axis = axis % ans.ndim
     start = builtins.sum(a.shape[axis] for a in arrays[:i])
-    key = (slice(None),) * axis + (slice(start, start + arrays[i].shape[axis]),)
+    key = (slice(None),) * axis + (slice(start, start + arrays[i].shape[axis]), Ellipsis)
     return g[key]
 
 
@@ -88,7 +96,7 @@ def _stack_forward(xp, *arrays, axis=0):
 
 def _stack_vjp(i, g, ans, *arrays, axis=0):
     axis = axis % ans.ndim
-    return g[(slice(None),) * axis + (i,)]
+    return g[(slice(None),) * axis + (i, Ellipsis)]
 
 
 _stack = Primitive("stack", _stack_forward, ByPosition(_stack_vjp))
@@ -115,9 +123,19 @@ def _index_adjoint_forward(xp, g, shape, key):
     """Zeros of `shape` with `g` added at `key` (repeated integer indices accumulate)."""
     z = xp.zeros(shape, dtype=g.dtype, device=device_of(g))
     if not _has_integer_array(key):
+        key, g = _without_new_axes(xp, key, g, z)
         z[key] = g
         return z
     return backend.scatter_add(xp, z, key, g)
+
+
+def _without_new_axes(xp, key, g, z):
+    """Drop the `None`s of a key (assignment refuses them) and the axes of `g` they made."""
+    parts = key if isinstance(key, tuple) else (key,)
+    if all(k is not None for k in parts):
+        return key, g
+    key = tuple(k for k in parts if k is not None)
+    return key, xp.reshape(g, z[key].shape)
 
 
 _getitem = Primitive(
@@ -138,8 +156,20 @@ def getitem(x, key):
 
 def _normalize_key(xp, x, key):
     if isinstance(key, tuple):
-        return tuple(_normalize_index(xp, x, k) for k in key)
-    return _normalize_index(xp, x, key)
+        key = tuple(_normalize_index(xp, x, k) for k in key)
+    else:
+        key = _normalize_index(xp, x, key)
+    return _with_trailing_ellipsis(key, len(x.shape))
+
+
+def _with_trailing_ellipsis(key, ndim):
+    """Make NumPy's implicit trailing slices explicit (`x[i]` of a matrix), as the standard asks."""
+    parts = key if isinstance(key, tuple) else (key,)
+    if any(k is Ellipsis or backend.is_array(k) for k in parts):
+        return key
+    if builtins.sum(k is not None for k in parts) >= ndim:
+        return key
+    return parts + (Ellipsis,)
 
 
 def _normalize_index(xp, x, k):
@@ -177,4 +207,3 @@ to_device = Primitive(
 
 def _device(x):
     return x.device if isinstance(x, TrackedArray) else device_of(x)
-

@@ -1,0 +1,241 @@
+"""Reductions: sum prod mean max min var std over every axis combination, keepdims both ways,
+on every backend; prod exact at zeros and max/min ties checked against NumPy references."""
+
+import itertools
+
+import numpy as np
+import pytest
+from helpers import (
+    CONTIGUOUS,
+    STRIDED,
+    TRANSPOSED,
+    check,
+    check_like,
+    check_nested,
+    numpy_of,
+    on_backend,
+    uniform,
+)
+
+import tracker_gpu as tg
+
+# name: domain of the input (prod near 1 keeps it well-conditioned)
+REDUCTIONS = {
+    "sum": (-2.0, 2.0),
+    "prod": (0.5, 1.5),
+    "mean": (-2.0, 2.0),
+    "max": (-2.0, 2.0),
+    "min": (-2.0, 2.0),
+    "var": (-2.0, 2.0),
+    "std": (-2.0, 2.0),
+}
+
+# Every axis combination of a 3-d array, with negative axes and a tuple out of order.
+AXES = [None, 0, 1, 2, -1, -3, (0, 1), (0, 2), (1, 2), (0, 1, 2), (-1, 0), (2, -3, 1)]
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("axis", AXES, ids=str)
+@pytest.mark.parametrize("name", REDUCTIONS)
+def test_reduction_axes(backend, name, axis, keepdims):
+    x = on_backend(backend, uniform((2, 3, 2), REDUCTIONS[name], seed=30))
+    f = getattr(tg, name)
+    y = f(tg.param(x), axis=axis, keepdims=keepdims)
+    expected = getattr(backend.xp, name)(x, axis=axis, keepdims=keepdims)
+    assert tuple(y.shape) == tuple(expected.shape)
+    np.testing.assert_allclose(numpy_of(backend, y), backend.to_numpy(expected), rtol=1e-12)
+    check(backend, lambda x: f(x, axis=axis, keepdims=keepdims), x)
+
+
+@pytest.mark.parametrize("layout", [TRANSPOSED, STRIDED])
+@pytest.mark.parametrize("axis", [None, 0, -1], ids=str)
+@pytest.mark.parametrize("name", REDUCTIONS)
+def test_reduction_non_contiguous(backend, name, axis, layout):
+    x = on_backend(backend, uniform((3, 4), REDUCTIONS[name], seed=31), layout)
+    check(backend, lambda x: getattr(tg, name)(x, axis=axis), x)
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("name", REDUCTIONS)
+def test_reduction_0d(backend, name, keepdims):
+    x = on_backend(backend, uniform((), REDUCTIONS[name], seed=32))
+    f = getattr(tg, name)
+    if name == "std":  # sqrt of a zero variance: the derivative is infinite
+        pytest.skip("std of one element has no derivative")
+    check(backend, lambda x: f(x, keepdims=keepdims), x)
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("axis", [None, 0, 1, (0, 1)], ids=str)
+@pytest.mark.parametrize("name", ["sum", "prod"])
+def test_reduction_empty(backend, name, axis, keepdims):
+    x = on_backend(backend, np.zeros((0, 3)))
+    f = getattr(tg, name)
+    (g,) = check(backend, lambda x: f(x, axis=axis, keepdims=keepdims), x)
+    assert tuple(g.shape) == (0, 3)
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("name", ["mean", "max", "min", "var", "std"])
+def test_reduction_empty_along_kept_axis(backend, name, keepdims):
+    """An empty axis that is not reduced: an empty result, an empty gradient."""
+    x = on_backend(backend, np.zeros((0, 3)))
+    check(backend, lambda x: getattr(tg, name)(x, axis=1, keepdims=keepdims), x)
+
+
+@pytest.mark.parametrize("correction", [0, 1, 1.5])
+@pytest.mark.parametrize("axis", [None, 0, (0, -1)], ids=str)
+@pytest.mark.parametrize("name", ["var", "std"])
+def test_var_std_correction(backend, name, axis, correction):
+    values = uniform((3, 4), (-2.0, 2.0), seed=33)
+    x = on_backend(backend, values)
+    f = getattr(tg, name)
+    y = f(tg.param(x), axis=axis, correction=correction)
+    np_axis = axis if axis is None else tuple(np.atleast_1d(axis))
+    reference = getattr(np, name)(values, axis=np_axis, ddof=correction)
+    np.testing.assert_allclose(numpy_of(backend, y), reference, rtol=1e-12)
+    check(backend, lambda x: f(x, axis=axis, correction=correction), x)
+
+
+# --- prod at zeros: the exact gradient, "the product of the others", computed independently
+def prod_others(values, axis):
+    """For each element, the product of the other elements of its reduction (NumPy, by loops)."""
+    axes = tuple(range(values.ndim)) if axis is None else tuple(np.atleast_1d(axis) % values.ndim)
+    out = np.empty_like(values)
+    for index in np.ndindex(values.shape):
+        group = [
+            j
+            for j in np.ndindex(values.shape)
+            if all(j[a] == index[a] for a in range(values.ndim) if a not in axes)
+        ]
+        out[index] = np.prod([values[j] for j in group if j != index])
+    return out
+
+
+ZEROS = {
+    "one zero": np.array([2.0, 0.0, 3.0, -1.5]),
+    "two zeros": np.array([0.0, 2.0, 0.0, 3.0]),
+    "all zeros": np.zeros(3),
+    "matrix": np.array([[0.0, 2.0, 3.0], [1.5, 0.0, 0.0], [2.0, -1.0, 0.5]]),
+}
+
+
+@pytest.mark.parametrize("axis", [None, 0, -1], ids=str)
+@pytest.mark.parametrize("case", ZEROS)
+def test_prod_at_zeros(backend, case, axis):
+    values = ZEROS[case]
+    if values.ndim == 1 and axis == 0:
+        pytest.skip("same as axis=-1 for a vector")
+    weights = uniform(np.prod(values, axis=axis).shape, (0.5, 1.5), seed=34)
+    x = on_backend(backend, values)
+    w = on_backend(backend, weights)
+    (g,) = tg.gradient(lambda x: tg.sum(tg.prod(x, axis=axis) * w), x)
+    check_like(backend, g, x)
+    expected = prod_others(values, axis) * (
+        weights if axis is None else np.expand_dims(weights, axis)
+    )
+    np.testing.assert_allclose(numpy_of(backend, g), expected, rtol=1e-12, atol=0)
+
+
+def prod_hessian(values):
+    """d2 prod / dx_i dx_j: the product of all but x_i and x_j (zero on the diagonal)."""
+    n = values.size
+    hessian = np.zeros((n, n))
+    for i, j in itertools.permutations(range(n), 2):
+        hessian[i, j] = np.prod(np.delete(values, [i, j]))
+    return hessian
+
+
+@pytest.mark.parametrize("case", ["one zero", "two zeros", "all zeros"])
+def test_prod_second_derivative_at_zeros(backend, case):
+    values = ZEROS[case]
+    v = uniform(values.shape, (-1.0, 1.0), seed=35)
+    x, direction = on_backend(backend, values), on_backend(backend, v)
+
+    def directional(x):
+        (g,) = tg.gradient(tg.prod, x, nest=True)
+        return tg.sum(g * direction)
+
+    (hv,) = tg.gradient(directional, x)
+    check_like(backend, hv, x)
+    np.testing.assert_allclose(numpy_of(backend, hv), prod_hessian(values) @ v, atol=1e-12)
+
+
+# --- max and min: the whole gradient goes to the first extremum
+def first_extremum_gradient(values, g, axis, arg):
+    """NumPy reference: `g` placed at the first arg-extremum of each reduction (C order)."""
+    ndim = values.ndim
+    axes = tuple(range(ndim)) if axis is None else tuple(np.atleast_1d(axis) % ndim)
+    kept = tuple(a for a in range(ndim) if a not in axes)
+    out = np.zeros_like(values)
+    g = np.reshape(g, [values.shape[a] for a in kept])
+    for outer in np.ndindex(*[values.shape[a] for a in kept]):
+        index = [slice(None)] * ndim
+        for a, i in zip(kept, outer):
+            index[a] = i
+        group = values[tuple(index)]  # the reduced axes, in their original order
+        inner = np.unravel_index(getattr(np, arg)(group), group.shape)
+        position = list(index)
+        for a, i in zip(axes, inner):
+            position[a] = i
+        out[tuple(position)] = g[outer]
+    return out
+
+
+TIES = np.array([[[3.0, 1.0], [3.0, 3.0], [0.0, 3.0]], [[-1.0, -1.0], [2.0, -1.0], [-1.0, 2.0]]])
+
+
+@pytest.mark.parametrize("layout", [CONTIGUOUS, TRANSPOSED])
+@pytest.mark.parametrize("axis", [None, 0, 1, -1, (0, 2), (1, 2)], ids=str)
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_ties_go_to_first_extremum(backend, name, axis, layout):
+    values = TIES if name == "max" else -TIES
+    x = on_backend(backend, values, layout)
+    out_shape = np.max(values, axis=axis).shape
+    weights = uniform(out_shape, (0.5, 1.5), seed=36)
+    w = on_backend(backend, weights)
+    (g,) = tg.gradient(lambda x: tg.sum(getattr(tg, name)(x, axis=axis) * w), x)
+    check_like(backend, g, x)
+    expected = first_extremum_gradient(values, weights, axis, "arg" + name)
+    np.testing.assert_array_equal(numpy_of(backend, g), expected)
+    assert np.count_nonzero(expected) == weights.size  # one element per reduction, no splitting
+
+
+def test_ties_all_equal(backend):
+    x = on_backend(backend, np.full((2, 3), 5.0))
+    for f in (tg.max, tg.min):
+        (g,) = tg.gradient(f, x)
+        np.testing.assert_array_equal(numpy_of(backend, g), [[1, 0, 0], [0, 0, 0]])
+        (g,) = tg.gradient(lambda x, f=f: tg.sum(f(x, axis=0)), x)
+        np.testing.assert_array_equal(numpy_of(backend, g), [[1, 1, 1], [0, 0, 0]])
+
+
+# --- float32 in, float32 gradient out
+@pytest.mark.parametrize("name", REDUCTIONS)
+def test_float32_gives_float32(backend, name):
+    values = uniform((3, 4), REDUCTIONS[name], seed=37)
+    f = getattr(tg, name)
+    x32 = on_backend(backend, values, dtype=np.float32)
+    for axis in (None, 1):
+        (g32,) = tg.gradient(lambda x, axis=axis: tg.sum(f(x, axis=axis)), x32)
+        check_like(backend, g32, x32)
+        x64 = on_backend(backend, values)
+        (g64,) = tg.gradient(lambda x, axis=axis: tg.sum(f(x, axis=axis)), x64)
+        np.testing.assert_allclose(numpy_of(backend, g32), numpy_of(backend, g64), rtol=1e-4)
+
+
+def test_sum_dtype_float32_of_float64(backend):
+    """`dtype=` changes the result's dtype; the gradient comes back as the input's."""
+    x = on_backend(backend, uniform((2, 3), (-1.0, 1.0), seed=38))
+    (g,) = tg.gradient(lambda x: tg.sum(x, dtype=backend.xp.float32) * 2.0, x)
+    check_like(backend, g, x)
+    np.testing.assert_allclose(numpy_of(backend, g), np.full((2, 3), 2.0))
+
+
+# --- second derivatives through the reductions' vjps
+@pytest.mark.parametrize("axis", [None, 1], ids=str)
+@pytest.mark.parametrize("name", REDUCTIONS)
+def test_second_derivative(backend, name, axis):
+    f = getattr(tg, name)
+    x = on_backend(backend, uniform((2, 3), REDUCTIONS[name], seed=39))
+    check_nested(backend, lambda x: f(x * x, axis=axis), x)
