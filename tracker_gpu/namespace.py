@@ -33,7 +33,7 @@ def _names(module, names):
     return {name: getattr(module, name) for name in names.split() if hasattr(module, name)}
 
 
-_SHARED.update(_names(reductions, "sum prod mean max min var std"))
+_SHARED.update(_names(reductions, "sum prod mean max min var std sumabs2"))
 _SHARED.update(_names(nn, "sigmoid relu softmax logsoftmax logsumexp"))
 _SHARED.update(
     _names(

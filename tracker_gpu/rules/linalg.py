@@ -39,7 +39,7 @@ from ..backend import device_of, namespace_of
 from ..tracked import Primitive, TrackedArray, data
 from .elementwise import abs as _abs
 from .elementwise import add, divide, multiply, subtract, where
-from .reductions import expand
+from .reductions import expand, sumabs2
 from .reductions import max as _max
 from .reductions import min as _min
 from .reductions import sum as _sum
@@ -197,6 +197,8 @@ def tensordot(x1, x2, /, *, axes=2):
 
 def vecdot(x1, x2, /, *, axis=-1):
     """The dot product of `x1` and `x2` along `axis` (real arrays), with broadcasting."""
+    if x1 is x2 and isinstance(x1, TrackedArray) and x1.ndim == 1:
+        return sumabs2(x1)
     return _sum(multiply(x1, x2), axis=axis)
 
 

@@ -1,4 +1,5 @@
-"""Reductions with `axis` and `keepdims`: sum, prod, mean, max, min, var, std.
+"""Reductions with `axis` and `keepdims`: sum, prod, mean, max, min, var, std, and sumabs2
+(Julia's `sum(abs2, x)`), which `sum(x**2)`, `sum(square(x))` and `sum(x * x)` become.
 
 A reduction's vjp passes the gradient back as a broadcast view, never a filled array.
 `max`/`min` send the whole gradient to the first extremum along the reduced axes (ties are not
@@ -12,8 +13,9 @@ array([0., 6., 0.])
 import builtins
 
 from ..backend import namespace_of
-from ..tracked import Primitive, data
-from .elementwise import mask, sqrt, square, where
+from ..cuda.fused import sumsq_pullback
+from ..tracked import Primitive, TrackedArray, data
+from .elementwise import mask, multiply, pow, sqrt, square, where
 from .shape import broadcast_to, permute_dims, reshape
 
 
@@ -48,11 +50,46 @@ def _reduction(name):
     return forward
 
 
-sum = Primitive(
+_sum = Primitive(
     "sum",
     _reduction("sum"),
     (lambda g, ans, x, axis=None, keepdims=False, dtype=None: expand(g, x, axis, keepdims),),
 )
+
+
+def sum(x, /, *, axis=None, dtype=None, keepdims=False):
+    """The sum over `axis`; the sum of a square recorded on the tape becomes `sumabs2`."""
+    if axis is None and dtype is None and not keepdims:
+        base = squared_base(x)
+        if base is not None:
+            return sumabs2(base)
+    return _sum(x, axis=axis, dtype=dtype, keepdims=keepdims)
+
+
+def _sumabs2_forward(xp, x):
+    flat = xp.reshape(x, (-1,))
+    return flat @ flat
+
+
+# Julia's sum(abs2, x): one node, and on the GPU one fused kernel for its pullback.
+sumabs2 = Primitive(
+    "sumabs2", _sumabs2_forward, (lambda g, ans, x: x * (g * 2),), fused=sumsq_pullback
+)
+
+
+def squared_base(y):
+    """`x` when the tracked `y` was recorded as `x**2`, `square(x)` or `x * x`; else None."""
+    if not isinstance(y, TrackedArray):
+        return None
+    rule, args = y._rule, y._args
+    squared = (
+        rule is square
+        or (rule is multiply and args[0] is args[1])
+        or (rule is pow and type(args[1]) in (int, float) and args[1] == 2)
+    )
+    return args[0] if squared and isinstance(args[0], TrackedArray) else None
+
+
 mean = Primitive(
     "mean",
     _reduction("mean"),

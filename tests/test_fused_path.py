@@ -1,0 +1,119 @@
+"""The whole fused path, from the rule's dispatch down to the kernel launch, run on the CPU
+through the host build of the kernels (`on_host`), against the generic path: gradients, the
+number of launches, and the allocations each fused pullback makes."""
+
+import numpy as np
+import pytest
+
+import tracker_gpu as tg
+from tracker_gpu.cuda import host
+from tracker_gpu.cuda.launch import on_host, recording
+
+pytestmark = pytest.mark.skipif(not host.available(), reason="no C++ compiler for the host build")
+
+
+def fused_and_generic(f, *xs):
+    """Gradients through the fused path (with its launch/alloc log) and through the generic one."""
+    generic = tg.gradient(f, *xs)
+    with on_host(), recording() as log:
+        fused = tg.gradient(f, *xs)
+    for a, b in zip(fused, generic):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        scale = float(np.max(np.abs(b), initial=1.0))
+        if a.dtype == np.float32:  # both paths round; compare at the gradient's magnitude
+            assert np.allclose(a, b, rtol=1e-5, atol=1e-6 * scale)
+        else:
+            assert np.allclose(a, b, rtol=1e-12, atol=1e-14 * scale)
+    return log
+
+
+def launches(log):
+    return [name for kind, name in log if kind == "launch"]
+
+
+def allocations(log):
+    return [size for kind, size in log if kind == "alloc"]
+
+
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x: tg.sum(x**2),
+        lambda x: tg.sum(tg.square(x)),
+        lambda x: tg.sum(x * x),
+        lambda x: tg.vecdot(x, x),
+        tg.sumabs2,
+    ],
+    ids=["x**2", "square", "x*x", "vecdot", "sumabs2"],
+)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sum_of_squares_is_one_launch_and_no_temporary(f, dtype):
+    x = np.random.default_rng(0).standard_normal(1001).astype(dtype)
+    log = fused_and_generic(f, x)
+    assert launches(log) == ["sumsq_bwd_acc"]
+    assert allocations(log) == [x.nbytes]  # the gradient buffer itself, nothing else
+
+
+@pytest.mark.parametrize(
+    "name", ["tanh", "sigmoid", "relu", "exp", "log", "sqrt", "sin", "cos", "abs"]
+)
+def test_unary_pullbacks_are_one_launch_each(name):
+    x = np.random.default_rng(1).uniform(0.2, 2.0, (17, 9))
+    w = np.random.default_rng(2).standard_normal((17, 9))
+    log = fused_and_generic(lambda x: tg.sum(getattr(tg, name)(x) * w), x)
+    assert launches(log).count(f"{name}_bwd_acc") == 1
+
+
+def test_contributions_accumulate_in_place():
+    x = np.random.default_rng(3).standard_normal(500)
+    w = np.random.default_rng(4).standard_normal(500)
+    log = fused_and_generic(lambda x: tg.sum((tg.tanh(x) + tg.sin(x) + tg.exp(x)) * w), x)
+    # sum's gradient is a broadcast view, so the multiply takes the generic path; the rest fuse
+    assert sorted(launches(log)) == sorted(
+        ["add_bwd_acc"] * 4 + ["tanh_bwd_acc", "sin_bwd_acc", "exp_bwd_acc"]
+    )
+    # x receives three contributions: one buffer, and the later two are added into it in place
+    assert len(allocations(log)) == len(launches(log)) - 2
+
+
+@pytest.mark.parametrize(
+    "shapes", [((5, 3), (3,)), ((4, 1, 3), (1, 6, 1)), ((2, 3), ()), ((7,), (7,))], ids=str
+)
+@pytest.mark.parametrize("op", ["add", "subtract", "multiply", "divide", "pow"])
+def test_broadcast_arithmetic_reduces_inside_the_kernel(shapes, op):
+    rng = np.random.default_rng(5)
+    x, y = (rng.uniform(0.5, 1.5, s) for s in shapes)
+    w = rng.standard_normal(np.broadcast_shapes(*shapes))
+    log = fused_and_generic(lambda x, y: tg.sum(getattr(tg, op)(x, y) * w), x, y)
+    kernel = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "div", "pow": "pow"}[op]
+    assert launches(log).count(f"{kernel}_bwd_acc") == 2
+    assert sorted(allocations(log)) == sorted([x.nbytes, y.nbytes])  # the two gradients only
+
+
+def test_scalar_operands_and_the_same_operand_twice():
+    x = np.random.default_rng(6).standard_normal((6, 4))
+    w = np.random.default_rng(7).standard_normal((6, 4))
+    fused_and_generic(lambda x: tg.sum((2.0 * x - x / 3.0 + x**3.0) * w), x)
+    log = fused_and_generic(lambda x: tg.sum((x * x) * w), x)
+    assert launches(log).count("mul_bwd_acc") == 2
+
+
+@pytest.mark.parametrize("name", ["softmax", "logsoftmax"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rowwise_forward_and_pullback(name, dtype):
+    x = (np.random.default_rng(8).standard_normal((33, 10)) * 10).astype(dtype)
+    w = np.random.default_rng(9).standard_normal((33, 10)).astype(dtype)
+    log = fused_and_generic(lambda x: tg.sum(getattr(tg, name)(x, axis=-1) * w), x)
+    assert f"{name}_fwd" in launches(log) and f"{name}_bwd_acc" in launches(log)
+
+
+def test_other_axes_and_nested_passes_take_the_generic_path():
+    x = np.random.default_rng(10).standard_normal((4, 5))
+    log = fused_and_generic(lambda x: tg.sum(tg.softmax(x, axis=0) * x), x)
+    assert "softmax_fwd" not in launches(log)
+    with on_host(), recording() as log:
+        (g,) = tg.gradient(lambda x: tg.sum(tg.tanh(x) ** 2), x, nest=True)
+    assert tg.istracked(g) and launches(log) == []
+    with on_host():
+        H = tg.hessian(lambda x: tg.sum(tg.sin(x) * x), x[0])
+    assert np.allclose(H, tg.hessian(lambda x: tg.sum(tg.sin(x) * x), x[0]))

@@ -1,0 +1,26 @@
+"""The package list in pyproject.toml covers every subpackage, and the kernels are found."""
+
+from pathlib import Path
+
+import pytest
+
+import tracker_gpu
+from tracker_gpu.cuda.sources import families, kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_subpackage_is_packaged():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    package_root = Path(tracker_gpu.__file__).parent
+    found = {
+        ".".join(("tracker_gpu",) + p.parent.relative_to(package_root).parts)
+        for p in package_root.rglob("__init__.py")
+    }
+    assert found | {"tracker_gpu.kernels"} == set(config["packages"])
+
+
+def test_the_kernel_sources_are_found():
+    assert set(families()) == {p.stem for p in (ROOT / "kernels").glob("*.cu")}
+    assert len(kernels()) >= 20
