@@ -7,7 +7,8 @@
 //   meta[ndim .. 2 ndim)     x's strides in elements (0 on axes where x is broadcast)
 //   meta[2 ndim .. 3 ndim)   y's strides
 //   meta[3 ndim .. 4 ndim)   1 on the axes this operand keeps, 0 on the axes it is summed over
-// `side` is 0 for the gradient of x, 1 for y. `prev` may alias `acc`.
+// `side` is 0 for the gradient of x, 1 for y. `prev` may alias `acc`. `g_step` is 1 for a gradient
+// of out's shape and 0 for a scalar gradient broadcast to it (as after a sum).
 
 template <typename T>
 __device__ T partial(int op, int side, T g, T x, T y, T out) {
@@ -21,8 +22,8 @@ __device__ T partial(int op, int side, T g, T x, T y, T out) {
 }
 
 template <typename T>
-__device__ T sum_broadcast(int op, int side, const T* g, const T* x, const T* y, const T* out,
-                           const long long* meta, int ndim, long long i) {
+__device__ T sum_broadcast(int op, int side, const T* g, long long g_step, const T* x, const T* y,
+                           const T* out, const long long* meta, int ndim, long long i) {
     const long long* shape = meta;
     const long long* xs = meta + ndim;
     const long long* ys = meta + 2 * ndim;
@@ -46,20 +47,20 @@ __device__ T sum_broadcast(int op, int side, const T* g, const T* x, const T* y,
             xo += idx * xs[a];
             yo += idx * ys[a];
         }
-        total += partial(op, side, g[flat], x[xo], y[yo], out[flat]);
+        total += partial(op, side, g[flat * g_step], x[xo], y[yo], out[flat]);
     }
     return total;
 }
 
 #define BINARY_BWD(name, op)                                                                 \
     template <typename T>                                                                    \
-    __global__ void name##_bwd_acc(const T* g, const T* x, const T* y, const T* out,          \
-                                   const long long* meta, const T* prev, T* acc, int ndim,    \
-                                   int side, long long n, int has_prev) {                     \
+    __global__ void name##_bwd_acc(const T* g, long long g_step, const T* x, const T* y,      \
+                                   const T* out, const long long* meta, const T* prev,        \
+                                   T* acc, int ndim, int side, long long n, int has_prev) {   \
         for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;          \
              i += (long long)blockDim.x * gridDim.x) {                                       \
             const T base = has_prev ? prev[i] : T(0);                                        \
-            acc[i] = base + sum_broadcast(op, side, g, x, y, out, meta, ndim, i);            \
+            acc[i] = base + sum_broadcast(op, side, g, g_step, x, y, out, meta, ndim, i);    \
         }                                                                                    \
     }
 

@@ -1,17 +1,18 @@
 // Elementwise unary pullbacks: acc = prev + g * f'(x), reusing the saved output y where the
-// maths allows. One thread per element, grid-stride. `prev` may alias `acc`.
+// maths allows. One thread per element, grid-stride. `prev` may alias `acc`. `g_step` is 1 for a
+// gradient of x's shape and 0 for a scalar gradient broadcast to it (as after a sum).
 
 #define UNARY_BWD(name, derivative)                                                         \
     template <typename T>                                                                    \
-    __global__ void name##_bwd_acc(const T* x, const T* y, const T* g, const T* prev, T* acc, \
-                                   long long n, int has_prev) {                              \
+    __global__ void name##_bwd_acc(const T* x, const T* y, const T* g, long long g_step,      \
+                                   const T* prev, T* acc, long long n, int has_prev) {       \
         for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;          \
              i += (long long)blockDim.x * gridDim.x) {                                       \
             const T xi = x[i], yi = y[i];                                                    \
             (void)xi;                                                                        \
             (void)yi;                                                                        \
             const T base = has_prev ? prev[i] : T(0);                                        \
-            acc[i] = base + g[i] * (derivative);                                             \
+            acc[i] = base + g[i * g_step] * (derivative);                                    \
         }                                                                                    \
     }
 

@@ -68,10 +68,10 @@ def test_contributions_accumulate_in_place():
     x = np.random.default_rng(3).standard_normal(500)
     w = np.random.default_rng(4).standard_normal(500)
     log = fused_and_generic(lambda x: tg.sum((tg.tanh(x) + tg.sin(x) + tg.exp(x)) * w), x)
-    # sum's gradient is a broadcast view, so the multiply takes the generic path; the rest fuse
-    assert sorted(launches(log)) == sorted(
-        ["add_bwd_acc"] * 4 + ["tanh_bwd_acc", "sin_bwd_acc", "exp_bwd_acc"]
+    expected = (
+        ["mul_bwd_acc"] + ["add_bwd_acc"] * 4 + ["tanh_bwd_acc", "sin_bwd_acc", "exp_bwd_acc"]
     )
+    assert sorted(launches(log)) == sorted(expected)
     # x receives three contributions: one buffer, and the later two are added into it in place
     assert len(allocations(log)) == len(launches(log)) - 2
 
@@ -86,8 +86,10 @@ def test_broadcast_arithmetic_reduces_inside_the_kernel(shapes, op):
     w = rng.standard_normal(np.broadcast_shapes(*shapes))
     log = fused_and_generic(lambda x, y: tg.sum(getattr(tg, op)(x, y) * w), x, y)
     kernel = {"add": "add", "subtract": "sub", "multiply": "mul", "divide": "div", "pow": "pow"}[op]
-    assert launches(log).count(f"{kernel}_bwd_acc") == 2
-    assert sorted(allocations(log)) == sorted([x.nbytes, y.nbytes])  # the two gradients only
+    outer = 1 if op == "multiply" else 0  # the product with w fuses too
+    assert launches(log).count(f"{kernel}_bwd_acc") == 2 + outer
+    # the gradients of the product (out's shape) and of the two operands, nothing else
+    assert sorted(allocations(log)) == sorted([w.nbytes, x.nbytes, y.nbytes])
 
 
 def test_scalar_operands_and_the_same_operand_twice():
@@ -95,7 +97,8 @@ def test_scalar_operands_and_the_same_operand_twice():
     w = np.random.default_rng(7).standard_normal((6, 4))
     fused_and_generic(lambda x: tg.sum((2.0 * x - x / 3.0 + x**3.0) * w), x)
     log = fused_and_generic(lambda x: tg.sum((x * x) * w), x)
-    assert launches(log).count("mul_bwd_acc") == 2
+    assert launches(log).count("mul_bwd_acc") == 3  # (x * x) * w: one, then x * x: both sides
+    assert allocations(log) == [x.nbytes, x.nbytes]  # x's second side adds in place
 
 
 @pytest.mark.parametrize("name", ["softmax", "logsoftmax"])
@@ -105,6 +108,21 @@ def test_rowwise_forward_and_pullback(name, dtype):
     w = np.random.default_rng(9).standard_normal((33, 10)).astype(dtype)
     log = fused_and_generic(lambda x: tg.sum(getattr(tg, name)(x, axis=-1) * w), x)
     assert f"{name}_fwd" in launches(log) and f"{name}_bwd_acc" in launches(log)
+
+
+def test_a_loss_summed_directly_fuses_with_the_broadcast_gradient():
+    x = np.random.default_rng(11).standard_normal(300)
+    log = fused_and_generic(lambda x: tg.sum(tg.tanh(x)), x)
+    assert launches(log) == ["tanh_bwd_acc"]
+
+
+def test_generic_only_turns_the_fused_path_off():
+    from tracker_gpu.cuda.launch import generic_only
+
+    x = np.random.default_rng(12).standard_normal(300)
+    with on_host(), generic_only(), recording() as log:
+        tg.gradient(lambda x: tg.sum(tg.tanh(x) * x), x)
+    assert log == []
 
 
 def test_other_axes_and_nested_passes_take_the_generic_path():

@@ -69,11 +69,20 @@ def test_unary_kernels_match_the_generic_pullback(name, dtype, n):
     prev = rng.standard_normal(n).astype(dtype)
     expected = prev + np.asarray(generic_vjp(primitive, g, y, x), dtype=dtype)
     acc = prev.copy()
-    run(f"{name}_bwd_acc", dtype, n, x, y, g, acc, acc, n, 1)  # in place: prev is acc
+    run(f"{name}_bwd_acc", dtype, n, x, y, g, 1, acc, acc, n, 1)  # in place: prev is acc
     assert np.allclose(acc, expected, **TOLERANCE[dtype])
     fresh = np.full(n, np.nan, dtype=dtype)
-    run(f"{name}_bwd_acc", dtype, n, x, y, g, fresh, fresh, n, 0)  # first contribution
+    run(f"{name}_bwd_acc", dtype, n, x, y, g, 1, fresh, fresh, n, 0)  # first contribution
     assert np.allclose(fresh, expected - prev, **TOLERANCE[dtype])
+
+
+def test_a_broadcast_scalar_gradient_is_read_with_step_zero():
+    x = np.linspace(-1.0, 1.0, 300)
+    y = np.tanh(x)
+    g = np.broadcast_to(np.asarray(0.5), x.shape)  # what sum's pullback passes on
+    acc = np.full(300, np.nan)
+    run("tanh_bwd_acc", "float64", 300, x, y, g, 0, acc, acc, 300, 0)
+    assert np.allclose(acc, 0.5 * (1 - y**2))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -118,6 +127,7 @@ def test_binary_kernels_sum_over_broadcast_axes(op, shapes, dtype):
             dtype,
             max(n, 1),
             g,
+            1,
             x,
             y,
             out,

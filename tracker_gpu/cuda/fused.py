@@ -39,6 +39,16 @@ def _ready(*arrays):
     return str(dtype) in _FLOATS and all(a.dtype == dtype and a.flags.c_contiguous for a in arrays)
 
 
+def _gradient_step(g, shape):
+    """1 for a contiguous gradient of `shape`, 0 for a scalar broadcast to it (after a sum),
+    None for any other layout (the generic path takes those)."""
+    if g.shape != shape or not active(g):
+        return None
+    if g.flags.c_contiguous:
+        return 1
+    return 0 if all(stride == 0 for stride in g.strides) else None
+
+
 def _readable(pending, parent, like):
     """Whether the gradient waiting at `parent` (if any) can be read as a flat device array."""
     prev, _ = pending.current(parent)
@@ -80,9 +90,12 @@ def unary_pullback(name):
 
     def fused(node, args, kw, g, pending):
         x, y = args[0].data, node.data
-        if not (_ready(x, y, g) and g.shape == x.shape and _readable(pending, args[0], x)):
+        step = _gradient_step(g, x.shape)
+        if step is None or not (_ready(x, y) and g.dtype == x.dtype):
             return None
-        return [_accumulate(kernel, pending, args[0], x, x.size, (x, y, g), (x.size,))]
+        if not _readable(pending, args[0], x):
+            return None
+        return [_accumulate(kernel, pending, args[0], x, x.size, (x, y, g, step), (x.size,))]
 
     return fused
 
@@ -101,18 +114,19 @@ def binary_pullback(name):
 
     def fused(node, args, kw, g, pending):
         out = node.data
-        if not _ready(g, out):
+        step = _gradient_step(g, out.shape)
+        if step is None or not (_ready(out) and g.dtype == out.dtype):
             return None
         x, y = (_operand(a, out) for a in args)
         sides = [(side, a, v) for side, (a, v) in enumerate(zip(args, (x, y))) if _tracked(a)]
-        if not (_ready(g, out, x, y) and g.shape == out.shape):
+        if not _ready(out, x, y):
             return None
         if not all(_readable(pending, a, v) for _, a, v in sides):
             return None
         grads = [None, None]
         for side, arg, target in sides:  # x * x: the second side adds into the first's total
             meta = device_int64(_meta(out.shape, x.shape, y.shape, target.shape), out)
-            operands = (g, x, y, out, meta)
+            operands = (g, step, x, y, out, meta)
             tail = (len(out.shape), side, target.size)
             grads[side] = _accumulate(kernel, pending, arg, target, target.size, operands, tail)
         return grads

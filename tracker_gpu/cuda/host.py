@@ -93,8 +93,8 @@ class HostLibrary:
         converted = [ctypes.c_uint(grid), ctypes.c_uint(block)]
         for (ctype, pname), value in zip(kernel.params, args):
             if ctype.endswith("*"):
-                if not (isinstance(value, np.ndarray) and value.flags.c_contiguous):
-                    raise TypeError(f"{name}: argument {pname} must be a contiguous NumPy array")
+                if not isinstance(value, np.ndarray):  # layouts are checked by the fused path
+                    raise TypeError(f"{name}: argument {pname} must be a NumPy array")
                 converted.append(ctypes.c_void_p(value.ctypes.data))
             else:
                 converted.append(_CTYPES[ctype](int(value)))

@@ -11,11 +11,11 @@ import numpy as np
 from ..backend import is_cupy
 from .sources import C_TYPES, kernels, source
 
-__all__ = ["active", "launch", "empty_like", "device_int64", "on_host", "recording"]
+__all__ = ["active", "launch", "empty_like", "device_int64", "on_host", "generic_only", "recording"]
 
 BLOCK = 256
 MAX_GRID = 4096  # grid-stride loops cover the rest
-_state = {"host": False, "log": None}
+_state = {"host": False, "log": None, "off": False}
 _modules = {}
 _metadata = {}
 _KERNELS = None
@@ -23,6 +23,8 @@ _KERNELS = None
 
 def active(*arrays):
     """Whether the fused path takes these arrays: CuPy arrays, or NumPy ones inside `on_host()`."""
+    if _state["off"]:
+        return False
     if _state["host"]:
         return all(type(a) is np.ndarray for a in arrays)
     return all(is_cupy(a) for a in arrays)
@@ -37,6 +39,17 @@ def on_host():
         yield
     finally:
         _state["host"] = previous
+
+
+@contextlib.contextmanager
+def generic_only():
+    """Turn the fused path off: every pullback takes its generic Array API vjps."""
+    previous = _state["off"]
+    _state["off"] = True
+    try:
+        yield
+    finally:
+        _state["off"] = previous
 
 
 @contextlib.contextmanager
