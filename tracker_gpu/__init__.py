@@ -11,6 +11,7 @@ from .tracked import TrackedArray, data, grad, isleaf, istracked, param, rule, u
 from . import namespace, testing
 from .namespace import *
 from .api import Grads, Params, WithGradient, back, gradient, nobacksies, withgradient
+from .broadcast import broadcast
 from .functional import checkpoint, forward, hessian, hook, hvp, jacobian, notrack, stop_gradient
 from .tape import BackError, PullbackError
 

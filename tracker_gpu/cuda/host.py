@@ -18,7 +18,7 @@ import numpy as np
 
 from .sources import C_TYPES, kernels, source
 
-__all__ = ["HostLibrary", "available"]
+__all__ = ["HostLibrary", "available", "compile_shared", "SHIM"]
 
 SHIM = """
 #include <cmath>
@@ -53,6 +53,20 @@ extern "C" void host_{kernel.name}_{ctype}(unsigned int grid, unsigned int block
 """
 
 
+def compile_shared(text, tag):
+    """Build C++ `text` into a shared library (cached on disk by content) and load it."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    target = Path(tempfile.gettempdir()) / "tracker_gpu_host" / f"{tag}-{digest}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = target.with_suffix(f".{os.getpid()}.so")
+        compiler = os.environ.get("CXX", "g++")
+        command = [compiler, "-O1", "-shared", "-fPIC", "-x", "c++", "-", "-o", str(scratch)]
+        subprocess.run(command, input=text.encode(), check=True, capture_output=True)
+        scratch.replace(target)
+    return ctypes.CDLL(str(target))
+
+
 class HostLibrary:
     """The host build of one kernel family, loaded with ctypes and cached on disk by content."""
 
@@ -66,25 +80,13 @@ class HostLibrary:
             + source(family)
             + "".join(_wrapper(k, c) for k in self.kernels.values() for c in C_TYPES.values())
         )
-        self.library = ctypes.CDLL(str(self._build(text)))
+        self.library = compile_shared(text, family)
 
     @classmethod
     def get(cls, family):
         if family not in cls._cache:
             cls._cache[family] = cls(family)
         return cls._cache[family]
-
-    def _build(self, text):
-        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        target = Path(tempfile.gettempdir()) / "tracker_gpu_host" / f"{self.family}-{digest}.so"
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            scratch = target.with_suffix(f".{os.getpid()}.so")
-            compiler = os.environ.get("CXX", "g++")
-            command = [compiler, "-O1", "-shared", "-fPIC", "-x", "c++", "-", "-o", str(scratch)]
-            subprocess.run(command, input=text.encode(), check=True, capture_output=True)
-            scratch.replace(target)
-        return target
 
     def launch(self, name, dtype, grid, block, args):
         """Run kernel `name` for `dtype` over `grid` blocks of `block` threads."""
