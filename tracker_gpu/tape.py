@@ -8,7 +8,9 @@ no global tape: the graph hangs off the values.
 The walk is Kahn's algorithm over reference counts (Tracker's scheme, made iterative): a first
 pass counts, for each node reachable from the root, how many of its children will send it a
 gradient; the second pass pulls a node back only when all of them have, then drops its gradient
-(and, for a single-use pass, its rule and arguments, which frees the graph as it goes).
+(and, for a single-use pass, its rule and arguments, which frees the graph as it goes). The count
+and the pending gradient live on the node during a walk, so one graph may not be walked by two
+threads at once (separate graphs may).
 """
 
 __all__ = ["Node", "SPENT", "BackError", "PullbackError", "Pending", "Total", "walk"]
@@ -35,12 +37,15 @@ SPENT = _Spent()
 
 
 class Node:
-    __slots__ = ("_rule", "_args", "_ctx", "_grad", "__weakref__")
+    # _n (gradients still to come) and _g (the gradient pending here) are used by a walk only,
+    # and are back to 0 and None when it ends, even when it fails.
+    __slots__ = ("_rule", "_args", "_ctx", "_grad", "_n", "_g", "__weakref__")
 
 
 def _count_references(root, stop):
-    """How many gradients each node reachable from `root` will receive."""
-    counts = {id(root): 0}
+    """Set `_n` of each node reachable from `root` to the number of gradients it will receive;
+    return the nodes counted."""
+    counted = [root]
     stack = [root]
     while stack:
         node = stack.pop()
@@ -48,19 +53,25 @@ def _count_references(root, stop):
         if rule is None or id(node) in stop:
             continue
         if rule is SPENT:
+            _reset(counted)
             raise BackError(
                 "back was already used on this graph: a single-use pass (once=True) frees it. "
                 "Recompute the forward pass, or pass once=False to keep the graph for another pass."
             )
         for parent in node._args:
             if isinstance(parent, Node):
-                key = id(parent)
-                if key in counts:
-                    counts[key] += 1
+                if parent._n:
+                    parent._n += 1
                 else:
-                    counts[key] = 1
+                    parent._n = 1
+                    counted.append(parent)
                     stack.append(parent)
-    return counts
+    return counted
+
+
+def _reset(nodes):
+    for node in nodes:
+        node._n, node._g = 0, None
 
 
 class Total:
@@ -74,19 +85,22 @@ class Total:
 
 
 class Pending:
-    """The gradients waiting at the nodes of one walk, and which of their buffers the walk owns
-    (made by an addition or a fused kernel, so no one else holds them)."""
+    """Which of the gradients pending during one walk are in buffers the walk owns (made by an
+    addition or a fused kernel, so no one else holds them, and they may be added into)."""
 
-    __slots__ = ("grads", "owned")
+    __slots__ = ("owned",)
 
-    def __init__(self, root, seed):
-        self.grads = {id(root): seed}
+    def __init__(self):
         self.owned = set()
 
     def current(self, node):
         """`(gradient, owned)` waiting at `node` so far (`(None, False)` if none)."""
-        key = id(node)
-        return self.grads.get(key), key in self.owned
+        return node._g, id(node) in self.owned
+
+    def replace(self, node, total):
+        """Make `total`, a buffer this walk owns, the gradient pending at `node`."""
+        node._g = total
+        self.owned.add(id(node))
 
 
 def walk(root, seed, *, once=True, nested=False, stop=()):
@@ -97,15 +111,25 @@ def walk(root, seed, *, once=True, nested=False, stop=()):
     soon as it has passed its gradient on.
     """
     stop = {id(node) for node in stop}
-    counts = _count_references(root, stop)
-    pending = Pending(root, seed)
-    grads_at, owned = pending.grads, pending.owned
+    counted = _count_references(root, stop)
+    try:
+        return _pull_back(root, seed, once, nested, stop)
+    except BaseException:
+        _reset(counted)
+        raise
+
+
+def _pull_back(root, seed, once, nested, stop):
+    pending = Pending()
+    owned = pending.owned
+    root._g = seed
     ready = [root]
     reached = []
     while ready:
         node = ready.pop()
-        g = grads_at.pop(id(node), None)
-        owned.discard(id(node))
+        g, node._g = node._g, None
+        if owned:
+            owned.discard(id(node))
         rule = node._rule
         if rule is None or (stop and id(node) in stop):
             if g is not None:
@@ -122,29 +146,28 @@ def walk(root, seed, *, once=True, nested=False, stop=()):
                 raise _pullback_error(rule, error, once) from error
         for parent, gp in zip(args, grads):
             if isinstance(parent, Node):
-                key = id(parent)
                 if gp is not None:
-                    _accumulate(grads_at, owned, key, gp, nested)
-                left = counts[key] - 1
-                counts[key] = left
-                if not left:
+                    if parent._g is None and type(gp) is not Total:
+                        parent._g = gp  # a first contribution: not ours to add into
+                    else:
+                        _accumulate(parent, gp, owned, nested)
+                parent._n -= 1
+                if not parent._n:
                     ready.append(parent)
     return reached
 
 
-def _accumulate(grads_at, owned, key, gp, nested):
+def _accumulate(parent, gp, owned, nested):
+    key = id(parent)
     if type(gp) is Total:
-        grads_at[key] = gp.value
+        parent._g = gp.value
         owned.add(key)
-        return
-    prev = grads_at.get(key)
-    if prev is None:
-        grads_at[key] = gp  # may alias another gradient: not ours to add into
     elif key in owned and not nested:
+        prev = parent._g
         prev += gp  # in place for arrays; NumPy's 0-d scalars rebind, so store it back
-        grads_at[key] = prev
+        parent._g = prev
     else:
-        grads_at[key] = _add(prev, gp)
+        parent._g = _add(parent._g, gp)
         owned.add(key)
 
 

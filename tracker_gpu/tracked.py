@@ -55,6 +55,8 @@ class TrackedArray(Node):
         self._args = args
         self._ctx = ctx
         self._grad = None
+        self._n = 0
+        self._g = None
 
     # --- attributes of the Array API array object
     shape = property(lambda self: self.data.shape)
@@ -79,37 +81,7 @@ class TrackedArray(Node):
             "use tg.data(x) for the plain value"
         )
 
-    # --- arithmetic: recorded
-    def __add__(self, other):
-        return add(self, other)
-
-    def __radd__(self, other):
-        return add(other, self)
-
-    def __sub__(self, other):
-        return subtract(self, other)
-
-    def __rsub__(self, other):
-        return subtract(other, self)
-
-    def __mul__(self, other):
-        return multiply(self, other)
-
-    def __rmul__(self, other):
-        return multiply(other, self)
-
-    def __truediv__(self, other):
-        return divide(self, other)
-
-    def __rtruediv__(self, other):
-        return divide(other, self)
-
-    def __pow__(self, other):
-        return pow(self, other)
-
-    def __rpow__(self, other):
-        return pow(other, self)
-
+    # --- arithmetic: recorded (+ - * / ** are declared with the operator table at the end)
     def __matmul__(self, other):
         return matmul(self, other)
 
@@ -226,21 +198,21 @@ class Primitive:
         return self.forward(xp, *args, **kw)
 
     def pullback(self, node, args, kw, g, nested, pending=None):
-        if self.fused is not None and not nested:
-            grads = self.fused(node, args, kw, g, pending)
-            if grads is not None:
-                return grads
         if nested:
             ans, values = node, args
         else:
             ans = node.data
+            if self.fused is not None and (type(ans) not in _NUMPY or fused_launch.on_host_now()):
+                grads = self.fused(node, args, kw, g, pending)
+                if grads is not None:
+                    return grads
             values = [a.data if type(a) is TrackedArray else a for a in args]
         grads = []
         for a, vjp in zip(args, self.vjps):
             if vjp is None or type(a) is not TrackedArray:
                 grads.append(None)
                 continue
-            ga = vjp(g, ans, *values, **kw)
+            ga = vjp(g, ans, *values, **kw) if kw else vjp(g, ans, *values)
             if ga is not None and (ga.shape != a.data.shape or ga.dtype != a.data.dtype):
                 ga = _fit(ga, a, self.name)
             grads.append(ga)
@@ -249,6 +221,9 @@ class Primitive:
     def __repr__(self):
         return f"<tracked primitive {self.name}>"
 
+
+# Arrays the fused (CUDA) path never takes, unless the host build stands in for a GPU.
+_NUMPY = frozenset({np.ndarray, np.float64, np.float32})
 
 # Threads inside a `notrack()` block: their operations record nothing.
 NOT_TRACKING = set()
@@ -298,7 +273,18 @@ def _record(prim, args, kw):
         backend.check_same_device([v for v in values if backend.is_array(v)])
     if NOT_TRACKING and threading.get_ident() in NOT_TRACKING:
         return prim.forward(xp, *values, **kw)
-    return TrackedArray(prim.forward(xp, *values, **kw), xp, prim, args, kw)
+    return _node(prim.forward(xp, *values, **kw), xp, prim, args, kw)
+
+
+_new = object.__new__
+
+
+def _node(value, xp, rule, args, ctx):
+    """An interior node (its `_grad` slot is never read: gradients are kept for leaves only)."""
+    node = _new(TrackedArray)
+    node.data, node._xp, node._rule, node._args, node._ctx = value, xp, rule, args, ctx
+    node._n, node._g = 0, None
+    return node
 
 
 def _check_plain_operands(xp, values):
@@ -471,6 +457,7 @@ def update(x, dx):
 
 # The rules are defined in terms of TrackedArray; the operators above resolve these names at
 # call time, once the rule modules have been imported.
+from .cuda import launch as fused_launch  # noqa: E402
 from .rules.elementwise import (  # noqa: E402
     abs,
     add,
@@ -486,3 +473,30 @@ from .rules.elementwise import (  # noqa: E402
 )
 from .rules.linalg import matmul, matrix_transpose  # noqa: E402
 from .rules.shape import getitem, permute_dims, to_device, unbroadcast  # noqa: E402
+
+# --- the arithmetic operators. With a Python number on the other side there is nothing to
+# check (no other array, library or device), so they record directly: the hottest path.
+_NO_KEYWORDS = {}
+
+
+def _operators(prim):
+    def operator(self, other):
+        if type(other) in SCALARS and not NOT_TRACKING:
+            value = prim.forward(self._xp, self.data, other)
+            return _node(value, self._xp, prim, (self, other), _NO_KEYWORDS)
+        return prim(self, other)
+
+    def reflected(self, other):
+        if type(other) in SCALARS and not NOT_TRACKING:
+            value = prim.forward(self._xp, other, self.data)
+            return _node(value, self._xp, prim, (other, self), _NO_KEYWORDS)
+        return prim(other, self)
+
+    return operator, reflected
+
+
+for _name, _prim in (("add", add), ("sub", subtract), ("mul", multiply), ("truediv", divide),
+                     ("pow", pow)):  # fmt: skip
+    _forward, _reflected = _operators(_prim)
+    setattr(TrackedArray, f"__{_name}__", _forward)
+    setattr(TrackedArray, f"__r{_name}__", _reflected)

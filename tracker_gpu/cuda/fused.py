@@ -70,8 +70,7 @@ def _accumulate(kernel, pending, parent, like, threads, args, tail):
         *tail,
         int(prev is not None),
     )
-    pending.grads[id(parent)] = out
-    pending.owned.add(id(parent))
+    pending.replace(parent, out)
     return Total(out)
 
 

@@ -11,7 +11,16 @@ import numpy as np
 from ..backend import is_cupy
 from .sources import C_TYPES, kernels, source
 
-__all__ = ["active", "launch", "empty_like", "device_int64", "on_host", "generic_only", "recording"]
+__all__ = [
+    "active",
+    "launch",
+    "empty_like",
+    "device_int64",
+    "on_host",
+    "on_host_now",
+    "generic_only",
+    "recording",
+]
 
 BLOCK = 256
 MAX_GRID = 4096  # grid-stride loops cover the rest
@@ -28,6 +37,11 @@ def active(*arrays):
     if _state["host"]:
         return all(type(a) is np.ndarray for a in arrays)
     return all(is_cupy(a) for a in arrays)
+
+
+def on_host_now():
+    """Whether `on_host()` is in force: NumPy arrays then take the fused path too."""
+    return _state["host"]
 
 
 @contextlib.contextmanager
