@@ -176,3 +176,12 @@ def test_asarray_of_a_tracked_value_keeps_the_tape():
     assert tg.istracked(y) and y.dtype == np.float32
     tg.back(tg.sum(y * 2.0))
     assert tg.grad(x).dtype == np.float64 and np.allclose(tg.grad(x), 2.0)
+
+
+def test_a_function_we_do_not_differentiate_is_named(backend):
+    xp = namespace(backend)
+    with pytest.raises(AttributeError, match="no differentiable 'fft'"):
+        _ = xp.fft
+    with pytest.raises(AttributeError, match="no differentiable 'eig'"):
+        _ = xp.linalg.eig
+    assert hasattr(xp, "sum") and not hasattr(xp, "fft")

@@ -51,8 +51,19 @@ linalg = types.ModuleType("tracker_gpu.linalg", "The standard's linalg extension
 linalg.__dict__.update({name: getattr(linalg_rules, name) for name in linalg_rules.__all__})
 
 
+def _missing(name):
+    raise AttributeError(
+        f"tracker_gpu has no differentiable {name!r}; for its value without a gradient, call the "
+        f"array library's own function on tg.data(x)"
+    )
+
+
+def __getattr__(name):  # PEP 562: a clear error for what the namespace does not differentiate
+    _missing(name)
+
+
 def _contents(xp):
-    contents = dict(_SHARED, **_CONSTANTS, linalg=linalg)
+    contents = dict(_SHARED, **_CONSTANTS, linalg=linalg, __getattr__=__getattr__)
     contents.update(creation.bound_functions(xp))
     contents.update(__array_api_version__=__array_api_version__)
     contents.update(__array_namespace_info__=xp.__array_namespace_info__)
@@ -75,3 +86,4 @@ def namespace_for(xp):
 
 globals().update(_contents(np))
 __all__ = sorted(name for name in _contents(np) if not name.startswith("_")) + ["namespace_for"]
+linalg.__getattr__ = __getattr__
