@@ -1,0 +1,202 @@
+"""Losses: values against NumPy, gradients by gradcheck (first and second order), labels as
+class indices or targets, one primitive for mse and logitcrossentropy, and clear errors."""
+
+import numpy as np
+import pytest
+from helpers import check, check_nested, numpy_of, uniform
+
+import tracker_gpu as tg
+from tracker_gpu.rules import losses
+from tracker_gpu.rules.losses import (
+    binarycrossentropy,
+    crossentropy,
+    logitbinarycrossentropy,
+    logitcrossentropy,
+    mse,
+)
+
+RNG = np.random.default_rng(0)
+LOGITS = RNG.standard_normal((4, 3))
+LABELS = np.array([0, 2, 1, 2])
+ONEHOT = np.eye(3)[LABELS]
+
+
+def reference_logitcrossentropy(z, onehot, axis=-1):
+    z = z - z.max(axis=axis, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
+    return -np.mean(np.sum(onehot * logp, axis=axis))
+
+
+def labels_on(backend, labels=LABELS):
+    return backend.asarray(np.asarray(labels))
+
+
+# --- values
+def test_values_match_numpy(backend):
+    z, y = backend.asarray(LOGITS), backend.asarray(RNG.uniform(size=(4, 3)))
+    p = backend.asarray(RNG.uniform(0.1, 0.9, size=(4, 3)))
+    assert np.isclose(float(mse(z, y)), np.mean((LOGITS - numpy_of(backend, y)) ** 2))
+    assert np.isclose(float(mse(z, y, agg="sum")), np.sum((LOGITS - numpy_of(backend, y)) ** 2))
+    expected = reference_logitcrossentropy(LOGITS, ONEHOT)
+    assert np.isclose(float(logitcrossentropy(z, labels_on(backend))), expected)
+    assert np.isclose(float(logitcrossentropy(z, backend.asarray(ONEHOT))), expected)
+    assert np.isclose(float(logitcrossentropy(z, labels_on(backend), agg="sum")), 4 * expected)
+    probabilities = np.exp(LOGITS) / np.exp(LOGITS).sum(axis=1, keepdims=True)
+    assert np.isclose(
+        float(crossentropy(backend.asarray(probabilities), labels_on(backend))), expected
+    )
+    pn, t = numpy_of(backend, p), ONEHOT
+    bce = np.mean(-t * np.log(pn) - (1 - t) * np.log(1 - pn))
+    assert np.isclose(float(binarycrossentropy(p, backend.asarray(t))), bce)
+    logit = np.log(pn / (1 - pn))
+    assert np.isclose(
+        float(logitbinarycrossentropy(backend.asarray(logit), backend.asarray(t))), bce
+    )
+
+
+def test_logitcrossentropy_is_stable_for_huge_logits(backend):
+    z = backend.asarray(np.array([[1e4, 0.0, -1e4], [0.0, 1e4, 0.0]]))
+    value = float(logitcrossentropy(z, labels_on(backend, [0, 0])))
+    assert np.isclose(value, 1e4 / 2)
+    (g,) = tg.gradient(lambda z: logitcrossentropy(z, labels_on(backend, [0, 0])), z)
+    assert np.all(np.isfinite(numpy_of(backend, g)))
+
+
+def test_logitbinarycrossentropy_is_stable_for_huge_logits(backend):
+    x = backend.asarray(np.array([1e4, -1e4, 30.0]))
+    y = backend.asarray(np.array([1.0, 0.0, 0.0]))
+    assert np.isclose(float(logitbinarycrossentropy(x, y, agg="sum")), 30.0)
+
+
+def test_float32_stays_float32(backend):
+    z = backend.asarray(LOGITS.astype(np.float32))
+    (g,) = tg.gradient(lambda z: logitcrossentropy(z, labels_on(backend)), z)
+    assert g.dtype == z.dtype
+    (g,) = tg.gradient(lambda z: mse(z, backend.asarray(ONEHOT.astype(np.float32))), z)
+    assert g.dtype == z.dtype
+
+
+# --- gradients
+def test_mse_gradcheck(backend):
+    yhat, y = (
+        backend.asarray(uniform((3, 4), (-1, 1))),
+        backend.asarray(uniform((3, 4), (-1, 1), 1)),
+    )
+    check(backend, lambda a, b: mse(a, b), yhat, y)
+    check(backend, lambda a, b: mse(a, b, agg="sum"), yhat, y)
+
+
+@pytest.mark.parametrize("agg", ["mean", "sum"])
+def test_logitcrossentropy_gradcheck_with_class_indices(backend, agg):
+    labels = labels_on(backend)
+    check(backend, lambda z: logitcrossentropy(z, labels, agg=agg), backend.asarray(LOGITS))
+
+
+def test_logitcrossentropy_gradcheck_with_targets(backend):
+    # probabilities that do not sum to one: the gradient of both arguments is general
+    targets = backend.asarray(RNG.uniform(0.1, 1.0, size=(4, 3)))
+    check(backend, logitcrossentropy, backend.asarray(LOGITS), targets)
+
+
+def test_logitcrossentropy_along_another_axis(backend):
+    z, labels = backend.asarray(LOGITS.T), labels_on(backend)
+    assert np.isclose(
+        float(logitcrossentropy(z, labels, axis=0)),
+        reference_logitcrossentropy(LOGITS, ONEHOT),
+    )
+    check(backend, lambda z: logitcrossentropy(z, labels, axis=0), z)
+
+
+def test_class_indices_and_onehot_agree(backend):
+    z = backend.asarray(LOGITS)
+    (g1,) = tg.gradient(lambda z: logitcrossentropy(z, labels_on(backend)), z)
+    (g2,) = tg.gradient(lambda z: logitcrossentropy(z, backend.asarray(ONEHOT)), z)
+    assert np.allclose(numpy_of(backend, g1), numpy_of(backend, g2))
+    # and the familiar closed form: (softmax - onehot) / batch
+    p = np.exp(LOGITS) / np.exp(LOGITS).sum(axis=1, keepdims=True)
+    assert np.allclose(numpy_of(backend, g1), (p - ONEHOT) / 4)
+
+
+def test_crossentropy_gradcheck(backend):
+    p = backend.asarray(RNG.uniform(0.1, 1.0, size=(4, 3)))
+    check(backend, lambda p: crossentropy(p, labels_on(backend)), p)
+    check(backend, crossentropy, p, backend.asarray(RNG.uniform(size=(4, 3))))
+
+
+def test_binary_crossentropies_gradcheck(backend):
+    p = backend.asarray(RNG.uniform(0.1, 0.9, size=(5,)))
+    y = backend.asarray(RNG.uniform(size=(5,)))
+    check(backend, binarycrossentropy, p, y)
+    x = backend.asarray(RNG.standard_normal((2, 3)))
+    check(backend, logitbinarycrossentropy, x, backend.asarray(RNG.uniform(size=(2, 3))))
+
+
+def test_second_derivatives(backend):
+    z, y = backend.asarray(LOGITS), backend.asarray(RNG.uniform(size=(4, 3)))
+    check_nested(backend, lambda z: logitcrossentropy(z, labels_on(backend)), z)
+    check_nested(backend, lambda z: logitcrossentropy(z, y), z)
+    check_nested(backend, lambda a: mse(a, y), z)
+    check_nested(backend, lambda x: logitbinarycrossentropy(x, y), z)
+
+
+def test_composite_agg_function(backend):
+    z = backend.asarray(LOGITS)
+    per_sample = crossentropy(z * 0 + 0.5, labels_on(backend), agg=lambda v: v)
+    assert tuple(per_sample.shape) == (4,)
+
+
+# --- one primitive each, with a slot for a fused pullback
+@pytest.mark.parametrize(
+    "loss, primitive",
+    [
+        (lambda z, y: logitcrossentropy(z, y), losses.logitcrossentropy_primitive),
+        (lambda z, y: mse(z, tg.data(y) * 1.0), losses.mse_primitive),
+    ],
+)
+def test_mse_and_logitcrossentropy_are_one_primitive(backend, loss, primitive):
+    z = tg.param(backend.asarray(LOGITS))
+    y = backend.asarray(ONEHOT)
+    out = loss(z, y)
+    assert out._rule is primitive and out._args[0] is z
+    assert primitive.fused is None  # the slot the CUDA pullback plugs into
+
+
+# --- bad input
+def test_labels_out_of_range(backend):
+    z = backend.asarray(LOGITS)
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\] for 3 classes.*3"):
+        logitcrossentropy(z, labels_on(backend, [0, 1, 2, 3]))
+    with pytest.raises(ValueError, match="from -1"):
+        logitcrossentropy(z, labels_on(backend, [0, -1, 2, 1]))
+    with pytest.raises(ValueError, match="labels must lie"):
+        crossentropy(z, labels_on(backend, [0, 1, 2, 7]))
+
+
+def test_labels_of_the_wrong_shape(backend):
+    z = backend.asarray(LOGITS)
+    with pytest.raises(ValueError, match=r"labels of shape \(3,\).*class indices of shape \(4,\)"):
+        logitcrossentropy(z, labels_on(backend, [0, 1, 2]))
+    with pytest.raises(ValueError, match=r"targets of shape \(4, 3\)"):
+        logitcrossentropy(z, backend.asarray(np.ones((4, 2))))
+
+
+def test_mismatched_prediction_and_target_shapes(backend):
+    yhat, y = backend.asarray(np.ones((4, 1))), backend.asarray(np.ones(4))
+    with pytest.raises(ValueError, match=r"mse: the prediction has shape \(4, 1\).*\(4,\)"):
+        mse(yhat, y)
+    with pytest.raises(ValueError, match="binarycrossentropy"):
+        binarycrossentropy(yhat, y)
+
+
+def test_bad_agg_and_axis(backend):
+    z = backend.asarray(LOGITS)
+    with pytest.raises(ValueError, match='agg must be "mean" or "sum"'):
+        mse(z, z, agg="max")
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        logitcrossentropy(z, labels_on(backend), axis=2)
+
+
+def test_nan_loss_is_a_clear_error(backend):
+    z = backend.asarray(np.array([[np.nan, 0.0, 1.0]]))
+    with pytest.raises(tg.BackError, match="not finite"):
+        tg.gradient(lambda z: logitcrossentropy(z, labels_on(backend, [1])), z)

@@ -1,0 +1,285 @@
+"""Optimisers against reference updates written here in NumPy from the published formulas, the
+state tree over nested structures, and clear errors."""
+
+import collections
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from helpers import numpy_of
+
+import tracker_gpu as tg
+from tracker_gpu import nn, optim
+
+STEPS = 6
+A = np.diag([1.0, 3.0, 0.5, 2.0]) + 0.1  # a quadratic bowl: loss = x.A.x / 2 - b.x
+B = np.array([1.0, -2.0, 0.5, 3.0])
+X0 = np.array([0.3, -0.7, 1.2, 0.1])
+
+
+def gradient_at(x):
+    return A @ x - B
+
+
+# --- reference updates, from the papers' formulas
+def descent(eta):
+    def run(x):
+        for _ in range(STEPS):
+            x = x - eta * gradient_at(x)
+        return x
+
+    return run
+
+
+def heavy_ball(eta, rho):  # Polyak momentum, as Optimisers.jl: v = rho v + eta g; x -= v
+    def run(x):
+        v = np.zeros_like(x)
+        for _ in range(STEPS):
+            v = rho * v + eta * gradient_at(x)
+            x = x - v
+        return x
+
+    return run
+
+
+def nesterov(eta, mu):
+    """Sutskever et al. (2013): the gradient is taken at the look-ahead point theta + mu v.
+    The optimiser's parameter is that look-ahead point."""
+
+    def run(x):
+        theta, v = x.copy(), np.zeros_like(x)
+        for _ in range(STEPS):
+            v = mu * v - eta * gradient_at(theta + mu * v)
+            theta = theta + v
+        return theta + mu * v
+
+    return run
+
+
+def adam(alpha, beta1, beta2, eps, decay=0.0, couple=True):
+    """Kingma & Ba (2015), Algorithm 1; with `decay`, AdamW (Loshchilov & Hutter 2019) as
+    PyTorch writes it (couple: theta -= alpha * decay * theta first) or uncoupled."""
+
+    def run(x):
+        m, v = np.zeros_like(x), np.zeros_like(x)
+        for t in range(1, STEPS + 1):
+            g = gradient_at(x)
+            m = beta1 * m + (1 - beta1) * g
+            v = beta2 * v + (1 - beta2) * g**2
+            m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
+            shrink = alpha * decay * x if couple else decay * x
+            x = x - shrink - alpha * m_hat / (np.sqrt(v_hat) + eps)
+        return x
+
+    return run
+
+
+def clipped(transform, eta):
+    def run(x):
+        for _ in range(STEPS):
+            x = x - eta * transform(gradient_at(x), x)
+        return x
+
+    return run
+
+
+def clip_norm(omega):
+    def transform(g, x):
+        norm = np.linalg.norm(g)
+        return g * (omega / norm) if norm > omega else g
+
+    return transform
+
+
+CASES = {
+    "Descent": (optim.Descent(0.1), descent(0.1)),
+    "Momentum": (optim.Momentum(0.05, 0.8), heavy_ball(0.05, 0.8)),
+    "Nesterov": (optim.Nesterov(0.05, 0.9), nesterov(0.05, 0.9)),
+    "Adam": (optim.Adam(0.1, (0.8, 0.99), 1e-3), adam(0.1, 0.8, 0.99, 1e-3)),
+    "AdamW": (optim.AdamW(0.1, weight_decay=0.2), adam(0.1, 0.9, 0.999, 1e-8, 0.2)),
+    "AdamW uncoupled": (
+        optim.AdamW(0.1, weight_decay=0.05, couple=False),
+        adam(0.1, 0.9, 0.999, 1e-8, 0.05, couple=False),
+    ),
+    "ClipGrad": (
+        optim.OptimiserChain(optim.ClipGrad(0.5), optim.Descent(0.1)),
+        clipped(lambda g, x: np.clip(g, -0.5, 0.5), 0.1),
+    ),
+    "ClipNorm": (
+        optim.OptimiserChain(optim.ClipNorm(1.0), optim.Descent(0.1)),
+        clipped(clip_norm(1.0), 0.1),
+    ),
+    "ClipNorm no throw": (
+        optim.OptimiserChain(optim.ClipNorm(1.0, throw=False), optim.Descent(0.1)),
+        clipped(clip_norm(1.0), 0.1),
+    ),
+    "WeightDecay": (
+        optim.OptimiserChain(optim.WeightDecay(0.3), optim.Descent(0.1)),
+        clipped(lambda g, x: g + 0.3 * x, 0.1),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_rule_matches_its_reference(backend, name):
+    rule, reference = CASES[name]
+    model = {"w": backend.asarray(X0), "note": "not a parameter"}
+    state = optim.setup(rule, model)
+    for _ in range(STEPS):
+        g = backend.asarray(gradient_at(numpy_of(backend, model["w"])))
+        state, model = optim.update(state, model, {"w": g, "note": None})
+    assert model["note"] == "not a parameter"
+    got = numpy_of(backend, model["w"])
+    assert np.allclose(got, reference(X0.copy()), rtol=1e-10, atol=1e-12)
+    assert type(model["w"]) is type(backend.asarray(X0))
+    assert tg.backend.device_of(model["w"]) == backend.device
+
+
+def test_updating_a_model_trains_it(backend):
+    """A few Adam steps on a real model lower its loss, with float32 kept and the device too."""
+    rng = np.random.default_rng(0)
+    model = nn.Chain(
+        nn.Dense(3, 8, nn.tanh, rng=rng, xp=backend.xp, device=backend.device),
+        nn.Dense(8, 1, rng=rng, xp=backend.xp, device=backend.device),
+    )
+    x = backend.asarray(rng.standard_normal((16, 3)).astype(np.float32))
+    y = backend.asarray(rng.standard_normal((16, 1)).astype(np.float32))
+    state = optim.setup(optim.Adam(0.05), model)
+    losses = []
+    for _ in range(20):
+        loss, (g,) = tg.withgradient(lambda m: nn.mse(m(x), y), model)
+        state, model = optim.update(state, model, g)
+        losses.append(float(loss))
+    assert losses[-1] < 0.5 * losses[0]
+    assert model.layers[0].weight.dtype == backend.xp.float32
+    assert tg.backend.device_of(model.layers[1].bias) == backend.device
+
+
+# --- the state tree
+@dataclasses.dataclass
+class Pair:
+    left: object
+    right: object
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+def test_nested_structures_and_none_gradients():
+    model = {
+        "list": [np.ones(2), 3],
+        "tuple": (np.ones(1), "name"),
+        "point": Point(np.ones(3), np.arange(3)),  # an integer array: not a parameter
+        "pair": Pair(np.ones(2), None),
+    }
+    state = optim.setup(optim.Descent(0.5), model)
+    assert isinstance(state["list"][0], optim.Leaf) and state["list"][1] is None
+    assert state["point"].y is None and isinstance(state["pair"], Pair)
+    grads = {
+        "list": [np.ones(2), None],
+        "tuple": (None, None),  # no gradient: the parameter stays
+        "point": Point(np.full(3, 2.0), None),
+        "pair": None,  # a whole subtree without gradient
+    }
+    new_state, new = optim.update(state, model, grads)
+    assert np.allclose(new["list"][0], 0.5) and new["list"][1] == 3
+    assert new["tuple"][0] is model["tuple"][0] and new["tuple"][1] == "name"
+    assert isinstance(new["point"], Point) and np.allclose(new["point"].x, 0.0)
+    assert new["pair"] is model["pair"]
+    assert np.allclose(model["list"][0], 1.0)  # nothing was mutated
+
+
+def test_update_is_functional_and_the_old_state_stays_valid():
+    model = {"w": np.array([1.0, 2.0])}
+    state = optim.setup(optim.Adam(0.1), model)
+    g = {"w": np.array([1.0, -1.0])}
+    s1, m1 = optim.update(state, model, g)
+    s1_again, m1_again = optim.update(state, model, g)
+    assert np.array_equal(m1["w"], m1_again["w"])
+    assert np.array_equal(state["w"].state[0], [0.0, 0.0])
+
+
+def test_adjust_changes_the_learning_rate_and_keeps_the_moments():
+    model = {"w": np.array([1.0])}
+    state = optim.setup(optim.OptimiserChain(optim.ClipGrad(1.0), optim.Momentum(0.1, 0.5)), model)
+    state, model = optim.update(state, model, {"w": np.array([1.0])})
+    adjusted = optim.adjust(state, eta=0.2)
+    chain = adjusted["w"].rule
+    assert chain.rules[1] == optim.Momentum(0.2, 0.5) and chain.rules[0] == optim.ClipGrad(1.0)
+    _, model = optim.update(adjusted, model, {"w": np.array([1.0])})
+    assert np.allclose(model["w"], 1.0 - 0.1 - (0.5 * 0.1 + 0.2))
+
+
+def test_only_cupy_parameters_consult_fused_steps(monkeypatch):
+    called = []
+    monkeypatch.setitem(optim.FUSED_STEPS, optim.Descent, lambda *a: called.append(a))
+    state, model = optim.update(*_descent_setup(), {"w": np.ones(2)})
+    assert not called and np.allclose(model["w"], 0.9)
+
+
+def _descent_setup():
+    model = {"w": np.ones(2)}
+    return optim.setup(optim.Descent(0.1), model), model
+
+
+def test_gradients_of_another_dtype_are_cast():
+    model = {"w": np.ones(2, dtype=np.float32)}
+    state = optim.setup(optim.Adam(), model)
+    _, model = optim.update(state, model, {"w": np.ones(2)})
+    assert model["w"].dtype == np.float32
+
+
+# --- bad input
+def test_mismatched_model_and_gradient_structures():
+    state, model = _descent_setup()
+    with pytest.raises(
+        ValueError, match=r"at the top level: the model has a dict with keys \['w'\]"
+    ):
+        optim.update(state, model, {"v": np.ones(2)})
+    with pytest.raises(ValueError, match=r"the gradient of w has shape \(3,\), the parameter"):
+        optim.update(state, model, {"w": np.ones(3)})
+    nested = {"layers": [np.ones(2), np.ones(2)]}
+    nested_state = optim.setup(optim.Descent(), nested)
+    with pytest.raises(ValueError, match=r"at layers: the model has a list of 2, the gradient"):
+        optim.update(nested_state, nested, {"layers": [np.ones(2)]})
+
+
+def test_a_gradient_tuple_instead_of_the_gradient():
+    rng = np.random.default_rng(0)
+    model = nn.Dense(2, 2, rng=rng)
+    state = optim.setup(optim.Descent(), model)
+    grads = tg.gradient(lambda m: tg.sum(m(np.ones((1, 2), np.float32))), model)
+    with pytest.raises(ValueError, match=r"pass grads\[0\]"):
+        optim.update(state, model, grads)
+    with pytest.raises(ValueError, match="the model has a Dense, the gradient has a tuple of 3"):
+        optim.update(state, model, (1, 2, 3))
+
+
+def test_a_state_made_for_another_model():
+    state, model = _descent_setup()
+    model2 = {"w": [np.ones(2)]}
+    with pytest.raises(ValueError, match="at w: the model has a list of 1, the optimiser state"):
+        optim.update({"w": [None, None]}, model2, {"w": [np.ones(2)]})
+    with pytest.raises(ValueError, match="the optimiser state at w is a str, not a Leaf"):
+        optim.update({"w": "adam"}, model, {"w": np.ones(2)})
+    with pytest.raises(ValueError, match="no optimiser state for w"):
+        optim.update({"w": None}, model, {"w": np.ones(2)})
+
+
+def test_bad_hyperparameters():
+    with pytest.raises(ValueError, match="eta must be >= 0"):
+        optim.Adam(-1.0)
+    with pytest.raises(ValueError, match=r"beta must be two numbers in \[0, 1\)"):
+        optim.Adam(beta=(0.9, 1.0))
+    with pytest.raises(TypeError, match="OptimiserChain takes rules"):
+        optim.OptimiserChain(optim.Descent(), 0.1)
+    with pytest.raises(TypeError, match="setup needs an optimisation rule"):
+        optim.setup(0.1, {"w": np.ones(1)})
+
+
+def test_clipnorm_refuses_a_nan_gradient(backend):
+    model = {"w": backend.asarray(np.ones(2))}
+    state = optim.setup(optim.OptimiserChain(optim.ClipNorm(1.0), optim.Descent()), model)
+    with pytest.raises(FloatingPointError, match="2.0-norm nan"):
+        optim.update(state, model, {"w": backend.asarray(np.array([math.nan, 1.0]))})
