@@ -165,3 +165,13 @@ def test_nested_gradient_matches_the_analytic_hessian_vector_product(backend):
     (hv,) = tg.gradient(lambda x: tg.sum(first(x) * w), x)
     xn, wn = backend.to_numpy(x), backend.to_numpy(w)
     assert np.allclose(backend.to_numpy(hv), (2 * np.cos(xn) - xn * np.sin(xn)) * wn)
+
+
+def test_integer_fields_of_a_top_level_dataclass_are_not_parameters():
+    @dataclass
+    class Model:
+        weight: np.ndarray
+        index: np.ndarray
+
+    (g,) = tg.gradient(lambda m: tg.sum(m.weight * m.index), Model(np.ones(2), np.array([1, 2])))
+    assert np.allclose(g.weight, [1.0, 2.0]) and g.index is None

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import backend
 from .backend import SCALARS
-from .pytree import tree_map
+from .pytree import is_container, tree_map
 from .tape import BackError, walk
 from .tracked import TrackedArray, data, identity, leaf, param
 
@@ -38,14 +38,19 @@ def back(y, dy=None, *, once=True):
     array([3., 3.])
     """
     if not isinstance(y, TrackedArray):
-        raise TypeError(f"back needs a tracked value, got {type(y).__name__}")
+        raise TypeError(
+            f"back needs a tracked value, got {type(y).__name__}: it does not depend on any "
+            "tg.param (non-differentiable functions such as floor, sign or comparisons, and "
+            "tg.data, return plain arrays); differentiate a value computed from a parameter"
+        )
     seed = scalar_seed(y) if dy is None else given_seed(y, dy)
     for node, g in walk(y, seed, once=once):
         if node._rule is None:
-            node._grad = g if node._grad is None else node._grad + g
+            node._grad = backend.writable(g) if node._grad is None else node._grad + g
 
 
 def scalar_seed(y):
+    _check_real(y)
     if y.ndim != 0:
         raise BackError(
             f"value is not scalar (shape {tuple(y.shape)}): use back(sum(y)) or back(y, dy) "
@@ -61,6 +66,8 @@ def scalar_seed(y):
 
 
 def given_seed(y, dy):
+    """The seed `dy` checked against `y`, as a new array (the user's `dy` is never aliased)."""
+    _check_real(y)
     xp = y._xp
     dy = data(dy)
     if type(dy) in SCALARS or isinstance(dy, (list, tuple)):
@@ -75,7 +82,16 @@ def given_seed(y, dy):
             f"seed on device {backend.device_of(dy)} for a value on device {y.device}; "
             f"create the seed on {y.device}"
         )
-    return dy if dy.dtype == y.dtype else xp.astype(dy, y.dtype)
+    return xp.astype(dy, y.dtype, copy=True)
+
+
+def _check_real(y):
+    if y._xp.isdtype(y.dtype, "complex floating"):
+        raise TypeError(
+            f"cannot differentiate a complex value (dtype {y.dtype}): complex numbers are not "
+            "supported yet; differentiate a real loss, e.g. of real and imaginary parts kept "
+            "as separate real arrays"
+        )
 
 
 def gradient(f, *args, nest=False):
@@ -84,8 +100,9 @@ def gradient(f, *args, nest=False):
     Arguments may be nested structures (tuples, lists, dicts, named tuples, dataclasses): each
     float array inside becomes a parameter and gets its gradient in the same place; everything
     else gets `None`, and so does an input the loss does not depend on. Top-level numbers and
-    integer arrays are made float parameters, as by `param`. `f` may return `(loss, aux...)`.
-    With `nest=True` the gradients are tracked, so they can be differentiated again.
+    integer arrays are made float parameters, as by `param`; boolean arrays are masks, passed
+    as they are (gradient `None`). `f` may return `(loss, aux...)`. With `nest=True` the
+    gradients are tracked, so they can be differentiated again.
 
     The implicit form `gradient(lambda: loss, Params([W, b]))` returns `Grads`, looked up by
     parameter.
@@ -99,6 +116,11 @@ def gradient(f, *args, nest=False):
 
 def withgradient(f, *args, nest=False):
     """`(val, grad)`: the value of `f(*args)` (its whole output) and `gradient(f, *args)`."""
+    if not callable(f):
+        raise TypeError(
+            f"gradient needs the function to differentiate first, got {type(f).__name__}: "
+            "write tg.gradient(lambda x: loss(x), x), not tg.gradient(loss(x), x)"
+        )
     if len(args) == 1 and isinstance(args[0], Params):
         return _implicit(f, args[0], nest)
     args, inputs, tracked_args = track_inputs(args, nest)
@@ -132,7 +154,7 @@ def _track(tree, inputs, nest, top):
     def track(x):
         key = id(x)
         if key not in inputs:
-            made = _input(x, nest, top and not isinstance(tree, (tuple, list, dict)))
+            made = _input(x, nest, top and not is_container(tree))
             if made is None:
                 return x
             inputs[key] = made
@@ -152,13 +174,15 @@ def _input(x, nest, top):
         return leaf(x)
     if xp.isdtype(x.dtype, "complex floating"):
         raise TypeError("complex inputs are not supported yet; split real and imaginary parts")
+    if xp.isdtype(x.dtype, "bool"):
+        return None  # a mask, passed to f as it is
     return param(x) if top else None
 
 
 def _backprop(loss, inputs, nest):
     """{id(input): gradient} for the inputs the scalar `loss` depends on."""
+    _check_loss_is_scalar(loss)
     if not isinstance(loss, TrackedArray):
-        _check_loss_is_scalar(loss)
         return {}
     seed = scalar_seed(loss)
     if nest:  # a tracked constant, so that every vjp sees a tracked gradient
@@ -168,9 +192,21 @@ def _backprop(loss, inputs, nest):
 
 
 def _check_loss_is_scalar(loss):
+    if (
+        not isinstance(loss, TrackedArray)
+        and type(loss) not in SCALARS
+        and not backend.is_array(loss)
+    ):
+        raise TypeError(
+            f"the function must return a scalar loss, or a tuple (loss, aux...); it returned "
+            f"{type(loss).__name__}{' (did it forget to return?)' if loss is None else ''}"
+        )
     shape = getattr(loss, "shape", ())
     if tuple(shape) != ():
-        raise BackError(f"the loss must be a scalar, got shape {tuple(shape)}; use sum(...)")
+        raise BackError(
+            f"the loss must be a scalar, got shape {tuple(shape)}: return tg.sum(...) of it, or "
+            "use tg.jacobian or tg.forward to differentiate a non-scalar function"
+        )
 
 
 def _grad_of(x, inputs, found, nest):
@@ -178,9 +214,10 @@ def _grad_of(x, inputs, found, nest):
     if made is None:
         return None
     g = found.get(id(made))
-    if g is not None and isinstance(x, TrackedArray) and not nest:
-        return nobacksies(NEST_MESSAGE, g, parent=x)
-    return g
+    if g is None or nest:
+        return g
+    g = backend.writable(g)
+    return nobacksies(NEST_MESSAGE, g, parent=x) if isinstance(x, TrackedArray) else g
 
 
 NEST_MESSAGE = (
@@ -276,4 +313,6 @@ def _implicit(f, params, nest):
     val = f()
     loss = val[0] if isinstance(val, tuple) else val
     found = _backprop(loss, list(params), nest)
+    if not nest:
+        found = {key: backend.writable(g) for key, g in found.items()}
     return WithGradient(val, Grads(params, found))

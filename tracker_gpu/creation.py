@@ -90,10 +90,7 @@ def bound_functions(default):
     def asarray(obj, /, *, dtype=None, device=None, copy=None):
         if isinstance(obj, TrackedArray):
             return _tracked_asarray(obj, dtype, device, copy)
-        xp, dt = target(device, dtype)
-        if device is None and is_array(obj):
-            xp = namespace_of(obj)
-            dt = _dtype_in(xp, dtype)
+        xp, dt = target(device, dtype)  # the bound library (or the device's), as the standard says
         return xp.asarray(obj, dtype=dt, device=device, copy=copy)
 
     def from_dlpack(x, /, *, device=None, copy=None):

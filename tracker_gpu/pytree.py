@@ -26,13 +26,33 @@ def tree_map(fn, tree, *rest):
         return type(tree)(*(tree_map(fn, *items) for items in zip(tree, *rest)))
     if isinstance(tree, (tuple, list)):
         return type(tree)(tree_map(fn, *items) for items in zip(tree, *rest))
-    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        out = copy.copy(tree)
-        for field in dataclasses.fields(tree):
-            values = (getattr(t, field.name) for t in (tree, *rest))
-            object.__setattr__(out, field.name, tree_map(fn, *values))
+    names = _dataclass_fields(type(tree))
+    if names is not None:
+        out = _shallow_copy(tree)
+        for name in names:
+            values = [getattr(t, name) for t in (tree, *rest)]
+            object.__setattr__(out, name, tree_map(fn, *values))
         return out
     return fn(tree, *rest)
+
+
+_FIELDS = {}
+
+
+def _dataclass_fields(cls):
+    """The field names of a dataclass type (cached: this runs for every node), else None."""
+    if cls not in _FIELDS:
+        is_dataclass = dataclasses.is_dataclass(cls)
+        _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls)) if is_dataclass else None
+    return _FIELDS[cls]
+
+
+def _shallow_copy(obj):
+    if hasattr(obj, "__dict__") and not hasattr(type(obj), "__slots__"):
+        out = object.__new__(type(obj))
+        out.__dict__.update(obj.__dict__)
+        return out
+    return copy.copy(obj)
 
 
 def tree_leaves(tree):
