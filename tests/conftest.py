@@ -96,6 +96,21 @@ def pytest_configure(config):
             f"unknown backend {config.getoption('backend')!r} (from TRACKER_GPU_BACKEND); "
             f"choose one of {', '.join(BACKENDS)}"
         )
+    _one_thread_each()
+
+
+def _one_thread_each():
+    """One BLAS and one PyTorch thread: on small shared machines, threaded BLAS (once SciPy is
+    imported) and PyTorch's thread pool made some tests tens of times slower."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # read by PyTorch when it is imported
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    _LIMITS.append(threadpool_limits(limits=1))
+
+
+_LIMITS = []
 
 
 def pytest_report_header(config):
