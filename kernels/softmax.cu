@@ -72,30 +72,44 @@ __global__ void logsoftmax_bwd_acc(const T* y, const T* g, const T* prev, T* acc
     }
 }
 
-// Per-row cross-entropy of logits against integer labels: loss[r] = logsumexp(x[r]) - x[r, label].
+// Per-row cross-entropy of logits against targets shaped like them (one-hot or probabilities):
+// loss[r] = sum_j t[r, j] * (logsumexp(x[r]) - x[r, j]).
 template <typename T>
-__global__ void logitcrossentropy_fwd(const T* x, const long long* labels, T* loss, long long rows,
+__global__ void logitcrossentropy_fwd(const T* x, const T* t, T* loss, long long rows,
                                       long long cols) {
     FOR_EACH_ROW(r) {
-        const T m = row_max(x + r * cols, cols);
-        loss[r] = m + log(row_sum_exp(x + r * cols, cols, m)) - x[r * cols + labels[r]];
+        const T* xr = x + r * cols;
+        const T* tr = t + r * cols;
+        const T m = row_max(xr, cols);
+        const T lse = m + log(row_sum_exp(xr, cols, m));
+        T total = T(0);
+        for (long long j = 0; j < cols; ++j) total += tr[j] * (lse - xr[j]);
+        loss[r] = total;
     }
 }
 
-// Pullback of the mean over rows: acc = prev + g / rows * (softmax(x) - onehot(label)), with the
-// scalar g read on the device. The row's softmax is recomputed: nothing is kept between passes.
+// Its pullback, scaled by the scalar g / count read on the device (count: the rows for a mean,
+// 1 for a sum): acc = prev + g / count * (softmax(x) * sum(t) - t); with `normalized` the targets
+// each sum to one and sum(t) is not computed. The row's softmax is recomputed: nothing is kept
+// between the passes.
 template <typename T>
-__global__ void logitcrossentropy_bwd_acc(const T* x, const long long* labels, const T* g,
-                                          const T* prev, T* acc, long long rows, long long cols,
-                                          int has_prev) {
-    const T scale = g[0] / T(rows);
+__global__ void logitcrossentropy_bwd_acc(const T* x, const T* t, const T* g, long long count,
+                                          int normalized, const T* prev, T* acc, long long rows,
+                                          long long cols, int has_prev) {
+    const T scale = g[0] / T(count);
     FOR_EACH_ROW(r) {
-        const T m = row_max(x + r * cols, cols);
-        const T s = row_sum_exp(x + r * cols, cols, m);
+        const T* xr = x + r * cols;
+        const T* tr = t + r * cols;
+        const T m = row_max(xr, cols);
+        const T s = row_sum_exp(xr, cols, m);
+        T mass = T(1);
+        if (!normalized) {
+            mass = T(0);
+            for (long long j = 0; j < cols; ++j) mass += tr[j];
+        }
         for (long long j = 0; j < cols; ++j) {
             const long long k = r * cols + j;
-            const T p = exp(x[k] - m) / s - (j == labels[r] ? T(1) : T(0));
-            acc[k] = (has_prev ? prev[k] : T(0)) + scale * p;
+            acc[k] = (has_prev ? prev[k] : T(0)) + scale * (exp(xr[j] - m) / s * mass - tr[j]);
         }
     }
 }

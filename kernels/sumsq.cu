@@ -13,12 +13,13 @@ __global__ void sumsq_bwd_acc(const T* x, const T* g, const T* prev, T* acc, lon
     }
 }
 
-// Mean squared error pullback: acc = prev + sign * 2 * (yhat - y) * g / n; sign is +1 for yhat,
-// -1 for y. One thread per element.
+// Mean (or summed) squared error pullback: acc = prev + sign * 2 * (yhat - y) * g / count, with
+// count the number of elements for a mean and 1 for a sum; sign is +1 for yhat, -1 for y. One
+// thread per element.
 template <typename T>
-__global__ void mse_bwd_acc(const T* yhat, const T* y, const T* g, const T* prev, T* acc,
-                            long long n, int sign, int has_prev) {
-    const T scale = T(2 * sign) * g[0] / T(n);
+__global__ void mse_bwd_acc(const T* yhat, const T* y, const T* g, long long count, int sign,
+                            const T* prev, T* acc, long long n, int has_prev) {
+    const T scale = T(2 * sign) * g[0] / T(count);
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)blockDim.x * gridDim.x) {
         acc[i] = (has_prev ? prev[i] : T(0)) + scale * (yhat[i] - y[i]);

@@ -135,3 +135,43 @@ def test_other_axes_and_nested_passes_take_the_generic_path():
     with on_host():
         H = tg.hessian(lambda x: tg.sum(tg.sin(x) * x), x[0])
     assert np.allclose(H, tg.hessian(lambda x: tg.sum(tg.sin(x) * x), x[0]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_logitcrossentropy_is_one_launch_each_way(dtype):
+    rng = np.random.default_rng(13)
+    logits = rng.standard_normal((40, 10)).astype(dtype)
+    labels = rng.integers(0, 10, 40)
+    log = fused_and_generic(lambda z: tg.nn.logitcrossentropy(z, labels), logits)
+    assert launches(log) == ["logitcrossentropy_fwd", "logitcrossentropy_bwd_acc"]
+    with on_host():
+        fused_value = float(tg.nn.logitcrossentropy(logits, labels))
+    assert np.isclose(fused_value, float(tg.nn.logitcrossentropy(logits, labels)), rtol=1e-5)
+
+
+def test_mse_pullback_is_one_launch_per_side():
+    rng = np.random.default_rng(14)
+    yhat, y = rng.standard_normal((8, 3)), rng.standard_normal((8, 3))
+    log = fused_and_generic(lambda a, b: tg.nn.mse(a, b), yhat, y)
+    assert launches(log) == ["mse_bwd_acc", "mse_bwd_acc"]
+    log = fused_and_generic(lambda a: tg.nn.mse(a, y, agg="sum"), yhat)
+    assert launches(log) == ["mse_bwd_acc"]
+
+
+@pytest.mark.parametrize("rule", ["Descent", "Momentum", "Nesterov", "Adam", "AdamW"], ids=str)
+def test_each_parameter_update_is_one_launch(rule):
+    from tracker_gpu import optim
+
+    rng = np.random.default_rng(15)
+    model = {"w": rng.standard_normal((5, 4)), "b": rng.standard_normal(4), "name": "dense"}
+    grads = {"w": rng.standard_normal((5, 4)), "b": rng.standard_normal(4), "name": None}
+    opt = getattr(optim, rule)()
+    state = optim.setup(opt, model)
+    expected_state, expected = optim.update(state, model, grads)
+    expected_state, expected = optim.update(expected_state, expected, grads)
+    with on_host(), recording() as log:
+        state, fused = optim.update(state, model, grads)
+        state, fused = optim.update(state, fused, grads)
+    assert len(launches(log)) == 4  # two parameters, two steps
+    for key in ("w", "b"):
+        assert np.allclose(fused[key], expected[key], rtol=1e-12)

@@ -161,39 +161,105 @@ def test_rowwise_kernels(name, dtype, shape):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(1, 2), (5, 10), (513, 3)])
-def test_logitcrossentropy_kernels(dtype, shape):
+@pytest.mark.parametrize("soft", [False, True], ids=["onehot", "probabilities"])
+def test_logitcrossentropy_kernels(dtype, shape, soft):
     rng = np.random.default_rng(2)
     rows, cols = shape
     x = (rng.standard_normal(shape) * 20).astype(dtype)
-    labels = rng.integers(0, cols, rows).astype(np.int64)
-    x64 = x.astype(np.float64)
-    lse = np.log(np.sum(np.exp(x64 - x64.max(1, keepdims=True)), 1)) + x64.max(1)
+    if soft:
+        targets = rng.uniform(0.0, 1.0, shape) * 2.0  # mass 0..2 per row: sum(t) matters
+    else:
+        targets = np.eye(cols)[rng.integers(0, cols, rows)]
+    targets = targets.astype(dtype)
+    x64, t64 = x.astype(np.float64), targets.astype(np.float64)
+    logsoftmax = (
+        x64 - (np.log(np.sum(np.exp(x64 - x64.max(1, keepdims=True)), 1)) + x64.max(1))[:, None]
+    )
     loss = np.empty(rows, dtype=dtype)
-    run("logitcrossentropy_fwd", dtype, rows, x, labels, loss, rows, cols)
-    assert np.allclose(loss, lse - x64[np.arange(rows), labels], **TOLERANCE[dtype])
+    run("logitcrossentropy_fwd", dtype, rows, x, targets, loss, rows, cols)
+    assert np.allclose(loss, -np.sum(t64 * logsoftmax, 1), **TOLERANCE[dtype])
     g = np.asarray(0.7, dtype=dtype)
     acc = np.full(shape, np.nan, dtype=dtype)
-    run("logitcrossentropy_bwd_acc", dtype, rows, x, labels, g, acc, acc, rows, cols, 0)
-    softmax = np.exp(x64 - lse[:, None])
-    expected = 0.7 / rows * (softmax - np.eye(cols)[labels])
+    normalized = 0 if soft else 1
+    run(
+        "logitcrossentropy_bwd_acc",
+        dtype,
+        rows,
+        x,
+        targets,
+        g,
+        rows,
+        normalized,
+        acc,
+        acc,
+        rows,
+        cols,
+        0,
+    )
+    mass = t64.sum(1, keepdims=True)
+    expected = 0.7 / rows * (np.exp(logsoftmax) * mass - t64)
     assert np.allclose(acc, expected, **TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("sign", [1, -1])
-def test_mse_kernel(dtype, sign):
+@pytest.mark.parametrize("count", [300, 1])
+def test_mse_kernel(dtype, sign, count):
     rng = np.random.default_rng(3)
     yhat, y = (rng.standard_normal(300).astype(dtype) for _ in range(2))
     g = np.asarray(1.5, dtype=dtype)
     acc = np.full(300, np.nan, dtype=dtype)
-    run("mse_bwd_acc", dtype, 300, yhat, y, g, acc, acc, 300, sign, 0)
-    assert np.allclose(acc, sign * 2 * (yhat - y) * 1.5 / 300, **TOLERANCE[dtype])
+    run("mse_bwd_acc", dtype, 300, yhat, y, g, count, sign, acc, acc, 300, 0)
+    assert np.allclose(acc, sign * 2 * (yhat - y) * 1.5 / count, **TOLERANCE[dtype])
+
+
+def optimiser_cases():
+    from tracker_gpu import optim
+
+    return [
+        ("descent_step", optim.Descent(0.1)),
+        ("momentum_step", optim.Momentum(0.05, 0.9)),
+        ("nesterov_step", optim.Nesterov(0.05, 0.8)),
+        ("adam_step", optim.Adam(0.01)),
+        ("adam_step", optim.AdamW(0.01, weight_decay=0.1)),
+        ("adam_step", optim.AdamW(0.01, weight_decay=0.1, couple=False)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_optimiser_kernels_match_the_generic_rule(case, dtype):
+    from tracker_gpu.cuda import fused
+    from tracker_gpu.cuda.launch import on_host
+
+    kernel, rule = optimiser_cases()[case]
+    rng = np.random.default_rng(case)
+    x = rng.standard_normal(1000).astype(dtype)
+    state = rule.init(x)
+    for _ in range(3):  # a few steps: the bias corrections and moments evolve
+        dx = rng.standard_normal(1000).astype(dtype)
+        expected_state, delta = rule.apply(state, x, dx)
+        with on_host():
+            x_fused, state_fused = getattr(fused, kernel)(rule, x, dx, state)
+        assert np.allclose(x_fused, x - delta, **TOLERANCE[dtype])
+        for a, b in zip(_arrays(state_fused), _arrays(expected_state)):
+            assert np.allclose(a, b, **TOLERANCE[dtype])
+        x, state = x_fused, state_fused
+
+
+def _arrays(state):
+    if state is None:  # Descent keeps no state
+        return []
+    if isinstance(state, tuple):
+        return [a for part in state for a in _arrays(part)]
+    return [np.asarray(state)]
 
 
 CHECKED = (
     {f"{n}_bwd_acc" for n in UNARY}
     | {f"{n}_bwd_acc" for n in BINARY.values()}
     | {"sumsq_bwd_acc", "mse_bwd_acc", "logitcrossentropy_fwd", "logitcrossentropy_bwd_acc"}
+    | {"descent_step", "momentum_step", "nesterov_step", "adam_step"}
     | {"softmax_fwd", "softmax_bwd_acc", "logsoftmax_fwd", "logsoftmax_bwd_acc"}
 )
 

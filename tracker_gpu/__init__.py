@@ -14,5 +14,6 @@ from .api import Grads, Params, WithGradient, back, gradient, nobacksies, withgr
 from .broadcast import broadcast
 from .functional import checkpoint, forward, hessian, hook, hvp, jacobian, notrack, stop_gradient
 from .tape import BackError, PullbackError
+from . import nn, optim
 
 __version__ = "0.1.0"

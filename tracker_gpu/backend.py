@@ -18,6 +18,7 @@ __all__ = [
     "is_cupy",
     "device_of",
     "size_of",
+    "writable",
     "check_same_library",
     "check_same_device",
     "scatter_add",
@@ -81,6 +82,18 @@ def device_of(x):
 def size_of(x):
     """The number of elements (a method, not an attribute, on PyTorch tensors)."""
     return array_api_compat.size(x)
+
+
+def writable(x):
+    """`x`, or a copy where `x` is a broadcast view (zero strides: read-only on NumPy, refused as
+    a target of in-place writes by PyTorch). Gradients handed to the user own their memory."""
+    strides = getattr(x, "strides", None)
+    if strides is None and hasattr(x, "stride") and callable(x.stride):
+        strides = x.stride()  # PyTorch
+    if strides is None or 0 not in strides:
+        return x
+    xp = namespace_of(x)
+    return xp.asarray(x, copy=True)
 
 
 def check_same_library(xp, x):

@@ -85,8 +85,16 @@ def hessian(f, x):
 
 
 def hvp(f, x, v):
-    """The Hessian of the scalar `f` at `x` times `v`, without building the Hessian."""
-    return gradient(lambda x: _sum(gradient(f, x, nest=True)[0] * v), x)[0]
+    """The Hessian of the scalar `f` at `x` times `v`, without building the Hessian.
+
+    `None` where the gradient of `f` does not depend on `x` (as `gradient` gives `None`).
+    """
+
+    def directional(x):
+        g = gradient(f, x, nest=True)[0]
+        return 0.0 if g is None else _sum(g * v)
+
+    return gradient(directional, x)[0]
 
 
 def _as_float(x):

@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass
 
 from .backend import is_array, is_cupy, namespace_of
+from .cuda import fused
+from .cuda import launch as fused_launch
 from .tracked import data
 
 __all__ = [
@@ -292,13 +294,19 @@ class OptimiserChain(Rule):
 # --- one parameter's step: the seam for fused kernels
 # rule type -> fused(rule, param, grad, state) returning (new_param, new_state), or None to use
 # the generic path. Consulted for CuPy parameters only.
-FUSED_STEPS = {}
+FUSED_STEPS = {
+    Descent: fused.descent_step,
+    Momentum: fused.momentum_step,
+    Nesterov: fused.nesterov_step,
+    Adam: fused.adam_step,
+    AdamW: fused.adam_step,
+}
 
 
 def step(rule, param, grad, state):
     """`(new_param, new_state)`: one rule's update of one parameter, by a fused kernel where one
     is registered for the rule and the array, else by `rule.apply` in the Array API."""
-    if FUSED_STEPS and is_cupy(param):
+    if FUSED_STEPS and (is_cupy(param) or fused_launch.on_host_now()):
         fused = FUSED_STEPS.get(type(rule))
         if fused is not None:
             done = fused(rule, param, grad, state)

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 from ..tape import Node, Total
-from .launch import active, device_int64, empty_like, launch
+from .launch import active, device_int64, empty, empty_like, launch
 
 __all__ = [
     "UNARY",
@@ -24,6 +24,10 @@ __all__ = [
     "mse_pullback",
     "rowwise_forward",
     "logitcrossentropy_forward",
+    "descent_step",
+    "momentum_step",
+    "nesterov_step",
+    "adam_step",
 ]
 
 UNARY = ("tanh", "sigmoid", "relu", "exp", "log", "sqrt", "sin", "cos", "square", "abs")
@@ -194,32 +198,35 @@ def softmax_pullback(name):
     return fused
 
 
-def logitcrossentropy_forward(logits, labels):
-    """The mean cross-entropy of (rows, classes) logits against int64 labels, or None."""
-    if not (_ready(logits) and logits.ndim == 2 and _labels_ready(labels)):
+def logitcrossentropy_forward(logits, targets, axis, agg):
+    """The cross-entropy of (rows, classes) logits against targets shaped like them, with the
+    per-row losses from one launch, or None."""
+    if not (_ready(logits, targets) and _row_pairs(logits, targets, axis)):
         return None
     rows, cols = logits.shape
-    loss = empty_like(logits[:, 0])
-    launch("logitcrossentropy_fwd", logits.dtype, rows, logits, labels, loss, rows, cols)
-    return loss.mean()
+    loss = empty((rows,), logits)
+    launch("logitcrossentropy_fwd", logits.dtype, rows, logits, targets, loss, rows, cols)
+    total = loss.sum()
+    return total / rows if agg == "mean" else total
 
 
-def _labels_ready(labels):
-    return active(labels) and str(labels.dtype) == "int64" and labels.flags.c_contiguous
+def _row_pairs(logits, targets, axis):
+    return logits.ndim == 2 and axis in (-1, 1) and targets.shape == logits.shape
 
 
 def logitcrossentropy_pullback(node, args, kw, g, pending):
-    logits, labels, g = args[0].data, args[1], _scalar(g)
-    if not (_ready(logits, g) and logits.ndim == 2 and _labels_ready(labels)):
+    logits, targets, g = args[0].data, args[1], _scalar(g)
+    if _tracked(targets) or not (
+        _ready(logits, targets, g) and _row_pairs(logits, targets, kw.get("axis", -1))
+    ):
         return None
     if not _readable(pending, args[0], logits):
         return None
     rows, cols = logits.shape
-    operands = (logits, labels, g)
-    total = _accumulate(
-        "logitcrossentropy_bwd_acc", pending, args[0], logits, rows, operands, (rows, cols)
-    )
-    return [total, None]
+    count = rows if kw.get("agg", "mean") == "mean" else 1
+    operands = (logits, targets, g, count, int(bool(kw.get("normalized", False))))
+    kernel = "logitcrossentropy_bwd_acc"
+    return [_accumulate(kernel, pending, args[0], logits, rows, operands, (rows, cols)), None]
 
 
 def mse_pullback(node, args, kw, g, pending):
@@ -230,8 +237,49 @@ def mse_pullback(node, args, kw, g, pending):
         return None
     if not all(_readable(pending, a, yhat) for _, a in sides):
         return None
+    count = yhat.size if kw.get("agg", "mean") == "mean" else 1
     grads = [None, None]
     for side, arg in sides:
-        tail = (yhat.size, 1 - 2 * side)
-        grads[side] = _accumulate("mse_bwd_acc", pending, arg, yhat, yhat.size, (yhat, y, g), tail)
+        operands = (yhat, y, g, count, 1 - 2 * side)
+        grads[side] = _accumulate(
+            "mse_bwd_acc", pending, arg, yhat, yhat.size, operands, (yhat.size,)
+        )
     return grads
+
+
+# --- optimiser steps: one launch per parameter, into fresh buffers (nothing is mutated)
+def descent_step(rule, x, dx, state):
+    if not _ready(x, dx):
+        return None
+    out = empty_like(x)
+    launch("descent_step", x.dtype, x.size, x, dx, out, x.size, rule.eta)
+    return out, state
+
+
+def _velocity_step(kernel):
+    def step(rule, x, dx, v):
+        if not _ready(x, dx, v):
+            return None
+        out, v_out = empty_like(x), empty_like(x)
+        launch(kernel, x.dtype, x.size, x, dx, v, out, v_out, x.size, rule.eta, rule.rho)
+        return out, v_out
+
+    return step
+
+
+momentum_step = _velocity_step("momentum_step")
+nesterov_step = _velocity_step("nesterov_step")
+
+
+def adam_step(rule, x, dx, state):
+    """Adam and AdamW (`weight_decay`, `couple`): moments and parameter in one launch."""
+    m, v, (beta1_t, beta2_t) = state
+    if not _ready(x, dx, m, v):
+        return None
+    beta1, beta2 = rule.beta
+    out, m_out, v_out = empty_like(x), empty_like(x), empty_like(x)
+    decay = getattr(rule, "weight_decay", 0.0)
+    couple = int(getattr(rule, "couple", True))
+    launch("adam_step", x.dtype, x.size, x, dx, m, v, out, m_out, v_out, x.size, rule.eta,
+           beta1, beta2, rule.epsilon, 1 - beta1_t, 1 - beta2_t, decay, couple)  # fmt: skip
+    return out, (m_out, v_out, (beta1_t * beta1, beta2_t * beta2))

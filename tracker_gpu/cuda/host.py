@@ -31,6 +31,7 @@ static HostDim threadIdx, blockIdx, blockDim, gridDim;
 """
 
 _CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong, "unsigned int": ctypes.c_uint}
+_FLOATS = {"float32": ctypes.c_float, "float64": ctypes.c_double}
 
 
 def available():
@@ -44,9 +45,9 @@ def _wrapper(kernel, ctype):
     return f"""
 extern "C" void host_{kernel.name}_{ctype}(unsigned int grid, unsigned int block, {params}) {{
     gridDim.x = grid; blockDim.x = block;
-    for (unsigned int b = 0; b < grid; ++b)
-        for (unsigned int t = 0; t < block; ++t) {{
-            blockIdx.x = b; threadIdx.x = t;
+    for (unsigned int host_block = 0; host_block < grid; ++host_block)
+        for (unsigned int host_thread = 0; host_thread < block; ++host_thread) {{
+            blockIdx.x = host_block; threadIdx.x = host_thread;
             {kernel.name}<{ctype}>({names});
         }}
 }}
@@ -98,6 +99,8 @@ class HostLibrary:
                 if not isinstance(value, np.ndarray):  # layouts are checked by the fused path
                     raise TypeError(f"{name}: argument {pname} must be a NumPy array")
                 converted.append(ctypes.c_void_p(value.ctypes.data))
+            elif ctype == "T":
+                converted.append(_FLOATS[dtype](float(value)))
             else:
                 converted.append(_CTYPES[ctype](int(value)))
         function(*converted)

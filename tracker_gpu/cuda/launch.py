@@ -89,6 +89,13 @@ def empty_like(x):
     return _library(x).empty_like(x)
 
 
+def empty(shape, like):
+    """A new buffer of `shape` with the dtype and device of `like` (recorded)."""
+    xp = _library(like)
+    _note(("alloc", int(np.prod(shape)) * like.itemsize))
+    return xp.empty(shape, dtype=like.dtype)
+
+
 def device_int64(values, like):
     """A small int64 array of kernel metadata on the device of `like`, made once per content."""
     xp = _library(like)
@@ -115,7 +122,7 @@ def launch(name, dtype, n, *args):
 
         HostLibrary.get(kernel.family).launch(name, dtype, grid, BLOCK, args)
         return
-    converted = [_device_argument(ctype, a) for (ctype, _), a in zip(kernel.params, args)]
+    converted = [_device_argument(ctype, a, dtype) for (ctype, _), a in zip(kernel.params, args)]
     _function(kernel, dtype)((grid,), (BLOCK,), tuple(converted))
 
 
@@ -126,9 +133,11 @@ def _kernel(name):
     return _KERNELS[name]
 
 
-def _device_argument(ctype, value):
+def _device_argument(ctype, value, dtype):
     if ctype.endswith("*"):
         return value
+    if ctype == "T":
+        return np.dtype(dtype).type(value)
     return np.int64(value) if ctype == "long long" else np.int32(value)
 
 

@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from ..backend import SCALARS, device_of, namespace_of
+from ..cuda.fused import logitcrossentropy_forward, logitcrossentropy_pullback, mse_pullback
 from ..tracked import Primitive, TrackedArray, data
 from .elementwise import add, astype, log, logaddexp, multiply, negative, subtract
 from .nn import logsoftmax, softmax
@@ -174,6 +175,7 @@ mse_primitive = Primitive(
         ),
     ),
     doc="The mean (or sum) of squared errors, one primitive.",
+    fused=mse_pullback,
 )
 
 
@@ -196,6 +198,9 @@ def _logsoftmax_plain(xp, x, axis):
 
 
 def _lce_forward(xp, logits, targets, *, axis=-1, agg="mean", normalized=False):
+    fused = logitcrossentropy_forward(logits, targets, axis, agg)
+    if fused is not None:
+        return fused
     total = -xp.sum(targets * _logsoftmax_plain(xp, logits, axis))
     return total / _samples(logits, axis) if agg == "mean" else total
 
@@ -241,6 +246,7 @@ logitcrossentropy_primitive = Primitive(
     "logitcrossentropy",
     _lce_forward,
     (_lce_vjp_logits, _lce_vjp_targets),
+    fused=logitcrossentropy_pullback,
     doc="""Softmax cross-entropy of logits against targets shaped like them, one primitive.
 
     Keywords: `axis` (the classes), `agg` ("mean" over samples, or "sum"), `normalized` (the
