@@ -1,0 +1,573 @@
+"""The bad-input catalogue (docs/bad_inputs.md): one test per row.
+
+Each test gives tracker_gpu one bad input and checks the exception's type, that its message names
+the problem and the fix, and that nothing was corrupted: the leaves' data and gradients are as
+before, and the graph is either still usable or clearly spent. Rows whose answer is not an
+exception (integers promoted, a mask getting `None`) check that behaviour instead.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tracker_gpu as tg
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def leaf(backend, values):
+    return tg.param(backend.asarray(values))
+
+
+def grad_of(backend, x):
+    return backend.to_numpy(tg.grad(x))
+
+
+def data_of(backend, x):
+    return backend.to_numpy(tg.data(x))
+
+
+def untouched(backend, x, values):
+    """The leaf `x` still holds `values` and has no gradient."""
+    assert np.array_equal(data_of(backend, x), values)
+    assert np.array_equal(grad_of(backend, x), np.zeros_like(values))
+
+
+def strict_devices():
+    xs = pytest.importorskip("array_api_strict")
+    return xs, xs.__array_namespace_info__().devices()
+
+
+# --- losses and seeds
+def test_back_of_a_non_scalar_without_a_seed(backend):
+    x = leaf(backend, [1.0, 2.0, 3.0])
+    y = x * 2.0
+    with pytest.raises(tg.BackError, match=r"not scalar \(shape \(3,\)\).*back\(sum\(y\)\)"):
+        tg.back(y)
+    untouched(backend, x, [1.0, 2.0, 3.0])
+    tg.back(y, backend.asarray([1.0, 1.0, 1.0]))  # the graph is intact
+    assert np.array_equal(grad_of(backend, x), [2.0, 2.0, 2.0])
+
+
+def test_gradient_of_a_function_with_a_non_scalar_value(backend):
+    with pytest.raises(tg.BackError, match=r"must be a scalar, got shape \(2,\).*tg\.sum"):
+        tg.gradient(lambda x: x * 2.0, backend.asarray([1.0, 2.0]))
+    with pytest.raises(tg.BackError, match=r"tg\.jacobian or tg\.forward"):
+        tg.gradient(lambda x: backend.asarray([1.0, 2.0]), backend.asarray([1.0, 2.0]))
+
+
+def test_a_function_that_returns_nothing(backend):
+    with pytest.raises(TypeError, match=r"must return a scalar loss.*NoneType.*forget to return"):
+        tg.gradient(lambda x: None, backend.asarray([1.0]))
+
+
+def test_a_function_that_returns_a_list_or_a_string(backend):
+    x = backend.asarray([1.0])
+    with pytest.raises(TypeError, match=r"scalar loss, or a tuple \(loss, aux\.\.\.\).*list"):
+        tg.gradient(lambda x: [tg.sum(x)], x)
+    with pytest.raises(TypeError, match=r"scalar loss.*str"):
+        tg.gradient(lambda x: "loss", x)
+
+
+def test_gradient_of_a_value_instead_of_a_function(backend):
+    x = backend.asarray([1.0, 2.0])
+    with pytest.raises(TypeError, match=r"function to differentiate first.*lambda x"):
+        tg.gradient(tg.sum(tg.param(x) * 2.0), x)
+
+
+@pytest.mark.parametrize("value, word", [(np.nan, "nan"), (np.inf, "inf"), (-np.inf, "-inf")])
+def test_a_loss_that_is_not_finite(backend, value, word):
+    x = leaf(backend, [value, 1.0])
+    y = tg.sum(x * 2.0)
+    with pytest.raises(tg.BackError, match=rf"loss is {word} \(not finite\).*overflow, log\(0\)"):
+        tg.back(y)
+    assert np.array_equal(grad_of(backend, x), [0.0, 0.0])
+    with pytest.raises(tg.BackError, match="finite"):
+        tg.gradient(lambda x: tg.sum(x), backend.asarray([value]))
+    tg.back(y, backend.asarray(1.0))  # an explicit seed still walks the intact graph
+    assert np.array_equal(grad_of(backend, x), [2.0, 2.0])
+
+
+def test_a_complex_loss(backend):
+    x = tg.param(np.array([1.0, 2.0]))
+    with pytest.raises(TypeError, match=r"complex value \(dtype complex128\).*real loss"):
+        tg.back(tg.sum(x * 1j))
+    assert np.array_equal(tg.grad(x), [0.0, 0.0])
+
+
+def test_a_seed_of_the_wrong_shape(backend):
+    x = leaf(backend, [1.0, 2.0, 3.0])
+    y = x * 2.0
+    with pytest.raises(ValueError, match=r"seed of shape \(2,\) for a value of shape \(3,\)"):
+        tg.back(y, backend.asarray([1.0, 1.0]))
+    untouched(backend, x, [1.0, 2.0, 3.0])
+    tg.back(y, backend.asarray([1.0, 2.0, 3.0]))
+    assert np.array_equal(grad_of(backend, x), [2.0, 4.0, 6.0])
+
+
+def test_a_complex_seed(backend):
+    x = tg.param(np.array([1.0, 2.0]))
+    with pytest.raises(TypeError, match="complex seed is not supported; pass a real seed"):
+        tg.back(x * 2.0, np.ones(2, dtype=complex))
+    assert np.array_equal(tg.grad(x), [0.0, 0.0])
+
+
+def test_a_seed_of_another_dtype_is_cast(backend):
+    """Not an error: integer, boolean and float32 seeds are cast to the value's dtype."""
+    for seed in ([1, 2], np.array([True, True]), np.array([0.5, 1.0], dtype=np.float32)):
+        x = tg.param(np.array([1.0, 2.0]))
+        tg.back(x * 3.0, seed)
+        assert tg.grad(x).dtype == np.float64
+        assert np.array_equal(tg.grad(x), 3.0 * np.asarray(seed, dtype=np.float64))
+
+
+def test_a_seed_is_copied_not_kept(backend):
+    x = leaf(backend, [1.0, 2.0])
+    seed = np.array([1.0, 2.0])
+    tg.back(x + 0.0, backend.asarray(seed) if backend.name != "numpy" else seed)
+    seed[:] = 7.0  # the caller reuses its buffer
+    assert np.array_equal(grad_of(backend, x), [1.0, 2.0])
+
+
+def test_a_seed_on_another_device():
+    xs, devices = strict_devices()
+    x = tg.param(xs.ones(2, device=devices[1]))
+    with pytest.raises(ValueError, match=r"seed on device .* for a value on device .*create the"):
+        tg.back(x * 2.0, xs.ones(2, device=devices[0]))
+    tg.back(x * 2.0, xs.ones(2, device=devices[1]))
+    assert tg.grad(x).device == devices[1]
+
+
+def test_a_seed_of_another_library():
+    torch = pytest.importorskip("torch")
+    x = tg.param(np.ones(2))
+    with pytest.raises(TypeError, match=r"cannot mix arrays of numpy and torch.*asarray"):
+        tg.back(x * 2.0, torch.ones(2, dtype=torch.float64))
+    assert np.array_equal(tg.grad(x), [0.0, 0.0])
+
+
+def test_a_seed_that_is_not_an_array(backend):
+    x = leaf(backend, [1.0, 2.0])
+    with pytest.raises(TypeError, match=r"expected an array of an Array API library.*asarray"):
+        tg.back(x * 2.0, "ones")
+
+
+def test_back_of_a_plain_value_from_a_non_differentiable_function(backend):
+    x = leaf(backend, [0.5, 1.5])
+    y = tg.sum(tg.floor(x))  # floor returns a plain array: nothing to differentiate
+    assert not tg.istracked(y)
+    with pytest.raises(TypeError, match=r"does not depend on any tg.param.*floor"):
+        tg.back(y)
+    untouched(backend, x, [0.5, 1.5])
+
+
+def test_gradient_of_a_non_differentiable_function_is_none(backend):
+    """Not an error: floor, sign, round and comparisons return plain arrays; the loss does not
+    depend on the input, whose gradient is None (as for any unused input)."""
+    x = backend.asarray([0.5, 1.5])
+    assert tg.gradient(lambda x: tg.sum(tg.floor(x)), x) == (None,)
+    (g,) = tg.gradient(lambda x: tg.sum(tg.where(x > 1.0, x, 0.0)) + tg.sum(tg.sign(x)), x)
+    assert np.array_equal(backend.to_numpy(g), [0.0, 1.0])
+
+
+# --- the graph
+def test_a_second_pass_over_a_single_use_graph(backend):
+    x = leaf(backend, [1.0])
+    y = tg.sum(x * 2.0)
+    tg.back(y)
+    with pytest.raises(tg.BackError, match=r"already used.*Recompute.*once=False"):
+        tg.back(y)
+    assert np.array_equal(grad_of(backend, x), [2.0])  # the refused pass added nothing
+
+
+def test_setitem_on_a_tracked_array(backend):
+    x = leaf(backend, [0.0, 1.0, 2.0])
+    y = x * 2.0
+    with pytest.raises(TypeError, match=r"cannot assign into a TrackedArray.*tg.where"):
+        y[0] = 1.0
+    with pytest.raises(TypeError, match="cannot assign"):
+        x[1:] = 5.0
+    untouched(backend, x, [0.0, 1.0, 2.0])
+    tg.back(tg.sum(y))
+    assert np.array_equal(grad_of(backend, x), [2.0, 2.0, 2.0])
+
+
+def test_converting_a_tracked_array_with_numpy():
+    x = tg.param(np.zeros(3))
+    with pytest.raises(TypeError, match=r"would drop its gradient tape; use tg.data\(x\)"):
+        np.asarray(x)
+    with pytest.raises(TypeError, match=r"tg.data\(x\)"):
+        np.array(x * 2.0)
+
+
+def test_a_numpy_function_on_a_tracked_array():
+    x = tg.param(np.zeros(3))
+    # NumPy's own message; tracker_gpu's functions (tg.exp) are the fix.
+    with pytest.raises(TypeError, match="does not support ufuncs"):
+        np.exp(x)
+    assert np.array_equal(tg.grad(x), np.zeros(3))
+
+
+def test_a_tracked_index_array(backend):
+    x = leaf(backend, [1.0, 2.0, 3.0])
+    with pytest.raises(TypeError, match="index must be a plain integer or boolean array"):
+        x[tg.param(backend.asarray([0.0]))]
+    with pytest.raises(TypeError, match="not a tracked one"):
+        x[tg.param(backend.asarray([0]))]
+
+
+def test_a_tracked_value_as_a_python_index(backend):
+    i = tg.sum(leaf(backend, [1.0]))
+    with pytest.raises(TypeError, match="holds floats and cannot be used as an index"):
+        [10, 20][i]
+
+
+def test_a_float_index_array():
+    x = tg.param(np.ones(3))
+    with pytest.raises(IndexError, match=r"must be of integer \(or boolean\) type"):
+        x[np.array([0.5])]
+
+
+def test_operands_of_shapes_that_do_not_broadcast(backend):
+    x = leaf(backend, [1.0, 2.0, 3.0])
+    y = x * 2.0
+    # The library's own error: ValueError (NumPy, array-api-strict), RuntimeError (PyTorch).
+    with pytest.raises((ValueError, RuntimeError), match="broadcast|must match"):
+        y + backend.asarray([1.0, 2.0])
+    tg.back(tg.sum(y))  # the failed operation recorded nothing
+    assert np.array_equal(grad_of(backend, x), [2.0, 2.0, 2.0])
+
+
+def test_arrays_on_different_devices():
+    xs, devices = strict_devices()
+    a = tg.param(xs.ones(2, device=devices[0]))
+    b = tg.param(xs.ones(2, device=devices[1]))
+    with pytest.raises(ValueError, match=r"different devices.*to_device\(x, device\)"):
+        a + b
+    with pytest.raises(ValueError, match="different devices"):
+        a * xs.ones(2, device=devices[1])
+    c = a + tg.to_device(b, devices[0])
+    tg.back(tg.sum(c))
+    assert tg.grad(b).device == devices[1]
+
+
+def test_arrays_of_different_libraries():
+    torch = pytest.importorskip("torch")
+    x = tg.param(np.ones(2))
+    t = tg.param(torch.ones(2, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"cannot mix arrays of numpy and torch.*asarray"):
+        tg.add(x, torch.ones(2, dtype=torch.float64))
+    with pytest.raises(TypeError, match="cannot mix arrays of torch and numpy"):
+        t * np.ones(2)
+    with pytest.raises(TypeError, match="cannot mix arrays"):
+        x + t
+
+
+# --- parameters and inputs
+def test_complex_parameters_and_inputs(backend):
+    with pytest.raises(TypeError, match="complex arrays are not supported yet.*real and imag"):
+        tg.param(np.ones(2, dtype=complex))
+    with pytest.raises(TypeError, match="complex inputs are not supported yet; split"):
+        tg.gradient(lambda x: tg.sum(x), np.ones(2, dtype=complex))
+    with pytest.raises(TypeError, match="complex inputs"):
+        tg.gradient(lambda m: tg.sum(m["z"]), {"z": np.ones(2, dtype=complex)})
+
+
+def test_integer_parameters_are_promoted(backend):
+    """Not an error: param makes a float copy; gradient() makes top-level integer arrays float
+    parameters, and gives integer arrays inside a structure None (they are data, not weights)."""
+    ints = backend.asarray([1, 2], dtype="int64")
+    p = tg.param(ints)
+    assert backend.xp.isdtype(p.dtype, "real floating")
+    (g,) = tg.gradient(lambda x: tg.sum(x * x), ints)
+    assert backend.xp.isdtype(g.dtype, "real floating")
+    assert np.array_equal(backend.to_numpy(g), [2.0, 4.0])
+    (gm,) = tg.gradient(lambda m: tg.sum(m["w"] * 2.0), {"w": leaf(backend, [1.0]).data, "n": ints})
+    assert gm["n"] is None and np.array_equal(backend.to_numpy(gm["w"]), [2.0])
+
+
+def test_boolean_inputs_are_masks_with_no_gradient(backend):
+    """Not an error: a boolean array reaches the function as it is (a mask) and gets None."""
+    x = backend.asarray([1.0, 2.0])
+    mask = backend.asarray([True, False])
+    gx, gm = tg.gradient(lambda x, m: tg.sum(tg.where(m, x, 0.0)), x, mask)
+    assert gm is None and np.array_equal(backend.to_numpy(gx), [1.0, 0.0])
+    assert tg.gradient(lambda m: tg.sum(tg.where(m, x, 0.0)), mask) == (None,)
+    assert backend.xp.isdtype(tg.param(mask).dtype, "real floating")  # param still promotes
+
+
+def test_a_parameter_of_a_non_numeric_dtype():
+    with pytest.raises(TypeError, match=r"cannot make a parameter of dtype <U1; pass a numeric"):
+        tg.param(np.array(["a"]))
+    with pytest.raises(TypeError, match="dtype object"):
+        tg.param(np.array([object()]))
+
+
+@pytest.mark.parametrize("value", [[1.0, 2.0], None, "x"], ids=["list", "None", "str"])
+def test_a_parameter_of_something_that_is_not_an_array(value):
+    with pytest.raises(TypeError, match=r"expected an array of an Array API library.*asarray"):
+        tg.param(value)
+
+
+def test_jacobian_of_something_that_is_not_an_array():
+    with pytest.raises(TypeError, match=r"expected an array.*got list.*asarray"):
+        tg.jacobian(lambda x: x * 2.0, [1.0, 2.0])
+
+
+def test_grad_of_an_interior_node_or_a_plain_array(backend):
+    x = leaf(backend, [1.0, 2.0])
+    with pytest.raises(ValueError, match=r"only for leaves.*tg.gradient\(f, x\).*tg.hook"):
+        tg.grad(x * 2.0)
+    with pytest.raises(TypeError, match=r"grad needs a tracked value \(tg.param\(x\)\)"):
+        tg.grad(backend.asarray([1.0]))
+
+
+def test_params_of_a_plain_array(backend):
+    with pytest.raises(TypeError, match=r"Params holds tracked values \(tg.param\(x\)\), got"):
+        tg.Params([leaf(backend, [1.0]), backend.asarray([1.0])])
+
+
+def test_grads_lookup_of_a_foreign_parameter(backend):
+    W = leaf(backend, [1.0, 2.0])
+    gs = tg.gradient(lambda: tg.sum(W * 3.0), tg.Params([W]))
+    with pytest.raises(KeyError, match="not one of the Params this gradient was taken for"):
+        gs[leaf(backend, [1.0, 2.0])]
+    assert np.array_equal(backend.to_numpy(gs[W]), [3.0, 3.0])
+
+
+def test_differentiating_a_gradient_taken_without_nest(backend):
+    x = leaf(backend, [1.0, 2.0])
+    (g,) = tg.gradient(lambda x: tg.sum(x**3), x)  # x tracked, but nest=False
+    with pytest.raises(tg.PullbackError, match=r"without nest=True.*gradient\(f, x, nest=True\)"):
+        tg.back(tg.sum(g))
+    untouched(backend, x, [1.0, 2.0])
+    (g,) = tg.gradient(lambda x: tg.sum(x**3), x, nest=True)
+    tg.back(tg.sum(g))
+    assert np.array_equal(grad_of(backend, x), [6.0, 12.0])
+
+
+# --- updates and structures
+def test_update_with_a_step_of_the_wrong_shape(backend):
+    x = leaf(backend, [1.0, 2.0])
+    step = backend.asarray([[1.0, 2.0], [3.0, 4.0]])  # broadcasts, but would grow x
+    with pytest.raises(ValueError, match=r"update of an array of shape .+ by a step of shape"):
+        tg.update(x, step)
+    assert np.array_equal(data_of(backend, x), [1.0, 2.0])
+    y = tg.param(np.ones(2))
+    with pytest.raises(ValueError, match="shape"):  # NumPy's message, for now (see below)
+        tg.update(y, np.ones(3))
+    assert np.array_equal(tg.data(y), np.ones(2))
+
+
+def test_update_with_a_step_that_does_not_broadcast(backend):
+    pytest.skip("bug in tracked.update: the library's broadcast error comes first (see the report)")
+    x = leaf(backend, [1.0, 2.0])
+    with pytest.raises(ValueError, match=r"update of an array of shape \(2,\) by a step of shape"):
+        tg.update(x, backend.asarray([1.0, 2.0, 3.0]))
+
+
+def test_where_of_a_mask_and_two_numbers(backend):
+    pytest.skip("bug in rules.elementwise._as_arrays: no array to take a dtype from (see report)")
+    mask = backend.asarray([True, False])
+    assert np.array_equal(backend.to_numpy(tg.where(mask, 1.0, 0.0)), [1.0, 0.0])
+
+
+def test_update_of_a_value_that_is_not_a_leaf(backend):
+    x = leaf(backend, [1.0, 2.0])
+    with pytest.raises(TypeError, match=r"update needs a leaf made by tg.param"):
+        tg.update(x * 2.0, backend.asarray([1.0, 1.0]))
+    with pytest.raises(TypeError, match="leaf"):
+        tg.update(backend.asarray([1.0, 2.0]), backend.asarray([1.0, 1.0]))
+    untouched(backend, x, [1.0, 2.0])
+
+
+def test_mismatched_structures():
+    tree_map = tg.pytree.tree_map
+    with pytest.raises(ValueError, match=r"mismatched structures: list of 2 and list of 1.*shaped"):
+        tree_map(lambda a, b: a + b, [1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match=r"mismatched dict keys: \['a', 'b'\] and \['a', 'c'\]"):
+        tree_map(lambda a, b: a + b, {"a": 1.0, "b": 2.0}, {"a": 1.0, "c": 2.0})
+    with pytest.raises(ValueError, match="mismatched structures: dict of 1 and list of 1"):
+        tree_map(lambda a, b: a + b, {"a": 1.0}, [1.0])
+
+
+# --- custom rules, hooks and failing pullbacks
+class Boom(Exception):
+    pass
+
+
+def test_a_custom_pullback_returning_too_few_gradients(backend):
+    @tg.rule
+    def bad(x, y):
+        return x * y, lambda g: (g * y,)
+
+    x = leaf(backend, [1.0, 2.0])
+    y = tg.sum(bad(x, 2.0))
+    with pytest.raises(tg.PullbackError, match=r"one gradient \(or None\) per positional argument"):
+        tg.back(y)
+    untouched(backend, x, [1.0, 2.0])
+    with pytest.raises(tg.BackError, match="already used"):  # clearly spent
+        tg.back(y)
+
+
+def test_a_custom_pullback_returning_the_wrong_shape(backend):
+    @tg.rule
+    def bad(x):
+        return x, lambda g: (g[:1],)
+
+    x = leaf(backend, [1.0, 2.0, 3.0])
+    with pytest.raises(
+        tg.PullbackError, match=r"gradient of shape \(1,\) for an argument of shape"
+    ):
+        tg.back(tg.sum(bad(x)))
+    untouched(backend, x, [1.0, 2.0, 3.0])
+
+
+def test_a_custom_pullback_returning_a_bare_array(backend):
+    @tg.rule
+    def bad(x):
+        return x * 2.0, lambda g: g * 2.0
+
+    with pytest.raises(tg.PullbackError, match=r"must return a tuple with one gradient"):
+        tg.gradient(lambda x: tg.sum(bad(x)), backend.asarray([1.0, 2.0]))
+
+
+def test_a_custom_forward_returning_a_tracked_value(backend):
+    @tg.rule
+    def bad(x):
+        return tg.param(x), lambda g: (g,)
+
+    with pytest.raises(TypeError, match="must return a plain array, not a tracked one"):
+        bad(leaf(backend, [1.0]))
+
+
+def test_an_exception_in_a_single_use_pullback_spends_the_graph(backend):
+    @tg.rule
+    def explode(x):
+        def pullback(g):
+            raise Boom("bad pullback")
+
+        return x, pullback
+
+    x = leaf(backend, [1.0])
+    y = tg.sum(explode(x) * 2.0)
+    with pytest.raises(tg.PullbackError, match=r"explode.*Boom: bad pullback.*spent.*recompute"):
+        tg.back(y)
+    untouched(backend, x, [1.0])  # no partial gradient leaked into the leaf
+    with pytest.raises(tg.BackError, match="already used"):
+        tg.back(y)
+
+
+def test_an_exception_in_a_kept_pullback_leaves_the_graph_usable(backend):
+    calls = []
+
+    @tg.rule
+    def flaky(x):
+        def pullback(g):
+            calls.append(1)
+            if len(calls) == 1:
+                raise Boom("first time")
+            return (g * 3.0,)
+
+        return x * 3.0, pullback
+
+    x = leaf(backend, [1.0])
+    y = tg.sum(flaky(x))
+    with pytest.raises(tg.PullbackError, match=r"graph is unchanged and may be used again") as info:
+        tg.back(y, once=False)
+    assert isinstance(info.value.__cause__, Boom)
+    untouched(backend, x, [1.0])
+    tg.back(y, once=False)
+    assert np.array_equal(grad_of(backend, x), [3.0])
+
+
+def test_a_hook_returning_the_wrong_shape(backend):
+    x = backend.asarray([1.0, 2.0])
+    with pytest.raises(tg.PullbackError, match=r"'hook' returned a gradient of shape \(1,\)"):
+        tg.gradient(lambda a: tg.sum(tg.hook(lambda g: g[:1], a)), x)
+
+
+# --- conversions
+def test_len_and_float_of_tracked_values_of_the_wrong_rank(backend):
+    x = leaf(backend, [1.0, 2.0])
+    with pytest.raises(TypeError, match="len"):
+        len(tg.sum(x))
+    with pytest.raises((TypeError, ValueError), match="0-dimensional|one element|0 dim"):
+        float(x)  # the library's error
+    assert len(x) == 2 and float(tg.sum(x)) == 3.0
+
+
+# --- the test suite's own options
+def test_an_unknown_backend_option():
+    env = dict(os.environ, TRACKER_GPU_BACKEND="no-such-library")
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT / "tests",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert re.search(r"unknown backend 'no-such-library'.*choose one of numpy", out.stderr)
+
+
+# --- bugs found here, in modules this file's author may not edit: skipped until fixed
+def test_zero_grad_of_a_plain_array(backend):
+    pytest.skip("bug in tracked.zero_grad: a plain array raises AttributeError (see the report)")
+    with pytest.raises(TypeError, match=r"zero_grad needs a leaf made by tg.param"):
+        tg.zero_grad(backend.asarray([1.0]))
+
+
+def test_update_with_a_complex_step(backend):
+    pytest.skip("bug in tracked.update: a complex step makes the leaf complex (see the report)")
+    x = tg.param(np.array([1.0, 2.0]))
+    with pytest.raises(TypeError, match="complex"):
+        tg.update(x, np.ones(2, dtype=complex))
+    assert x.dtype == np.float64
+
+
+def test_update_with_a_step_of_another_dtype_or_library():
+    pytest.skip("bug in tracked.update: the step's dtype or library leaks in (see the report)")
+    torch = pytest.importorskip("torch")
+    x = tg.param(np.array([1.0, 2.0], dtype=np.float32))
+    tg.update(x, np.ones(2))
+    assert x.dtype == np.float32
+    with pytest.raises(TypeError, match="cannot mix arrays of numpy and torch"):
+        tg.update(x, torch.ones(2))
+
+
+def test_a_custom_forward_that_returns_no_pullback(backend):
+    pytest.skip("bug in tracked.rule: 'too many values to unpack' (see the report)")
+    rule = tg.rule(lambda x: x * 2.0)
+    with pytest.raises(TypeError, match=r"must return \(value, pullback\)"):
+        rule(leaf(backend, [1.0]))
+
+
+def test_a_custom_pullback_returning_another_library_or_device():
+    pytest.skip("bug in tracked._CustomRule: foreign gradients are not checked (see the report)")
+    xs, devices = strict_devices()
+
+    @tg.rule
+    def elsewhere(x):
+        return x * 2.0, lambda g: (xs.ones(2, dtype=xs.float64, device=devices[1]),)
+
+    x = xs.ones(2, dtype=xs.float64, device=devices[0])
+    with pytest.raises(tg.PullbackError, match="device"):
+        tg.gradient(lambda x: tg.sum(elsewhere(x)), x)
+
+
+# --- the catalogue and these tests stay in step
+def test_every_row_of_the_catalogue_has_its_test():
+    text = (ROOT / "docs" / "bad_inputs.md").read_text()
+    rows = re.findall(r"^\| *(G?\d+) *\|.*\| *`(test_\w+)` *\|$", text, re.M)
+    named = [name for _, name in rows]
+    assert len(set(named)) == len(named) and [name for name in named if name not in globals()] == []
+    tests = {name for name in globals() if name.startswith("test_")}
+    assert tests - set(named) == {"test_every_row_of_the_catalogue_has_its_test"}
+    assert sum(number.isdigit() for number, _ in rows) >= 30
