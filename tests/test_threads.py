@@ -101,17 +101,8 @@ def test_a_plain_array_shared_by_every_thread(backend):
         assert all(np.array_equal(a, b) for a, b in zip(p, s))
 
 
-SHARED_LEAF_BUG = (
-    "bug in tape.walk: the walk keeps its counts and pending gradients on the nodes (_n, _g), "
-    "so walks of two graphs that share a leaf race on it and return None or another thread's "
-    "gradient (docs/threads.md)"
-)
-
-
 def test_a_parameter_shared_read_only_through_params(backend):
     """Params and gradient() never write into the leaves, so threads may share them."""
-    if "_g" in getattr(tg.tape.Node, "__slots__", ()):
-        pytest.skip(SHARED_LEAF_BUG)
     W = tg.param(backend.asarray(np.linspace(-1.0, 1.0, 8).reshape(4, 2)))
 
     def job(k):

@@ -9,8 +9,9 @@ The walk is Kahn's algorithm over reference counts (Tracker's scheme, made itera
 pass counts, for each node reachable from the root, how many of its children will send it a
 gradient; the second pass pulls a node back only when all of them have, then drops its gradient
 (and, for a single-use pass, its rule and arguments, which frees the graph as it goes). The count
-and the pending gradient live on the node during a walk, so one graph may not be walked by two
-threads at once (separate graphs may).
+and the pending gradient live on an interior node during a walk (leaves, which graphs share, are
+never written), so one graph may not be walked by two threads at once; graphs that share only
+leaves may.
 """
 
 __all__ = ["Node", "SPENT", "BackError", "PullbackError", "Pending", "Total", "walk"]
@@ -43,23 +44,21 @@ class Node:
 
 
 def _count_references(root, stop):
-    """Set `_n` of each node reachable from `root` to the number of gradients it will receive;
-    return the nodes counted."""
+    """Set `_n` of each interior node reachable from `root` to the number of gradients it will
+    receive; return the nodes counted. Leaves and stop nodes are not touched: graphs walked at
+    the same time (in other threads) may share them."""
     counted = [root]
     stack = [root]
     while stack:
         node = stack.pop()
-        rule = node._rule
-        if rule is None or id(node) in stop:
-            continue
-        if rule is SPENT:
+        if node._rule is SPENT:
             _reset(counted)
             raise BackError(
                 "back was already used on this graph: a single-use pass (once=True) frees it. "
                 "Recompute the forward pass, or pass once=False to keep the graph for another pass."
             )
         for parent in node._args:
-            if isinstance(parent, Node):
+            if isinstance(parent, Node) and not _terminal(parent, stop):
                 if parent._n:
                     parent._n += 1
                 else:
@@ -67,6 +66,11 @@ def _count_references(root, stop):
                     counted.append(parent)
                     stack.append(parent)
     return counted
+
+
+def _terminal(node, stop):
+    """A leaf or a stop node: it receives gradients and passes none on."""
+    return node._rule is None or (stop and id(node) in stop)
 
 
 def _reset(nodes):
@@ -85,22 +89,47 @@ class Total:
 
 
 class Pending:
-    """Which of the gradients pending during one walk are in buffers the walk owns (made by an
-    addition or a fused kernel, so no one else holds them, and they may be added into)."""
+    """The gradients pending during one walk: on interior nodes (`_g`), and for leaves and stop
+    nodes in this walk's own table (they may be shared with other walks); and which buffers the
+    walk owns (made by an addition or a fused kernel, so it may add into them in place)."""
 
-    __slots__ = ("owned",)
+    __slots__ = ("owned", "terminal", "stop")
 
-    def __init__(self):
+    def __init__(self, stop):
         self.owned = set()
+        self.terminal = {}  # id -> [node, gradient]
+        self.stop = stop
 
     def current(self, node):
         """`(gradient, owned)` waiting at `node` so far (`(None, False)` if none)."""
+        if _terminal(node, self.stop):
+            entry = self.terminal.get(id(node))
+            return (None if entry is None else entry[1]), id(node) in self.owned
         return node._g, id(node) in self.owned
 
     def replace(self, node, total):
         """Make `total`, a buffer this walk owns, the gradient pending at `node`."""
-        node._g = total
+        self._set(node, total)
         self.owned.add(id(node))
+
+    def add(self, node, gp, nested):
+        """Add the contribution `gp` (or a fused kernel's `Total`) to `node`'s gradient."""
+        if type(gp) is Total:
+            return self.replace(node, gp.value)
+        prev, owned = self.current(node)
+        if prev is None:
+            self._set(node, gp)  # a first contribution: not ours to add into
+        elif owned and not nested:
+            prev += gp  # in place for arrays; NumPy's 0-d scalars rebind, so store it back
+            self._set(node, prev)
+        else:
+            self.replace(node, _add(prev, gp))
+
+    def _set(self, node, value):
+        if _terminal(node, self.stop):
+            self.terminal[id(node)] = [node, value]
+        else:
+            node._g = value
 
 
 def walk(root, seed, *, once=True, nested=False, stop=()):
@@ -111,6 +140,8 @@ def walk(root, seed, *, once=True, nested=False, stop=()):
     soon as it has passed its gradient on.
     """
     stop = {id(node) for node in stop}
+    if _terminal(root, stop):
+        return [(root, seed)]
     counted = _count_references(root, stop)
     try:
         return _pull_back(root, seed, once, nested, stop)
@@ -120,22 +151,16 @@ def walk(root, seed, *, once=True, nested=False, stop=()):
 
 
 def _pull_back(root, seed, once, nested, stop):
-    pending = Pending()
+    pending = Pending(stop)
     owned = pending.owned
     root._g = seed
     ready = [root]
-    reached = []
     while ready:
         node = ready.pop()
         g, node._g = node._g, None
         if owned:
             owned.discard(id(node))
-        rule = node._rule
-        if rule is None or (stop and id(node) in stop):
-            if g is not None:
-                reached.append((node, g))
-            continue
-        args, ctx = node._args, node._ctx
+        rule, args, ctx = node._rule, node._args, node._ctx
         if once:
             node._rule, node._args, node._ctx = SPENT, None, None
         grads = (None,) * len(args)
@@ -145,30 +170,21 @@ def _pull_back(root, seed, once, nested, stop):
             except Exception as error:
                 raise _pullback_error(rule, error, once) from error
         for parent, gp in zip(args, grads):
-            if isinstance(parent, Node):
+            if not isinstance(parent, Node):
+                continue
+            if parent._rule is None or (stop and id(parent) in stop):
                 if gp is not None:
-                    if parent._g is None and type(gp) is not Total:
-                        parent._g = gp  # a first contribution: not ours to add into
-                    else:
-                        _accumulate(parent, gp, owned, nested)
-                parent._n -= 1
-                if not parent._n:
-                    ready.append(parent)
-    return reached
-
-
-def _accumulate(parent, gp, owned, nested):
-    key = id(parent)
-    if type(gp) is Total:
-        parent._g = gp.value
-        owned.add(key)
-    elif key in owned and not nested:
-        prev = parent._g
-        prev += gp  # in place for arrays; NumPy's 0-d scalars rebind, so store it back
-        parent._g = prev
-    else:
-        parent._g = _add(parent._g, gp)
-        owned.add(key)
+                    pending.add(parent, gp, nested)
+                continue
+            if gp is not None:
+                if parent._g is None and type(gp) is not Total:
+                    parent._g = gp  # a first contribution: not ours to add into
+                else:
+                    pending.add(parent, gp, nested)
+            parent._n -= 1
+            if not parent._n:
+                ready.append(parent)
+    return [(node, g) for node, g in pending.terminal.values()]
 
 
 def _add(a, b):

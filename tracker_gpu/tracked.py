@@ -322,9 +322,21 @@ class _CustomRule:
                 f"gradient (or None) per positional argument: {len(args)}, got {grads!r:.80}"
             )
         return [
-            None if ga is None or not isinstance(a, TrackedArray) else _fit(ga, a, self.name)
+            None if ga is None or not isinstance(a, TrackedArray) else self._checked(ga, a)
             for a, ga in zip(args, grads)
         ]
+
+    def _checked(self, ga, a):
+        """A user's gradient must be of the argument's library and on its device."""
+        plain = data(ga)
+        backend.check_same_library(a._xp, plain)
+        if backend.device_of(plain) != a.device:
+            raise ValueError(
+                f"the pullback of custom rule {self.name!r} returned a gradient on device "
+                f"{backend.device_of(plain)} for an argument on device {a.device}; create it "
+                f"on the argument's device"
+            )
+        return _fit(ga, a, self.name)
 
 
 def rule(fn):
@@ -348,7 +360,13 @@ def rule(fn):
         if not any(isinstance(a, TrackedArray) for a in args):
             return fn(*args, **kw)[0]
         xp = next(a._xp for a in args if isinstance(a, TrackedArray))
-        y, pb = fn(*(data(a) for a in args), **kw)
+        returned = fn(*(data(a) for a in args), **kw)
+        if not (isinstance(returned, tuple) and len(returned) == 2 and callable(returned[1])):
+            raise TypeError(
+                f"custom rule {custom.name!r} must return (value, pullback), got "
+                f"{type(returned).__name__}"
+            )
+        y, pb = returned
         if isinstance(y, TrackedArray):
             raise TypeError(
                 f"custom rule {custom.name!r} must return a plain array, not a tracked one"
@@ -440,19 +458,34 @@ def grad(x):
 
 def zero_grad(x):
     """Reset the accumulated gradient of a leaf to zero."""
+    if not isleaf(x):
+        raise TypeError(f"zero_grad needs a leaf made by tg.param, got {type(x).__name__}")
     x._grad = None
 
 
 def update(x, dx):
-    """Tracker's `update!`: `x.data += dx` (as a new buffer), then zero the gradient."""
+    """Tracker's `update!`: `x.data += dx` (as a new buffer of x's dtype), then zero the
+    gradient. The step may be a number or an array of x's library that broadcasts to x."""
     if not isleaf(x):
         raise TypeError("update needs a leaf made by tg.param")
-    dx = data(dx)
-    if dx.shape != x.shape and x._xp.broadcast_shapes(dx.shape, x.shape) != x.shape:
-        raise ValueError(f"update of an array of shape {x.shape} by a step of shape {dx.shape}")
-    x.data = x.data + dx
+    xp, dx = x._xp, data(dx)
+    if type(dx) in SCALARS or isinstance(dx, (list, tuple)):
+        dx = xp.asarray(dx, dtype=x.dtype, device=x.device)
+    backend.check_same_library(xp, dx)
+    if xp.isdtype(dx.dtype, "complex floating"):
+        raise TypeError("update: a complex step for a real parameter; pass a real step")
+    shape, step_shape = tuple(x.shape), tuple(dx.shape)
+    if step_shape != shape and not _broadcasts(step_shape, shape):
+        raise ValueError(f"update of an array of shape {shape} by a step of shape {step_shape}")
+    x.data = xp.astype(x.data + dx, x.dtype, copy=False)
     x._grad = None
     return x
+
+
+def _broadcasts(shape, target):
+    """Whether `shape` broadcasts to `target` without changing it."""
+    lead = len(target) - len(shape)
+    return lead >= 0 and all(n in (1, m) for n, m in zip(shape, target[lead:]))
 
 
 # The rules are defined in terms of TrackedArray; the operators above resolve these names at

@@ -87,8 +87,10 @@ def _function(name):
     return forward
 
 
-def _as_arrays(xp, *args):
+def _as_arrays(xp, *args, device=None):
     like = next((a for a in args if type(a) not in SCALARS), None)
+    if like is None:  # only numbers: the library's default dtype, on the given device
+        return tuple(xp.asarray(a, device=device) for a in args)
     return tuple(
         xp.asarray(a, dtype=like.dtype, device=device_of(like)) if type(a) in SCALARS else a
         for a in args
@@ -224,7 +226,7 @@ copysign = _binary(
 
 
 def _where_forward(xp, condition, x, y):
-    x, y = _as_arrays(xp, x, y)
+    x, y = _as_arrays(xp, x, y, device=device_of(condition))
     return xp.where(condition, x, y)
 
 
