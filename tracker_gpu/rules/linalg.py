@@ -19,6 +19,10 @@ Conventions, as in PyTorch and JAX:
   `pinv` a matrix of locally constant rank. The `sign` of `slogdet`, `matrix_rank` and the
   `ord=0` vector norm are not differentiable (no gradient).
 
+The rules live in three modules: `linalg_base` (the products, `solve` and `inv`, and the shared
+helpers), `decompositions` (`cholesky`, `qr`, `eigh`, `eigvalsh`, `svd`, `svdvals`, `pinv`) and
+this one, which holds the rest and lists the whole extension in `__all__`.
+
 Multi-output factorisations (`qr`, `eigh`, `svd`) are one tape node holding their outputs
 packed along the last axis; the named tuple's fields are slices of it.
 
@@ -37,13 +41,26 @@ from collections import namedtuple
 
 from ..backend import device_of, namespace_of
 from ..tracked import Primitive, TrackedArray, data
+from .decompositions import (
+    EighResult,
+    QRResult,
+    SVDResult,
+    cholesky,
+    eigh,
+    eigvalsh,
+    pinv,
+    qr,
+    svd,
+    svdvals,
+)
 from .elementwise import abs as _abs
-from .elementwise import add, divide, multiply, subtract, where
+from .elementwise import multiply, subtract, where
+from .linalg_base import _T, _eye, _tracked, _xp, inv, matmul, matrix_transpose, solve
 from .reductions import expand, sumabs2
 from .reductions import max as _max
 from .reductions import min as _min
 from .reductions import sum as _sum
-from .shape import concat, expand_dims, permute_dims, reshape, squeeze, stack
+from .shape import concat, expand_dims, permute_dims, reshape, stack
 
 __all__ = [
     "matmul",
@@ -79,39 +96,12 @@ __all__ = [
 ]
 
 SlogdetResult = namedtuple("SlogdetResult", ["sign", "logabsdet"])
-QRResult = namedtuple("QRResult", ["Q", "R"])
-EighResult = namedtuple("EighResult", ["eigenvalues", "eigenvectors"])
-SVDResult = namedtuple("SVDResult", ["U", "S", "Vh"])
 
 
-# --- helpers: constants of the derivative are built from plain values, on the data's device
-def _xp(x):
-    return namespace_of(data(x))
-
-
-def _tracked(*args):
-    return any(isinstance(a, TrackedArray) for a in args)
-
-
-def _eye(like, n, k=0):
-    x = data(like)
-    return namespace_of(x).eye(n, k=k, dtype=x.dtype, device=device_of(x))
-
-
-def _tril(like, n, k=0):
-    """A plain lower-triangular mask of ones (diagonal `k` and below), shaped (n, n)."""
-    x = data(like)
-    xp = namespace_of(x)
-    return xp.tril(xp.ones((n, n), dtype=x.dtype, device=device_of(x)), k=k)
-
-
+# --- helpers
 def _native(xp, name):
     """The backend's `xp.linalg.<name>`, or None where it has none."""
     return getattr(getattr(xp, "linalg", None), name, None)
-
-
-def _T(x):
-    return matrix_transpose(x)
 
 
 def _as_matrix(v):
@@ -119,63 +109,7 @@ def _as_matrix(v):
     return reshape(v, tuple(v.shape) + (1, 1))
 
 
-def _diag_embed(v):
-    """(..., n) -> (..., n, n) with `v` on the diagonal."""
-    return multiply(expand_dims(v, axis=-1), _eye(v, v.shape[-1]))
-
-
-def _inverse_gaps(w):
-    """F[..., i, j] = 1 / (w_j - w_i) off the diagonal, 0 on it (differentiable in `w`)."""
-    n = w.shape[-1]
-    eye = _eye(w, n)
-    gaps = add(subtract(expand_dims(w, axis=-2), expand_dims(w, axis=-1)), eye)
-    return divide(1 - eye, gaps)
-
-
-def _pack(xp, batch, parts):
-    """Plain arrays with leading shape `batch`, flattened and joined along the last axis."""
-    flat = [xp.reshape(p, batch + (math.prod(p.shape[len(batch) :]),)) for p in parts]
-    return xp.concat(flat, axis=-1)
-
-
-def _unpack(packed, batch, shapes):
-    """The arrays `_pack` joined (tracked slices of a tracked `packed`)."""
-    parts, start = [], 0
-    for shape in shapes:
-        size = math.prod(shape)
-        part = packed[..., start : start + size]
-        parts.append(part if len(shape) == 1 else reshape(part, batch + shape))
-        start += size
-    return parts
-
-
-# --- products and transposes
-matrix_transpose = Primitive(
-    "matrix_transpose",
-    lambda xp, x: xp.matrix_transpose(x),
-    (lambda g, ans, x: matrix_transpose(g),),
-)
-
-
-def _matmul_vjp_x(g, ans, x, y):
-    if y.ndim == 1:
-        return g * y if x.ndim == 1 else expand_dims(g, axis=-1) * y
-    if x.ndim == 1:
-        return squeeze(matmul(y, expand_dims(g, axis=-1)), axis=-1)
-    return matmul(g, matrix_transpose(y))
-
-
-def _matmul_vjp_y(g, ans, x, y):
-    if x.ndim == 1:
-        return g * x if y.ndim == 1 else expand_dims(g, axis=-2) * expand_dims(x, axis=-1)
-    if y.ndim == 1:
-        return squeeze(matmul(matrix_transpose(x), expand_dims(g, axis=-1)), axis=-1)
-    return matmul(matrix_transpose(x), g)
-
-
-matmul = Primitive("matmul", lambda xp, x, y: x @ y, (_matmul_vjp_x, _matmul_vjp_y))
-
-
+# --- products (matrix_transpose and matmul are in linalg_base)
 def tensordot(x1, x2, /, *, axes=2):
     """Contract `axes` of `x1` with those of `x2` (an int: the last of x1 with the first of x2)."""
     if isinstance(axes, int):
@@ -275,44 +209,6 @@ def diagm(v, /, *, k=0):
     return multiply(expand_dims(v, axis=-1 if k >= 0 else -2), _eye(v, size, k))
 
 
-# --- solve and inverse
-def _solve_forward(xp, a, b):
-    if b.ndim == 1:  # a vector, whatever a's batch shape (the standard's rule)
-        return xp.linalg.solve(a, b[:, None])[..., 0]
-    return xp.linalg.solve(a, b)
-
-
-def _solve_adjoint(g, a, vector):
-    """inv(a).T @ g: the gradient with respect to the right-hand side."""
-    if vector:
-        return squeeze(solve(_T(a), expand_dims(g, axis=-1)), axis=-1)
-    return solve(_T(a), g)
-
-
-def _solve_vjp_a(g, ans, a, b):
-    gb = _solve_adjoint(g, a, b.ndim == 1)
-    if b.ndim == 1:
-        return -multiply(expand_dims(gb, axis=-1), expand_dims(ans, axis=-2))
-    return -matmul(gb, _T(ans))
-
-
-solve = Primitive(
-    "solve",
-    _solve_forward,
-    (_solve_vjp_a, lambda g, ans, a, b: _solve_adjoint(g, a, b.ndim == 1)),
-    doc="Solve `x1 @ out = x2` for square `x1` (..., M, M); `x2` is a vector (M,) or a "
-    "batch of matrices (..., M, K).",
-)
-
-
-def _inv_vjp(g, ans, x):
-    at = _T(ans)
-    return -matmul(matmul(at, g), at)
-
-
-inv = Primitive("inv", lambda xp, x: xp.linalg.inv(x), (_inv_vjp,), doc="The matrix inverse.")
-
-
 # --- determinants
 det = Primitive(
     "det",
@@ -348,239 +244,7 @@ def logdet(x, /):
     return where(sign < 0, math.nan, logabsdet)
 
 
-# --- Cholesky
-def _cholesky_vjp(g, L, x):
-    # A = L L^T: gA = sym(L^-T Phi(L^T gL) L^-1), Phi = lower triangle with half the diagonal.
-    n = L.shape[-1]
-    phi = _tril(L, n) - _eye(L, n) * 0.5
-    p = multiply(matmul(_T(L), g), phi)
-    left = solve(_T(L), p)  # L^-T P
-    s = _T(solve(_T(L), _T(left)))  # L^-T P L^-1
-    return (s + _T(s)) * 0.5
-
-
-_cholesky = Primitive("cholesky", lambda xp, x: xp.linalg.cholesky(x), (_cholesky_vjp,))
-
-
-def cholesky(x, /, *, upper=False):
-    """The Cholesky factor of each symmetric positive-definite matrix in `x`: lower `L` with
-    `x = L @ L.T`, or with `upper=True` its transpose. The gradient is symmetric."""
-    L = _cholesky(x)
-    return _T(L) if upper else L
-
-
-# --- QR
-def _qr_shapes(x):
-    m, n = x.shape[-2:]
-    k = min(m, n)
-    return tuple(x.shape[:-2]), ((m, k), (k, n))
-
-
-def _qr_forward(xp, x):
-    q, r = xp.linalg.qr(x, mode="reduced")
-    return _pack(xp, tuple(x.shape[:-2]), (q, r))
-
-
-def _qr_vjp(g, ans, x):
-    batch, shapes = _qr_shapes(x)
-    q, r = _unpack(ans, batch, shapes)
-    gq, gr = _unpack(g, batch, shapes)
-    m, n = x.shape[-2:]
-    if m >= n:
-        return _qr_tall_vjp(q, r, gq, gr)
-    # x = [X | Y], r = [U | V]: X = q U is a square QR, and Y = q V.
-    u, gu, gv = r[..., :, :m], gr[..., :, :m], gr[..., :, m:]
-    gx = _qr_tall_vjp(q, u, add(gq, matmul(x[..., :, m:], _T(gv))), gu)
-    return concat([gx, matmul(q, gv)], axis=-1)
-
-
-def _qr_tall_vjp(q, r, gq, gr):
-    # gA = (gQ + Q copyltu(M)) R^-T, M = R gR^T - gQ^T Q (Walter & Lehmann; PyTorch).
-    n = r.shape[-1]
-    m = subtract(matmul(r, _T(gr)), matmul(_T(gq), q))
-    sym = add(multiply(m, _tril(m, n)), _T(multiply(m, _tril(m, n, -1))))
-    b = add(gq, matmul(q, sym))
-    return _T(solve(r, _T(b)))
-
-
-_qr = Primitive("qr", _qr_forward, (_qr_vjp,))
-
-
-def qr(x, /, *, mode="reduced"):
-    """The QR factorisation `x = Q @ R` of each matrix in `x` (..., M, N), as `(Q, R)`.
-
-    Differentiable for full-rank `x` in `mode="reduced"` (and "complete" when M <= N, where the
-    two agree).
-    """
-    if not _tracked(x):
-        return QRResult(*_xp(x).linalg.qr(x, mode=mode))
-    m, n = x.shape[-2:]
-    if mode not in ("reduced", "complete"):
-        raise ValueError(f"qr mode must be 'reduced' or 'complete', got {mode!r}")
-    if mode == "complete" and m > n:
-        raise ValueError(
-            "qr(x, mode='complete') of a matrix with more rows than columns is not "
-            "differentiable (Q's extra columns are not unique); use mode='reduced'"
-        )
-    batch, shapes = _qr_shapes(x)
-    return QRResult(*_unpack(_qr(x), batch, shapes))
-
-
-# --- symmetric eigendecomposition
-def _eigh_forward(xp, x):
-    w, v = xp.linalg.eigh(x)
-    return _pack(xp, tuple(x.shape[:-2]), (w, v))
-
-
-def _eigh_shapes(x):
-    n = x.shape[-1]
-    return tuple(x.shape[:-2]), ((n,), (n, n))
-
-
-def _eigh_vjp(g, ans, x):
-    # gA = V (diag(gw) + F o (V^T gV)) V^T, F_ij = 1 / (w_j - w_i); then symmetrised.
-    batch, shapes = _eigh_shapes(x)
-    w, v = _unpack(ans, batch, shapes)
-    gw, gv = _unpack(g, batch, shapes)
-    inner = add(multiply(_inverse_gaps(w), matmul(_T(v), gv)), _diag_embed(gw))
-    ga = matmul(matmul(v, inner), _T(v))
-    return (ga + _T(ga)) * 0.5
-
-
-def _eigvalsh_vjp(g, ans, x):
-    batch, shapes = _eigh_shapes(x)
-    # A nested pass takes the vectors from the full rule, so that they are differentiated too.
-    v = eigh(x).eigenvectors if isinstance(x, TrackedArray) else _unpack(ans, batch, shapes)[1]
-    gw = _unpack(g, batch, shapes)[0]
-    return matmul(multiply(v, expand_dims(gw, axis=-2)), _T(v))
-
-
-_eigh = Primitive("eigh", _eigh_forward, (_eigh_vjp,))
-_eigvalsh = Primitive("eigvalsh", _eigh_forward, (_eigvalsh_vjp,))
-
-
-def eigh(x, /):
-    """Eigenvalues (ascending) and eigenvectors of each symmetric matrix in `x`.
-
-    The gradient needs distinct eigenvalues, and a loss that does not depend on the signs of
-    the eigenvectors; it is symmetric. Use `eigvalsh` when only the eigenvalues are needed.
-    """
-    if not _tracked(x):
-        return EighResult(*_xp(x).linalg.eigh(x))
-    batch, shapes = _eigh_shapes(x)
-    return EighResult(*_unpack(_eigh(x), batch, shapes))
-
-
-def eigvalsh(x, /):
-    """The eigenvalues (ascending) of each symmetric matrix in `x`; differentiable also where
-    eigenvalues repeat (to first order)."""
-    if not _tracked(x):
-        return _xp(x).linalg.eigvalsh(x)
-    batch, shapes = _eigh_shapes(x)
-    return _unpack(_eigvalsh(x), batch, shapes)[0]
-
-
-# --- singular value decomposition
-def _svd_shapes(x):
-    m, n = x.shape[-2:]
-    k = min(m, n)
-    return tuple(x.shape[:-2]), ((m, k), (k,), (k, n))
-
-
-def _svd_forward(xp, x):
-    u, s, vh = xp.linalg.svd(x, full_matrices=False)
-    return _pack(xp, tuple(x.shape[:-2]), (u, s, vh))
-
-
-def _svd_vjp(g, ans, x):
-    # Townsend (2016), real case; F_ij = 1 / (s_j^2 - s_i^2):
-    # gA = U [(F o skew(U^T gU)) S + S (F o skew(V^T gV)) + diag(gS)] V^T
-    #      + (I - U U^T) gU S^-1 V^T + U S^-1 gV^T (I - V V^T)
-    batch, shapes = _svd_shapes(x)
-    u, s, vh = _unpack(ans, batch, shapes)
-    gu, gs, gvh = _unpack(g, batch, shapes)
-    m, n = x.shape[-2:]
-    k = min(m, n)
-    f = _inverse_gaps(s * s)
-    utgu = matmul(_T(u), gu)
-    vtgv = matmul(vh, _T(gvh))
-    j = multiply(f, subtract(utgu, _T(utgu)))
-    kk = multiply(f, subtract(vtgv, _T(vtgv)))
-    inner = add(multiply(j, expand_dims(s, axis=-2)), multiply(expand_dims(s, axis=-1), kk))
-    ga = matmul(matmul(u, add(inner, _diag_embed(gs))), vh)
-    if m > k:
-        rest = subtract(gu, matmul(u, utgu))
-        ga = add(ga, matmul(divide(rest, expand_dims(s, axis=-2)), vh))
-    if n > k:
-        rest = subtract(gvh, matmul(_T(vtgv), vh))
-        ga = add(ga, matmul(u, divide(rest, expand_dims(s, axis=-1))))
-    return ga
-
-
-def _svdvals_vjp(g, ans, x):
-    batch, shapes = _svd_shapes(x)
-    if isinstance(x, TrackedArray):  # nested: vectors from the full rule, differentiated too
-        u, _, vh = svd(x, full_matrices=False)
-    else:
-        u, _, vh = _unpack(ans, batch, shapes)
-    gs = _unpack(g, batch, shapes)[1]
-    return matmul(multiply(u, expand_dims(gs, axis=-2)), vh)
-
-
-_svd = Primitive("svd", _svd_forward, (_svd_vjp,))
-_svdvals = Primitive("svdvals", _svd_forward, (_svdvals_vjp,))
-
-
-def svd(x, /, *, full_matrices=True):
-    """`(U, S, Vh)` with `x = U @ diag(S) @ Vh`, singular values descending.
-
-    Differentiable with `full_matrices=False` (or square `x`), for distinct singular values and
-    a loss that does not depend on the signs of the singular vectors.
-    """
-    if not _tracked(x):
-        return SVDResult(*_xp(x).linalg.svd(x, full_matrices=full_matrices))
-    m, n = x.shape[-2:]
-    if full_matrices and m != n:
-        raise ValueError(
-            "svd(x, full_matrices=True) of a non-square matrix is not differentiable (the "
-            "extra singular vectors are not unique); pass full_matrices=False"
-        )
-    batch, shapes = _svd_shapes(x)
-    return SVDResult(*_unpack(_svd(x), batch, shapes))
-
-
-def svdvals(x, /):
-    """The singular values (descending) of each matrix in `x`; differentiable also where they
-    repeat (to first order)."""
-    if not _tracked(x):
-        return _xp(x).linalg.svdvals(x)
-    batch, shapes = _svd_shapes(x)
-    return _unpack(_svdvals(x), batch, shapes)[1]
-
-
-# --- pseudo-inverse and rank
-def _pinv_forward(xp, x, rtol=None):
-    return xp.linalg.pinv(x) if rtol is None else xp.linalg.pinv(x, rtol=rtol)
-
-
-def _pinv_vjp(g, p, x, rtol=None):
-    # Golub & Pereyra: dP = -P dA P + P P^T dA^T (I - A P) + (I - P A) dA^T P^T P.
-    pt, gt = _T(p), _T(g)
-    out = -matmul(matmul(pt, g), pt)
-    right = matmul(gt, matmul(p, pt))
-    out = add(out, subtract(right, matmul(x, matmul(p, right))))
-    left = matmul(matmul(pt, p), gt)
-    return add(out, subtract(left, matmul(matmul(left, p), x)))
-
-
-_pinv = Primitive("pinv", _pinv_forward, (_pinv_vjp,))
-
-
-def pinv(x, /, *, rtol=None):
-    """The Moore-Penrose pseudo-inverse; differentiable where the rank is locally constant."""
-    return _pinv(x, rtol=rtol)
-
-
+# --- rank
 def matrix_rank(x, /, *, rtol=None):
     """The rank of each matrix in `x` (plain integers; not differentiable)."""
     x = data(x)

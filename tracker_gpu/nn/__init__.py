@@ -1,0 +1,125 @@
+"""Layers, activations, initialisers and saving, for training small models the Flux way.
+
+A model is a plain nested structure of dataclasses whose fields are arrays, sublayers or
+settings, so `tg.withgradient(loss, model)` returns a gradient of the same shape and
+`tracker_gpu.optim` updates it. A layer is called on a batch whose *first* axis is the batch
+(the NumPy and PyTorch layout; Flux puts it last): `Dense` takes `(batch, features)`, `Conv`
+and the pools take `(batch, channels, height, width)`.
+
+Parameters are drawn with a NumPy random generator (`rng`), then created where you ask: `dtype`
+(float32 by default), `device` (the library is the one that owns the device: a CuPy device, a
+PyTorch device, an array-api-strict device) and `xp` (a namespace, or a name: "numpy", "torch",
+"cupy", "strict").
+
+The package is one module per concern: `activations`, `init` (initialisers), `layers` (the
+`Layer` base, `Dense`, `Chain`, ...), `conv` (`Conv` and the pools), `primitives` (`linear`,
+`im2col`, `col2im`), `placement` (`asarray`, `place`, `to_numpy`) and `io` (`save`, `load`);
+every name is re-exported here, and the losses from `tracker_gpu.rules.losses`.
+
+>>> import numpy as np, tracker_gpu as tg
+>>> from tracker_gpu import nn
+>>> model = nn.Chain(nn.Dense(3, 4, nn.relu, rng=np.random.default_rng(0)), nn.Dense(4, 2))
+>>> model
+Chain(Dense(3 => 4, relu), Dense(4 => 2))
+>>> x = np.ones((5, 3), dtype=np.float32)
+>>> model(x).shape
+(5, 2)
+>>> val, (g,) = tg.withgradient(lambda m: tg.sum(m(x)), model)
+>>> g.layers[0].weight.shape, g.layers[0].activation is None
+((4, 3), True)
+"""
+
+from ..rules.losses import (
+    binarycrossentropy,
+    crossentropy,
+    logitbinarycrossentropy,
+    logitcrossentropy,
+    mse,
+)
+from .activations import (
+    celu,
+    elu,
+    flatten,
+    gelu,
+    hardtanh,
+    identity,
+    leakyrelu,
+    logsigmoid,
+    logsoftmax,
+    mish,
+    relu,
+    relu6,
+    selu,
+    sigmoid,
+    softmax,
+    softplus,
+    softsign,
+    swish,
+    tanh,
+)
+from .conv import Conv, MaxPool, MeanPool
+from .init import SQRT2 as SQRT2
+from .init import glorot_normal, glorot_uniform, kaiming_normal, kaiming_uniform, randn
+from .io import _parameters as _parameters
+from .io import load, save
+from .layers import Chain, Dense, Dropout, Embedding, Flatten, LayerNorm, testmode, trainmode
+from .layers import Layer as Layer
+from .placement import LIBRARIES as LIBRARIES
+from .placement import asarray, place, to_numpy
+from .primitives import col2im, im2col, linear
+
+__all__ = [
+    # layers
+    "Chain",
+    "Dense",
+    "Conv",
+    "MaxPool",
+    "MeanPool",
+    "Flatten",
+    "Dropout",
+    "Embedding",
+    "LayerNorm",
+    "trainmode",
+    "testmode",
+    # activations
+    "identity",
+    "relu",
+    "sigmoid",
+    "tanh",
+    "softmax",
+    "logsoftmax",
+    "leakyrelu",
+    "elu",
+    "selu",
+    "celu",
+    "gelu",
+    "swish",
+    "mish",
+    "softplus",
+    "logsigmoid",
+    "softsign",
+    "hardtanh",
+    "relu6",
+    "flatten",
+    # losses
+    "mse",
+    "logitcrossentropy",
+    "crossentropy",
+    "binarycrossentropy",
+    "logitbinarycrossentropy",
+    # initialisers
+    "glorot_uniform",
+    "glorot_normal",
+    "kaiming_uniform",
+    "kaiming_normal",
+    "randn",
+    # placement and saving
+    "asarray",
+    "place",
+    "to_numpy",
+    "save",
+    "load",
+    "linear",
+    "im2col",
+    "col2im",
+]

@@ -1,0 +1,365 @@
+"""Layers: the `Layer` base, `Dense`, `Chain`, `Flatten`, `Dropout`, `Embedding`, `LayerNorm`.
+
+A layer is a dataclass whose fields are arrays, sublayers or settings, called on a batch whose
+first axis is the batch; `Layer` gives them a short repr and a clear error for an input of the
+wrong shape. `trainmode` and `testmode` switch the Dropout layers of a model on and off; the
+convolution and the pools, built on the same base, are in `conv`.
+"""
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..backend import device_of, is_array, namespace_of
+from ..optim import tree_map_with_path
+from ..rules.elementwise import add, astype, divide, multiply, sqrt, square, subtract
+from ..rules.linalg import matmul
+from ..rules.manipulation import take
+from ..rules.reductions import mean
+from ..rules.shape import reshape
+from ..tracked import TrackedArray, data
+from .activations import _activate, flatten
+from .init import _rng, glorot_uniform, randn
+from .placement import _dtype_name, asarray, to_numpy
+from .primitives import linear
+
+__all__ = [
+    "Layer",
+    "Chain",
+    "Dense",
+    "Flatten",
+    "Dropout",
+    "Embedding",
+    "LayerNorm",
+    "trainmode",
+    "testmode",
+]
+
+
+def _zeros_like(like, n):
+    xp = namespace_of(like)
+    return xp.zeros((n,), dtype=like.dtype, device=device_of(like))
+
+
+def _bias(bias, like, n):
+    """A bias from `bias=True` (zeros placed like `like`), False/None (no bias) or an array."""
+    if bias is True:
+        return _zeros_like(like, n)
+    if bias is False or bias is None:
+        return None
+    return bias
+
+
+def _is_layer_field(value):
+    return is_array(data(value))
+
+
+class Layer:
+    """What the layers share: a short repr, and the check of an input's shape."""
+
+    def __repr__(self):
+        return self._fields_repr()
+
+    def _fields_repr(self):
+        """`Name(field=value, ...)`, arrays summarised: for gradients and optimiser states,
+        which have a layer's structure but not its arrays."""
+        fields = ", ".join(
+            f"{f.name}={_describe(getattr(self, f.name))}" for f in dataclasses.fields(self)
+        )
+        return f"{type(self).__name__}({fields})"
+
+    def _expect(self, condition, x, expected):
+        if not condition:
+            self._refuse(x, expected)
+
+    def _refuse(self, x, expected):
+        raise ValueError(f"{self!r} expects {expected}, got an input of shape {_shape(x)}")
+
+
+def _describe(value):
+    if _is_layer_field(value):
+        v = data(value)
+        return f"{_dtype_name(v.dtype)}{list(v.shape)}"
+    if callable(value) and hasattr(value, "__name__"):
+        return value.__name__
+    return repr(value)
+
+
+def _shape(x):
+    return tuple(getattr(x, "shape", ()))
+
+
+def _match_dtype(x, like):
+    """Cast a (plain or tracked) input to the dtype of the layer's weight, as Flux does."""
+    if data(x).dtype == like.dtype:
+        return x
+    return astype(x, data(like).dtype)
+
+
+@dataclass(init=False, repr=False)
+class Dense(Layer):
+    """`activation(x @ weight.T + bias)`: `weight` is `(n_out, n_in)`, `x` is `(..., n_in)`.
+
+    `Dense(n_in, n_out, activation)` draws `weight` with `init` (Glorot uniform) and makes a zero
+    bias (`bias=False` for none); `Dense(weight=W, bias=b, activation=f)` wraps given arrays.
+    """
+
+    weight: Any
+    bias: Any
+    activation: Callable | None
+
+    def __init__(
+        self,
+        n_in=None,
+        n_out=None,
+        activation=None,
+        *,
+        weight=None,
+        bias=True,
+        init=glorot_uniform,
+        rng=None,
+        dtype="float32",
+        device=None,
+        xp=None,
+    ):
+        if weight is None:
+            if n_in is None or n_out is None:
+                raise TypeError("Dense needs its sizes, Dense(n_in, n_out), or weight=")
+            values = init(_rng(rng), (n_out, n_in))
+            weight = asarray(values, xp=xp, device=device, dtype=dtype)
+        self.weight = weight
+        self.bias = _bias(bias, weight, weight.shape[0])
+        self.activation = activation
+
+    def __call__(self, x):
+        n_in = self.weight.shape[1]
+        if _shape(x)[-1:] != (n_in,):
+            self._refuse(x, f"{n_in} features on the last axis")
+        y = linear(_match_dtype(x, self.weight), self.weight, self.bias)
+        return _activate(self.activation, y)
+
+    def __repr__(self):
+        if not _is_layer_field(self.weight):
+            return self._fields_repr()
+        n_out, n_in = self.weight.shape
+        extra = "" if self.activation is None else f", {_describe(self.activation)}"
+        extra += "" if self.bias is not None else ", bias=False"
+        return f"Dense({n_in} => {n_out}{extra})"
+
+
+@dataclass(repr=False)
+class Flatten(Layer):
+    """Every axis but the first (the batch) made one: `(n, c, h, w)` to `(n, c * h * w)`."""
+
+    def __call__(self, x):
+        self._expect(len(_shape(x)) >= 1, x, "a batch axis")
+        return flatten(x)
+
+    def __repr__(self):
+        return "Flatten()"
+
+
+@dataclass(init=False, repr=False)
+class Dropout(Layer):
+    """Zero each element with probability `p` and scale the rest by `1 / (1 - p)`, in training.
+
+    The mask is drawn from the explicit generator `rng` (a NumPy Generator, or one of the data's
+    library with a `.random(shape)` method, e.g. CuPy's). `active=None` (automatic) drops out
+    when the input is tracked, that is inside `gradient`/`withgradient`, and is the identity on
+    plain arrays (evaluation); `trainmode`/`testmode` (or `active=True/False`) force it, which
+    dropout on the raw input of a model needs.
+    """
+
+    p: float
+    rng: Any
+    active: bool | None
+
+    def __init__(self, p=0.5, *, rng=None, active=None):
+        if not 0 <= p <= 1:
+            raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
+        self.p, self.rng, self.active = p, _rng(rng), active
+
+    def __call__(self, x):
+        active = isinstance(x, TrackedArray) if self.active is None else self.active
+        if not active or self.p == 0:
+            return x
+        plain = data(x)
+        xp = namespace_of(plain)
+        if self.p == 1:
+            return multiply(x, xp.zeros_like(plain))
+        u = self.rng.random(tuple(plain.shape))
+        if namespace_of(u) is not xp:
+            u = xp.asarray(u, device=device_of(plain))
+        keep = xp.astype(u >= self.p, plain.dtype)
+        return multiply(x, keep * (1.0 / (1.0 - self.p)))
+
+    def __repr__(self):
+        if not isinstance(self.p, (int, float)):
+            return self._fields_repr()
+        extra = "" if self.active is None else f", active={self.active}"
+        return f"Dropout({self.p}{extra})"
+
+
+@dataclass(init=False, repr=False)
+class Embedding(Layer):
+    """A lookup table: integer indices of any shape to vectors, `weight[indices]`, of shape
+    `indices.shape + (dim,)`; one-hot inputs (`(..., vocab)`, floating or boolean) give
+    `onehot @ weight`. `weight` is `(vocab, dim)`, drawn from the standard normal by default."""
+
+    weight: Any
+
+    def __init__(
+        self,
+        vocab=None,
+        dim=None,
+        *,
+        weight=None,
+        init=randn,
+        rng=None,
+        dtype="float32",
+        device=None,
+        xp=None,
+    ):
+        if weight is None:
+            if vocab is None or dim is None:
+                raise TypeError("Embedding needs Embedding(vocab, dim) or weight=")
+            weight = asarray(init(_rng(rng), (vocab, dim)), xp=xp, device=device, dtype=dtype)
+        self.weight = weight
+
+    def __call__(self, indices):
+        vocab, dim = self.weight.shape
+        plain = data(indices)
+        xp = namespace_of(data(self.weight))
+        if not is_array(plain) or not namespace_of(plain).isdtype(plain.dtype, "integral"):
+            self._expect(_shape(indices)[-1:] == (vocab,), indices, "integer indices or one-hot")
+            return matmul(_match_dtype(indices, self.weight), self.weight)
+        if namespace_of(plain) is not xp:
+            plain = xp.asarray(to_numpy(plain), device=device_of(data(self.weight)))
+        if bool(xp.any((plain < 0) | (plain >= vocab))):
+            raise ValueError(
+                f"{self!r}: indices must lie in [0, {vocab - 1}], got indices from "
+                f"{int(xp.min(plain))} to {int(xp.max(plain))}"
+            )
+        rows = take(self.weight, xp.reshape(plain, (-1,)), axis=0)
+        return reshape(rows, tuple(plain.shape) + (dim,))
+
+    def __repr__(self):
+        if not _is_layer_field(self.weight):
+            return self._fields_repr()
+        vocab, dim = self.weight.shape
+        return f"Embedding({vocab} => {dim})"
+
+
+@dataclass(init=False, repr=False)
+class LayerNorm(Layer):
+    """Normalise the last `len(size)` axes to zero mean and unit variance, then scale and shift
+    (`affine=True`, the default: `scale` ones and `bias` zeros, of shape `size`)."""
+
+    scale: Any
+    bias: Any
+    activation: Callable | None
+    eps: float
+    size: tuple
+
+    def __init__(
+        self,
+        size=None,
+        activation=None,
+        *,
+        affine=True,
+        eps=1e-5,
+        scale=None,
+        bias=None,
+        dtype="float32",
+        device=None,
+        xp=None,
+    ):
+        if scale is not None:
+            size = tuple(scale.shape)
+        if size is None:
+            raise TypeError("LayerNorm needs its size (an int or a tuple) or scale=")
+        size = (size,) if isinstance(size, int) else tuple(size)
+        if affine and scale is None:
+            scale = asarray(np.ones(size), xp=xp, device=device, dtype=dtype)
+            bias = asarray(np.zeros(size), xp=xp, device=device, dtype=dtype)
+        self.scale, self.bias, self.activation, self.eps, self.size = (
+            scale,
+            bias,
+            activation,
+            eps,
+            size,
+        )
+
+    def __call__(self, x):
+        k = len(self.size)
+        self._expect(_shape(x)[len(_shape(x)) - k :] == self.size, x, f"trailing axes {self.size}")
+        axes = tuple(range(len(_shape(x)) - k, len(_shape(x))))
+        centred = subtract(x, mean(x, axis=axes, keepdims=True))
+        variance = mean(square(centred), axis=axes, keepdims=True)
+        y = divide(centred, sqrt(add(variance, self.eps)))
+        if self.scale is not None:
+            y = add(multiply(y, self.scale), self.bias)
+        return _activate(self.activation, y)
+
+    def __repr__(self):
+        if not all(isinstance(v, int) for v in self.size):
+            return self._fields_repr()
+        size = self.size[0] if len(self.size) == 1 else self.size
+        extra = "" if self.activation is None else f", {_describe(self.activation)}"
+        extra += "" if self.scale is not None else ", affine=False"
+        return f"LayerNorm({size}{extra})"
+
+
+@dataclass(init=False, repr=False)
+class Chain(Layer):
+    """Layers (or functions) applied in turn: `Chain(Dense(2, 3, relu), Dense(3, 1))(x)`."""
+
+    layers: tuple
+
+    def __init__(self, *layers, **fields):
+        self.layers = tuple(fields.pop("layers", layers))
+        if fields:
+            raise TypeError(f"Chain got unexpected keyword arguments {sorted(fields)}")
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def __getitem__(self, i):
+        return Chain(*self.layers[i]) if isinstance(i, slice) else self.layers[i]
+
+    def __len__(self):
+        return len(self.layers)
+
+    def __iter__(self):
+        return iter(self.layers)
+
+    def __repr__(self):
+        inner = (repr(x) if isinstance(x, Layer) else _describe(x) for x in self.layers)
+        return f"Chain({', '.join(inner)})"
+
+
+def _set_dropout(model, active):
+    def set_active(path, x):
+        if not isinstance(x, Dropout):
+            return x
+        out = copy.copy(x)
+        out.active = active
+        return out
+
+    return tree_map_with_path(set_active, model, is_leaf=lambda x: isinstance(x, Dropout))
+
+
+def trainmode(model, active=True):
+    """A copy of `model` whose Dropout layers are active (Flux's `trainmode!`)."""
+    return _set_dropout(model, active)
+
+
+def testmode(model):
+    """A copy of `model` whose Dropout layers are the identity (Flux's `testmode!`)."""
+    return _set_dropout(model, False)

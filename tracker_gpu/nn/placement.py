@@ -1,0 +1,98 @@
+"""Placement: which array library, device and dtype arrays are created in or moved to.
+
+`asarray` makes an array of a library (a namespace or a name: "numpy", "torch", "cupy",
+"strict") on a device with a dtype; `to_numpy` brings any array back to NumPy; `place` moves
+every floating array of a model at once (Flux's `gpu`, `cpu` and `f32` in one).
+"""
+
+import importlib
+
+import array_api_compat
+import numpy as np
+
+from ..backend import device_of, is_array, is_cupy, namespace_of
+from ..creation import DTYPE_NAMES, library_of_device
+from ..optim import tree_map_with_path
+from ..tracked import data
+
+__all__ = ["LIBRARIES", "asarray", "to_numpy", "place"]
+
+LIBRARIES = {
+    "numpy": "numpy",
+    "torch": "array_api_compat.torch",
+    "cupy": "array_api_compat.cupy",
+    "strict": "array_api_strict",
+    "array_api_strict": "array_api_strict",
+}
+
+
+def _namespace(xp):
+    """A namespace from a namespace or a library name ("numpy", "torch", "cupy", "strict")."""
+    if not isinstance(xp, str):
+        name = getattr(xp, "__name__", "")
+        return importlib.import_module(LIBRARIES[name]) if name in ("torch", "cupy") else xp
+    if xp not in LIBRARIES:
+        raise ValueError(f"unknown array library {xp!r}; choose one of {', '.join(LIBRARIES)}")
+    try:
+        return importlib.import_module(LIBRARIES[xp])
+    except ImportError as error:
+        raise ImportError(f"array library {xp!r} is not installed ({error})") from error
+
+
+def _dtype_name(dtype):
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        name = str(dtype).rsplit(".", 1)[-1].strip("'>")
+        if name in DTYPE_NAMES:
+            return name
+        raise TypeError(f"unknown dtype {dtype!r}; pass e.g. 'float32' or 'float64'") from None
+
+
+def asarray(values, *, xp=None, device=None, dtype=None):
+    """NumPy `values` (or a list) as an array of library `xp` (a namespace or a name; else the
+    library that owns `device`) on `device`, with `dtype` (a name or any library's dtype)."""
+    values = np.asarray(values)
+    target = _namespace(xp) if xp is not None else library_of_device(device, np)
+    name = _dtype_name(dtype if dtype is not None else values.dtype)
+    return target.asarray(values, dtype=getattr(target, name), device=device)
+
+
+def to_numpy(x):
+    """The NumPy copy of an array of any library and device (a tracked one's value)."""
+    x = data(x)
+    if isinstance(x, (np.ndarray, np.generic)):
+        return np.asarray(x)
+    if is_cupy(x):
+        return x.get()
+    if array_api_compat.is_torch_array(x):
+        return x.detach().cpu().numpy()
+    cpu = namespace_of(x).__array_namespace_info__().default_device()
+    return np.asarray(array_api_compat.to_device(x, cpu))
+
+
+def place(model, *, xp=None, device=None, dtype=None):
+    """`model` (or an array) with every floating array moved to library `xp` and `device`, and
+    cast to `dtype` (Flux's `gpu`, `cpu` and `f32` in one). Unset arguments are kept as they are.
+    """
+
+    def move(x):
+        if not is_array(x) or not namespace_of(x).isdtype(x.dtype, "real floating"):
+            return x
+        return _place_array(x, xp, device, dtype)
+
+    return tree_map_with_path(lambda path, x: move(x), model)
+
+
+def _place_array(x, xp, device, dtype):
+    source = namespace_of(x)
+    if xp is not None:
+        target = _namespace(xp)
+    else:
+        target = library_of_device(device, source) if device is not None else source
+    name = _dtype_name(dtype if dtype is not None else x.dtype)
+    if target is not source:
+        return asarray(to_numpy(x), xp=target, device=device, dtype=name)
+    if device is not None and device_of(x) != device:
+        x = array_api_compat.to_device(x, device)
+    return x if name == _dtype_name(x.dtype) else source.astype(x, getattr(source, name))

@@ -1,0 +1,140 @@
+"""The primitives the layers are made of: `linear`, `im2col` and `col2im`.
+
+`linear` is the affine map of `Dense` and `Conv` as one tape node, whose weight gradient comes
+out laid out like the weight. `im2col` turns the windows of an NCHW image into the rows of a
+matrix, so that convolutions and pools are matmuls and reductions, and `col2im` is its adjoint
+(each one's vjp is the other).
+"""
+
+import math
+
+from ..backend import device_of, namespace_of
+from ..rules.elementwise import multiply
+from ..rules.linalg import matmul, matrix_transpose
+from ..rules.reductions import sum as _sum
+from ..rules.shape import reshape
+from ..tracked import Primitive, TrackedArray
+
+__all__ = ["linear", "im2col", "col2im"]
+
+
+# --- im2col and col2im: adjoint primitives, so convolutions and pools are matmuls
+def _output_size(size, kernel, stride, pad):
+    return (size + 2 * pad - kernel) // stride + 1
+
+
+def _windows(kernel, stride, out):
+    """The slices of a padded image that each kernel offset `(i, j)` sees, in order."""
+    (kh, kw), (sh, sw), (oh, ow) = kernel, stride, out
+    for i in range(kh):
+        for j in range(kw):
+            yield (
+                slice(None),
+                slice(None),
+                slice(i, i + sh * (oh - 1) + 1, sh),
+                slice(j, j + sw * (ow - 1) + 1, sw),
+            )
+
+
+def _im2col_forward(xp, x, *, kernel, stride, pad, fill=0.0):
+    n, c, h, w = x.shape
+    (ph, pw) = pad
+    out = (_output_size(h, kernel[0], stride[0], ph), _output_size(w, kernel[1], stride[1], pw))
+    if ph or pw:
+        shape = (n, c, h + 2 * ph, w + 2 * pw)
+        padded = xp.full(shape, fill, dtype=x.dtype, device=device_of(x))
+        padded[:, :, ph : ph + h, pw : pw + w] = x
+        x = padded
+    patches = xp.stack([x[key] for key in _windows(kernel, stride, out)], axis=-1)
+    patches = xp.permute_dims(patches, (0, 2, 3, 1, 4))  # (n, oh, ow, c, kh * kw)
+    return xp.reshape(patches, (n * out[0] * out[1], c * kernel[0] * kernel[1]))
+
+
+def _col2im_forward(xp, cols, *, shape, kernel, stride, pad):
+    n, c, h, w = shape
+    (ph, pw) = pad
+    out = (_output_size(h, kernel[0], stride[0], ph), _output_size(w, kernel[1], stride[1], pw))
+    cols = xp.reshape(cols, (n, out[0], out[1], c, kernel[0] * kernel[1]))
+    cols = xp.permute_dims(cols, (0, 3, 1, 2, 4))  # (n, c, oh, ow, kh * kw)
+    z = xp.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=cols.dtype, device=device_of(cols))
+    for k, key in enumerate(_windows(kernel, stride, out)):
+        z[key] = z[key] + cols[..., k]
+    return z[:, :, ph : ph + h, pw : pw + w] if ph or pw else z
+
+
+im2col = Primitive(
+    "im2col",
+    _im2col_forward,
+    (
+        lambda g, ans, x, *, kernel, stride, pad, fill=0.0: col2im(
+            g, shape=tuple(x.shape), kernel=kernel, stride=stride, pad=pad
+        ),
+    ),
+    doc="""Patches of an NCHW image as rows: `(n * oh * ow, c * kh * kw)`.
+
+    `kernel`, `stride` and `pad` are pairs; padding is filled with `fill`. Its vjp is `col2im`.
+    """,
+)
+col2im = Primitive(
+    "col2im",
+    _col2im_forward,
+    (
+        lambda g, ans, cols, *, shape, kernel, stride, pad: im2col(
+            g, kernel=kernel, stride=stride, pad=pad
+        ),
+    ),
+    doc="The adjoint of `im2col`: patch rows summed back into an NCHW image of `shape`.",
+)
+
+
+# --- the affine map of Dense and Conv: one primitive
+def _linear_forward(xp, x, weight, bias):
+    y = xp.matmul(x, xp.matrix_transpose(weight))
+    return y if bias is None else y + bias
+
+
+# The vjps call the library directly on plain arrays (a first-order pass: the hot path of
+# training) and this package's functions on tracked ones (a nested pass, differentiable again).
+def _plain_namespace(*values):
+    """The library of plain arrays, or None if any of `values` is tracked."""
+    if any(type(v) is TrackedArray for v in values):
+        return None
+    return namespace_of(values[0])
+
+
+def _linear_vjp_x(g, ans, x, weight, bias):
+    xp = _plain_namespace(g, weight)
+    return xp.matmul(g, weight) if xp is not None else matmul(g, weight)
+
+
+def _linear_vjp_weight(g, ans, x, weight, bias):
+    # g.T @ x over every leading axis: a fresh (out, in) array, laid out like the weight
+    n_out, n_in = weight.shape
+    if len(x.shape) == 1:
+        return multiply(reshape(g, (n_out, 1)), reshape(x, (1, n_in)))
+    if len(x.shape) > 2:
+        rows = math.prod(x.shape[:-1])
+        g, x = reshape(g, (rows, n_out)), reshape(x, (rows, n_in))
+    xp = _plain_namespace(g, x)
+    if xp is not None:
+        return xp.matmul(xp.matrix_transpose(g), x)
+    return matmul(matrix_transpose(g), x)
+
+
+def _linear_vjp_bias(g, ans, x, weight, bias):
+    if len(g.shape) == 1:
+        return g
+    axes = tuple(range(len(g.shape) - 1))
+    xp = _plain_namespace(g)
+    return xp.sum(g, axis=axes) if xp is not None else _sum(g, axis=axes)
+
+
+linear = Primitive(
+    "linear",
+    _linear_forward,
+    (_linear_vjp_x, _linear_vjp_weight, _linear_vjp_bias),
+    doc="""`x @ weight.T + bias` (`bias` may be None), one primitive: `weight` is `(out, in)`.
+
+    The weight's gradient is computed as `g.T @ x`, so it comes out laid out like the weight.
+    """,
+)
