@@ -36,27 +36,8 @@ from ..rules.losses import (
     logitcrossentropy,
     mse,
 )
-from .activations import (
-    celu,
-    elu,
-    flatten,
-    gelu,
-    hardtanh,
-    identity,
-    leakyrelu,
-    logsigmoid,
-    logsoftmax,
-    mish,
-    relu,
-    relu6,
-    selu,
-    sigmoid,
-    softmax,
-    softplus,
-    softsign,
-    swish,
-    tanh,
-)
+from . import activations
+from .activations import *  # noqa: F403 (its __all__ is part of ours)
 from .conv import Conv, MaxPool, MeanPool
 from .init import SQRT2 as SQRT2
 from .init import glorot_normal, glorot_uniform, kaiming_normal, kaiming_uniform, randn
@@ -81,26 +62,6 @@ __all__ = [
     "LayerNorm",
     "trainmode",
     "testmode",
-    # activations
-    "identity",
-    "relu",
-    "sigmoid",
-    "tanh",
-    "softmax",
-    "logsoftmax",
-    "leakyrelu",
-    "elu",
-    "selu",
-    "celu",
-    "gelu",
-    "swish",
-    "mish",
-    "softplus",
-    "logsigmoid",
-    "softsign",
-    "hardtanh",
-    "relu6",
-    "flatten",
     # losses
     "mse",
     "logitcrossentropy",
@@ -123,3 +84,4 @@ __all__ = [
     "im2col",
     "col2im",
 ]
+__all__ += activations.__all__  # the activations, listed once in their module
