@@ -185,3 +185,18 @@ def test_a_function_we_do_not_differentiate_is_named(backend):
     with pytest.raises(AttributeError, match="no differentiable 'eig'"):
         _ = xp.linalg.eig
     assert hasattr(xp, "sum") and not hasattr(xp, "fft")
+
+
+def test_standard_edge_cases_found_by_the_conformance_suite():
+    import inspect
+
+    from tracker_gpu import namespace as xp
+
+    with pytest.raises(ValueError, match="must be the same in both"):
+        xp.vecdot(np.arange(3.0), np.ones(1))  # the contracted axis is not broadcast
+    assert xp.vecdot(np.array([1, 2], np.uint8), np.array([3, 4], np.uint8)).dtype == np.uint8
+    assert xp.tensordot(np.zeros((2, 0)), np.zeros((0, 3)), axes=1).shape == (2, 3)
+    assert np.allclose(xp.linalg.pinv(np.eye(2), rtol=tg.param(np.asarray(1e-3))), np.eye(2))
+    assert xp.finfo(np.asarray(1.0)).eps == np.finfo(np.float64).eps
+    assert list(inspect.signature(xp.exp).parameters) == ["x"]
+    assert list(inspect.signature(xp.where).parameters) == ["condition", "x", "y"]

@@ -108,6 +108,12 @@ def bound_functions(default):
     return functions
 
 
+def _dtype_of(type_or_array):
+    """The dtype of an array (tracked or not), or the dtype itself."""
+    value = data(type_or_array)
+    return value.dtype if is_array(value) else value
+
+
 def _tracked_asarray(x, dtype, device, copy):
     from .rules.elementwise import astype
     from .rules.shape import to_device
@@ -155,10 +161,10 @@ def _dtype_functions(default):
         return owner(data(from_)).can_cast(data(from_), to)
 
     def finfo(type, /):
-        return owner(data(type)).finfo(data(type))
+        return owner(data(type)).finfo(_dtype_of(type))
 
     def iinfo(type, /):
-        return owner(data(type)).iinfo(data(type))
+        return owner(data(type)).iinfo(_dtype_of(type))
 
     def broadcast_shapes(*shapes):
         return tuple(np.broadcast_shapes(*shapes))

@@ -8,6 +8,7 @@ gradient is itself differentiable). Broadcasting is undone in one place, `_fit`.
 """
 
 import functools
+import inspect
 import threading
 
 import numpy as np
@@ -187,6 +188,7 @@ class Primitive:
         self.vjps = vjps
         self.fused = fused
         self.__doc__ = doc
+        self.__signature__ = _signature_without_namespace(forward)
 
     def __call__(self, *args, **kw):
         for a in args:
@@ -240,6 +242,15 @@ class ByPosition:
         while True:
             yield functools.partial(self.vjp, i)
             i += 1
+
+
+def _signature_without_namespace(forward):
+    """The forward's signature without its first parameter (the namespace `xp`)."""
+    try:
+        parameters = list(inspect.signature(forward).parameters.values())[1:]
+        return inspect.Signature(parameters)
+    except (TypeError, ValueError):
+        return None
 
 
 def _namespace_of_plain(args):

@@ -302,4 +302,4 @@ _pinv = Primitive("pinv", _pinv_forward, (_pinv_vjp,))
 
 def pinv(x, /, *, rtol=None):
     """The Moore-Penrose pseudo-inverse; differentiable where the rank is locally constant."""
-    return _pinv(x, rtol=rtol)
+    return _pinv(x, rtol=data(rtol))  # a tolerance, not differentiated

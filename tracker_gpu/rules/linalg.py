@@ -120,18 +120,25 @@ def tensordot(x1, x2, /, *, axes=2):
         a2 = tuple(a % x2.ndim for a in axes[1])
     free1 = tuple(a for a in range(x1.ndim) if a not in a1)
     free2 = tuple(a for a in range(x2.ndim) if a not in a2)
-    k = 1
-    for a in a1:
-        k *= x1.shape[a]
-    left = reshape(permute_dims(x1, free1 + a1), (-1, k))
-    right = reshape(permute_dims(x2, a2 + free2), (k, -1))
+    rows, k, cols = (math.prod(x1.shape[a] for a in free1), math.prod(x1.shape[a] for a in a1),
+                     math.prod(x2.shape[a] for a in free2))  # fmt: skip
+    left = reshape(permute_dims(x1, free1 + a1), (rows, k))  # explicit sizes: k may be 0
+    right = reshape(permute_dims(x2, a2 + free2), (k, cols))
     out_shape = tuple(x1.shape[a] for a in free1) + tuple(x2.shape[a] for a in free2)
     return reshape(matmul(left, right), out_shape)
 
 
 def vecdot(x1, x2, /, *, axis=-1):
-    """The dot product of `x1` and `x2` along `axis` (real arrays), with broadcasting."""
-    if x1 is x2 and isinstance(x1, TrackedArray) and x1.ndim == 1:
+    """The dot product of `x1` and `x2` along `axis` (real arrays), broadcasting the other axes;
+    the contracted axis must have the same size in both, as the standard says."""
+    if x1.shape[axis] != x2.shape[axis]:
+        raise ValueError(
+            f"vecdot: axis {axis} has size {x1.shape[axis]} in x1 and {x2.shape[axis]} in x2; "
+            f"it must be the same in both (it is not broadcast)"
+        )
+    if not (isinstance(x1, TrackedArray) or isinstance(x2, TrackedArray)):
+        return _xp(x1).vecdot(x1, x2, axis=axis)
+    if x1 is x2 and x1.ndim == 1:
         return sumabs2(x1)
     return _sum(multiply(x1, x2), axis=axis)
 
@@ -247,7 +254,7 @@ def logdet(x, /):
 # --- rank
 def matrix_rank(x, /, *, rtol=None):
     """The rank of each matrix in `x` (plain integers; not differentiable)."""
-    x = data(x)
+    x, rtol = data(x), data(rtol)
     linalg = _xp(x).linalg
     return linalg.matrix_rank(x) if rtol is None else linalg.matrix_rank(x, rtol=rtol)
 
