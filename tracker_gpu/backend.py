@@ -14,7 +14,6 @@ __all__ = [
     "SCALARS",
     "namespace_of",
     "is_array",
-    "is_numpy",
     "is_cupy",
     "device_of",
     "size_of",
@@ -63,10 +62,6 @@ def is_array(x):
     if t in SCALARS or x is None or isinstance(x, type):
         return False
     return isinstance(x, (np.ndarray, np.generic)) or array_api_compat.is_array_api_obj(x)
-
-
-def is_numpy(xp):
-    return xp is np
 
 
 def is_cupy(x):
