@@ -454,8 +454,11 @@ def test_an_exception_in_a_single_use_pullback_spends_the_graph(backend):
 
     x = leaf(backend, [1.0])
     y = tg.sum(explode(x) * 2.0)
-    with pytest.raises(tg.PullbackError, match=r"explode.*Boom: bad pullback.*spent.*recompute"):
+    with pytest.raises(
+        tg.PullbackError, match=r"explode.*Boom: bad pullback.*spent.*recompute"
+    ) as info:
         tg.back(y)
+    assert isinstance(info.value.__cause__, Boom)
     untouched(backend, x, [1.0])  # no partial gradient leaked into the leaf
     with pytest.raises(tg.BackError, match="already used"):
         tg.back(y)

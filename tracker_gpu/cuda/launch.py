@@ -45,37 +45,29 @@ def on_host_now():
 
 
 @contextlib.contextmanager
+def _setting(key, value):
+    previous = _state[key]
+    _state[key] = value
+    try:
+        yield value
+    finally:
+        _state[key] = previous
+
+
 def on_host():
     """Run the fused path on NumPy arrays through the host build of the kernels (for tests)."""
-    previous = _state["host"]
-    _state["host"] = True
-    try:
-        yield
-    finally:
-        _state["host"] = previous
+    return _setting("host", True)
 
 
-@contextlib.contextmanager
 def generic_only():
     """Turn the fused path off: every pullback takes its generic Array API vjps."""
-    previous = _state["off"]
-    _state["off"] = True
-    try:
-        yield
-    finally:
-        _state["off"] = previous
+    return _setting("off", True)
 
 
-@contextlib.contextmanager
 def recording():
     """Collect the fused path's events: `("launch", kernel)`, `("alloc", nbytes)` for a gradient
     buffer and `("meta", nbytes)` for (cached) kernel metadata."""
-    previous = _state["log"]
-    log = _state["log"] = []
-    try:
-        yield log
-    finally:
-        _state["log"] = previous
+    return _setting("log", [])
 
 
 def _note(event):

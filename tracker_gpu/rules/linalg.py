@@ -41,18 +41,9 @@ from collections import namedtuple
 
 from ..backend import device_of, namespace_of
 from ..tracked import Primitive, TrackedArray, data
-from .decompositions import (
-    EighResult,
-    QRResult,
-    SVDResult,
-    cholesky,
-    eigh,
-    eigvalsh,
-    pinv,
-    qr,
-    svd,
-    svdvals,
-)
+from . import decompositions
+from .decompositions import *  # noqa: F403 (re-exported: part of the extension)
+from .decompositions import svdvals
 from .elementwise import abs as _abs
 from .elementwise import multiply, subtract, where
 from .linalg_base import _T, _eye, _tracked, _xp, inv, matmul, matrix_transpose, solve
@@ -72,13 +63,6 @@ __all__ = [
     "det",
     "slogdet",
     "logdet",
-    "cholesky",
-    "qr",
-    "eigh",
-    "eigvalsh",
-    "svd",
-    "svdvals",
-    "pinv",
     "matrix_rank",
     "matrix_norm",
     "vector_norm",
@@ -90,10 +74,7 @@ __all__ = [
     "kron",
     "diagm",
     "SlogdetResult",
-    "QRResult",
-    "EighResult",
-    "SVDResult",
-]
+] + decompositions.__all__  # the factorisations, listed once in their module
 
 SlogdetResult = namedtuple("SlogdetResult", ["sign", "logabsdet"])
 
