@@ -67,7 +67,7 @@ TORCH = {
 
 
 def measure(cp, size, dtype, repeats):
-    from tracker_gpu.cuda.launch import generic_only
+    from tracker_gpu.cuda import generic_only
 
     x = cp.random.standard_normal(size).astype(dtype)
     copy_bandwidth = 2 * x.nbytes / cuda_time(cp, lambda: x.copy(), repeats)

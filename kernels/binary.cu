@@ -1,66 +1,54 @@
-// Broadcast arithmetic pullbacks: the gradient of one operand of out = x op y, summed over the
-// axes along which that operand was broadcast, inside the kernel (no product of the full size is
-// materialised). One thread per element of the operand; each loops over its broadcast positions.
+// Broadcast arithmetic pullbacks: the gradient of one operand (`side` 0 for x, 1 for y) of
+// out = x op y, summed over the axes along which that operand was broadcast. Each partial is the
+// generic rule's formula, operation for operation (pow's included: at x == 0 the exponent y - 1
+// becomes 1 where y == 0, and log(x) becomes log(1), so 0 ** 0 and 0 ** y give 0, not nan).
 //
-// meta (int64, on the device) describes the broadcast over `ndim` axes of `out` (contiguous):
-//   meta[0 .. ndim)          out's shape
-//   meta[ndim .. 2 ndim)     x's strides in elements (0 on axes where x is broadcast)
-//   meta[2 ndim .. 3 ndim)   y's strides
-//   meta[3 ndim .. 4 ndim)   1 on the axes this operand keeps, 0 on the axes it is summed over
-// `side` is 0 for the gradient of x, 1 for y. `prev` may alias `acc`. `g_step` is 1 for a gradient
-// of out's shape and 0 for a scalar gradient broadcast to it (as after a sum).
+// The operand's elements are the "outputs" of the pullback; the positions of `out` that reduce
+// into one of them are its "reduced" positions. `dims` describes both, axis by axis (the axes of
+// each group merged where memory allows), with 4 numbers per axis: its length and the strides, in
+// elements, of g (and out), x and y along it (0 where that array is broadcast). The first
+// `kept_ndim` axes index the outputs, the next `reduced_ndim` the reduced positions; the last
+// axis of each group varies fastest. `g_step` is 1 for a gradient of out's shape and 0 for a
+// scalar gradient broadcast to it (as after a sum). `prev` may alias `acc`.
 
 template <typename T>
 __device__ T partial(int op, int side, T g, T x, T y, T out) {
     switch (op) {
-        case 0: return g;                                              // add
-        case 1: return side ? -g : g;                                  // subtract
-        case 2: return side ? g * x : g * y;                           // multiply
-        case 3: return side ? -g * out / y : g / y;                    // divide
-        default: return side ? g * log(x) * out : g * y * pow(x, y - T(1));  // pow
+        case 0: return g;                                                 // add
+        case 1: return side ? -g : g;                                     // subtract
+        case 2: return side ? g * x : g * y;                              // multiply
+        case 3: return side ? -g * out / y : g / y;                       // divide
+        default:                                                          // pow
+            return side ? g * log(x == T(0) ? T(1) : x) * out
+                        : g * y * pow(x, y == T(0) ? T(1) : y - T(1));
     }
 }
 
-template <typename T>
-__device__ T sum_broadcast(int op, int side, const T* g, long long g_step, const T* x, const T* y,
-                           const T* out, const long long* meta, int ndim, long long i) {
-    const long long* shape = meta;
-    const long long* xs = meta + ndim;
-    const long long* ys = meta + 2 * ndim;
-    const long long* kept = meta + 3 * ndim;
-    long long reduced = 1;
-    for (int a = 0; a < ndim; ++a) reduced *= kept[a] ? 1 : shape[a];
-    T total = T(0);
-    for (long long r = 0; r < reduced; ++r) {
-        long long rest_i = i, rest_r = r, flat = 0, xo = 0, yo = 0, stride = 1;
-        for (int a = ndim - 1; a >= 0; --a) {
-            long long idx;
-            if (kept[a]) {
-                idx = rest_i % shape[a];
-                rest_i /= shape[a];
-            } else {
-                idx = rest_r % shape[a];
-                rest_r /= shape[a];
-            }
-            flat += idx * stride;
-            stride *= shape[a];
-            xo += idx * xs[a];
-            yo += idx * ys[a];
-        }
-        total += partial(op, side, g[flat * g_step], x[xo], y[yo], out[flat]);
+// Offsets of g, x and y for position k of the axes dims[0 .. ndim) (4 numbers each).
+__device__ void offsets(const long long* dims, int ndim, long long k, long long* o) {
+    o[0] = o[1] = o[2] = 0;
+    for (int a = ndim - 1; a >= 0; --a) {
+        const long long* d = dims + 4 * a;
+        const long long index = a ? k % d[0] : k;
+        k = a ? k / d[0] : 0;
+        o[0] += index * d[1];
+        o[1] += index * d[2];
+        o[2] += index * d[3];
     }
-    return total;
 }
 
+// The operand is not broadcast: one thread per element, no reduction.
 #define BINARY_BWD(name, op)                                                                 \
     template <typename T>                                                                    \
     __global__ void name##_bwd_acc(const T* g, long long g_step, const T* x, const T* y,      \
-                                   const T* out, const long long* meta, const T* prev,        \
-                                   T* acc, int ndim, int side, long long n, int has_prev) {   \
+                                   const T* out, const long long* dims, int ndim, int side,   \
+                                   const T* prev, T* acc, long long n, int has_prev) {       \
         for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;          \
              i += (long long)blockDim.x * gridDim.x) {                                       \
-            const T base = has_prev ? prev[i] : T(0);                                        \
-            acc[i] = base + sum_broadcast(op, side, g, g_step, x, y, out, meta, ndim, i);    \
+            long long o[3];                                                                  \
+            offsets(dims, ndim, i, o);                                                       \
+            const T c = partial(op, side, g[o[0] * g_step], x[o[1]], y[o[2]], out[o[0]]);    \
+            acc[i] = has_prev ? prev[i] + c : c;                                             \
         }                                                                                    \
     }
 
@@ -69,3 +57,75 @@ BINARY_BWD(sub, 1)
 BINARY_BWD(mul, 2)
 BINARY_BWD(div, 3)
 BINARY_BWD(pow, 4)
+
+// The operand is broadcast: a parallel reduction. A block of 256 threads covers `out_lanes`
+// outputs (a power of two) times 256 / out_lanes reduction lanes; `lanes_on_outputs` says which
+// of the two varies fastest across a warp, so that neighbouring threads read neighbouring memory.
+// The reduced positions are split into `parts` slices, one block each; a thread sums its strided
+// share of a slice, the block sums its lanes in shared memory (a tree), and the slice's total goes
+// to `acc` (one part: with `prev` added) or to `partials[part * outputs + output]`, which
+// `reduce_finish` adds up in order. No atomics: the result does not depend on scheduling.
+#define BINARY_REDUCE(name, op)                                                              \
+    template <typename T>                                                                    \
+    __global__ void name##_bwd_reduce(                                                       \
+        const T* g, long long g_step, const T* x, const T* y, const T* out,                  \
+        const long long* dims, int kept_ndim, int reduced_ndim, int side, long long outputs, \
+        long long reduced, int out_lanes, int lanes_on_outputs, int parts, T* partials,      \
+        const T* prev, T* acc, int has_prev) {                                               \
+        __shared__ T lanes[256];                                                             \
+        const int red_lanes = blockDim.x / out_lanes;                                        \
+        const int t = threadIdx.x;                                                           \
+        const int out_lane = lanes_on_outputs ? t % out_lanes : t / red_lanes;               \
+        const int red_lane = lanes_on_outputs ? t / out_lanes : t % red_lanes;               \
+        const long long tiles = (outputs + out_lanes - 1) / out_lanes;                       \
+        for (long long b = blockIdx.x; b < tiles * parts; b += gridDim.x) {                  \
+            const long long i = (b % tiles) * out_lanes + out_lane;                          \
+            const int part = (int)(b / tiles);                                               \
+            T total = T(0);                                                                  \
+            if (i < outputs) {                                                               \
+                long long k[3], r[3];                                                        \
+                offsets(dims, kept_ndim, i, k);                                              \
+                for (long long j = (long long)part * red_lanes + red_lane; j < reduced;      \
+                     j += (long long)parts * red_lanes) {                                    \
+                    offsets(dims + 4 * kept_ndim, reduced_ndim, j, r);                       \
+                    const long long at = k[0] + r[0];                                        \
+                    total += partial(op, side, g[at * g_step], x[k[1] + r[1]],               \
+                                     y[k[2] + r[2]], out[at]);                               \
+                }                                                                            \
+            }                                                                                \
+            lanes[red_lane * out_lanes + out_lane] = total;                                  \
+            __syncthreads();                                                                 \
+            for (int w = red_lanes / 2; w > 0; w /= 2) {                                     \
+                if (red_lane < w)                                                            \
+                    lanes[red_lane * out_lanes + out_lane] +=                                \
+                        lanes[(red_lane + w) * out_lanes + out_lane];                        \
+                __syncthreads();                                                             \
+            }                                                                                \
+            if (red_lane == 0 && i < outputs) {                                              \
+                const T sum = lanes[out_lane];                                               \
+                if (parts > 1)                                                               \
+                    partials[(long long)part * outputs + i] = sum;                           \
+                else                                                                         \
+                    acc[i] = has_prev ? prev[i] + sum : sum;                                 \
+            }                                                                                \
+            __syncthreads();                                                                 \
+        }                                                                                    \
+    }
+
+BINARY_REDUCE(add, 0)
+BINARY_REDUCE(sub, 1)
+BINARY_REDUCE(mul, 2)
+BINARY_REDUCE(div, 3)
+BINARY_REDUCE(pow, 4)
+
+// The slices' totals of each output, added in order: acc = prev + sum of partials[., i].
+template <typename T>
+__global__ void reduce_finish(const T* partials, long long outputs, int parts, const T* prev,
+                              T* acc, int has_prev) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < outputs;
+         i += (long long)blockDim.x * gridDim.x) {
+        T sum = partials[i];
+        for (int p = 1; p < parts; ++p) sum += partials[(long long)p * outputs + i];
+        acc[i] = has_prev ? prev[i] + sum : sum;
+    }
+}

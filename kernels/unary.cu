@@ -1,28 +1,31 @@
-// Elementwise unary pullbacks: acc = prev + g * f'(x), reusing the saved output y where the
-// maths allows. One thread per element, grid-stride. `prev` may alias `acc`. `g_step` is 1 for a
-// gradient of x's shape and 0 for a scalar gradient broadcast to it (as after a sum).
+// Elementwise unary pullbacks: acc = prev + contribution(g, x, y), y the saved output. Each
+// contribution is the generic rule's formula, operation for operation, so the two agree on the
+// whole domain (zeros, signed zeros, inf, nan): masks select rather than multiply (relu passes 0,
+// never inf * 0), and a first contribution is stored as it is (-0 stays -0). One thread per
+// element, grid-stride. `prev` may alias `acc`. `g_step` is 1 for a gradient of x's shape and 0
+// for a scalar gradient broadcast to it (as after a sum).
 
-#define UNARY_BWD(name, derivative)                                                         \
+#define UNARY_BWD(name, contribution)                                                       \
     template <typename T>                                                                    \
     __global__ void name##_bwd_acc(const T* x, const T* y, const T* g, long long g_step,      \
                                    const T* prev, T* acc, long long n, int has_prev) {       \
         for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;          \
              i += (long long)blockDim.x * gridDim.x) {                                       \
-            const T xi = x[i], yi = y[i];                                                    \
+            const T xi = x[i], yi = y[i], gi = g[i * g_step];                                \
             (void)xi;                                                                        \
             (void)yi;                                                                        \
-            const T base = has_prev ? prev[i] : T(0);                                        \
-            acc[i] = base + g[i * g_step] * (derivative);                                    \
+            const T c = (contribution);                                                      \
+            acc[i] = has_prev ? prev[i] + c : c;                                             \
         }                                                                                    \
     }
 
-UNARY_BWD(tanh, T(1) - yi * yi)
-UNARY_BWD(sigmoid, yi * (T(1) - yi))
-UNARY_BWD(relu, yi > T(0) ? T(1) : T(0))
-UNARY_BWD(exp, yi)
-UNARY_BWD(log, T(1) / xi)
-UNARY_BWD(sqrt, T(0.5) / yi)
-UNARY_BWD(sin, cos(xi))
-UNARY_BWD(cos, -sin(xi))
-UNARY_BWD(square, T(2) * xi)
-UNARY_BWD(abs, xi >= T(0) ? T(1) : T(-1))
+UNARY_BWD(tanh, gi * (T(1) - yi * yi))
+UNARY_BWD(sigmoid, gi * yi * (T(1) - yi))
+UNARY_BWD(relu, yi > T(0) ? gi : T(0))
+UNARY_BWD(exp, gi * yi)
+UNARY_BWD(log, gi / xi)
+UNARY_BWD(sqrt, gi / (yi * T(2)))
+UNARY_BWD(sin, gi * cos(xi))
+UNARY_BWD(cos, -gi * sin(xi))
+UNARY_BWD(square, gi * (xi * T(2)))
+UNARY_BWD(abs, xi >= T(0) ? gi : -gi)

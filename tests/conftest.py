@@ -40,8 +40,8 @@ def _import(module: str, pip: str):
         pytest.skip(f"cannot import {module} ({exc}); install it with: {pip}")
 
 
-def _numpy() -> Backend:
-    return Backend("numpy", np, "cpu", np.asarray)
+def _numpy(name="numpy") -> Backend:
+    return Backend(name, np, "cpu", np.asarray)
 
 
 def _strict(name: str) -> Backend:
@@ -72,6 +72,8 @@ def _dask() -> Backend:
 
 BACKENDS: dict[str, Callable[[], Backend]] = {
     "numpy": _numpy,
+    # NumPy through the fused path: the host build of the CUDA kernels stands in for a GPU
+    "numpy-fused": lambda: _numpy("numpy-fused"),
     "strict": lambda: _strict("strict"),
     "strict-device1": lambda: _strict("strict-device1"),
     "torch": _torch,
@@ -96,6 +98,9 @@ def pytest_configure(config):
             f"unknown backend {config.getoption('backend')!r} (from TRACKER_GPU_BACKEND); "
             f"choose one of {', '.join(BACKENDS)}"
         )
+    if config.getoption("backend") == "numpy-fused":
+        # read when tracker_gpu is imported (by the test modules, after this hook)
+        os.environ["TRACKER_GPU_FUSED_ON_HOST"] = "1"
     _one_thread_each()
 
 

@@ -2,13 +2,21 @@
 symbolically; on the GPU one generated kernel each way (checked here with NVRTC and a host
 build of the same generated code)."""
 
+import math
+import sys
+from collections import OrderedDict
+
 import numpy as np
 import pytest
+from domain import assert_agree, domain
+from test_kernels import compile_with_nvrtc
 
 import tracker_gpu as tg
 from tracker_gpu.broadcast import _CACHE
-from tracker_gpu.cuda import codegen, host
+from tracker_gpu.cuda import codegen, host, on_host, recording
 from tracker_gpu.testing import gradcheck
+
+broadcast_module = sys.modules["tracker_gpu.broadcast"]  # tg.broadcast is the function
 
 
 def softplus_mix(x, y):
@@ -91,37 +99,100 @@ def generated(name):
     return next(c for (fn, _), c in _CACHE.items() if fn is f)
 
 
+def generated_sources(compiled, n):
+    """The texts CuPy would compile for `compiled` on n arrays: forward, and backward for each
+    set of tracked arguments the tests use (all, and the first alone)."""
+    arrays = (False,) * n
+    needed = [(True,) * n, (True,) + (False,) * (n - 1)]
+    backward = [codegen.family(compiled, arrays, m) for m in needed]
+    return [codegen.family(compiled, arrays), *backward]
+
+
 @pytest.mark.parametrize("name", FUNCTIONS)
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_generated_kernels_compile_with_nvrtc(name, arch):
-    nvrtc = pytest.importorskip("cuda.bindings.nvrtc", reason="pip install cuda-python")
-    for ctype in ("float", "double"):
-        src = codegen.kernel_source(generated(name), ctype).encode()
-        err, program = nvrtc.nvrtcCreateProgram(src, b"broadcast.cu", 0, [], [])
-        (result,) = nvrtc.nvrtcCompileProgram(program, 1, [f"--gpu-architecture={arch}".encode()])
-        assert result == nvrtc.nvrtcResult.NVRTC_SUCCESS, (name, ctype)
+    compiled = generated(name)
+    for text in generated_sources(compiled, len(compiled.partials)):
+        compile_with_nvrtc(text, name, arch)
+
+
+def test_constants_inf_and_nan_compile_and_compute():
+    f = lambda x: tg.where(x > 0.0, x * math.inf, x + math.nan) + tg.minimum(x, -math.inf)
+    x = np.array([1.0, -1.0, 0.0])
+    with np.errstate(all="ignore"):
+        expected = tg.data(f(x))
+        with on_host():
+            fused = tg.data(tg.broadcast(f, x))
+    assert_agree(fused, expected)
+    compiled = next(c for (fn, _), c in _CACHE.items() if fn is f)
+    for text in generated_sources(compiled, 1):
+        assert "__longlong_as_double" in text.text
+        compile_with_nvrtc(text, "constants", "sm_90")
 
 
 @pytest.mark.skipif(not host.available(), reason="no C++ compiler for the host build")
 @pytest.mark.parametrize("name", FUNCTIONS)
-def test_generated_code_computes_the_expression_on_the_host(name):
-    import ctypes
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_generated_kernels_agree_with_the_generic_path_everywhere(name, dtype):
+    f, shapes = FUNCTIONS[name]
+    xs = [domain(s, dtype, seed=i, special=0.3) for i, s in enumerate(shapes)]
+    w = np.random.default_rng(4).standard_normal(np.broadcast_shapes(*shapes)).astype(dtype)
+    loss = lambda *a: tg.sum(tg.broadcast(f, *a) * w)
+    with np.errstate(all="ignore"), tg.sync_checks(False):
+        value, generic = tg.withgradient(loss, *xs)
+        plain = tg.data(tg.broadcast(f, *xs))
+        with on_host(), recording() as log:
+            fused_value = tg.data(tg.broadcast(f, *xs))
+            _, fused = tg.withgradient(loss, *xs)
+    assert ("launch", "broadcast_fwd") in log and ("launch", "broadcast_bwd") in log
+    assert_agree(fused_value, plain, what="value")
+    for i, (a, b) in enumerate(zip(fused, generic)):
+        assert a.dtype == b.dtype == dtype and a.shape == b.shape
+        scale = np.nanmax(np.where(np.isfinite(b), np.abs(b), 0), initial=0)  # sums cancel
+        assert_agree(a, b, scale=scale, what=f"gradient {i}")
 
-    compiled = generated(name)
-    n_args = len(compiled.partials)
-    library = host.compile_shared(host.SHIM + codegen.host_source(compiled, "double"), "broadcast")
-    rng = np.random.default_rng(4)
-    n = 257
-    xs = [rng.uniform(-1.5, 1.5, n) for _ in range(n_args)]
-    g = rng.standard_normal(n)
-    out = np.empty(n)
-    grads = [np.empty(n) for _ in range(n_args)]
-    pointer = lambda a: ctypes.c_void_p(a.ctypes.data)  # noqa: E731
-    library.host_broadcast_fwd(*map(pointer, xs), pointer(out), ctypes.c_longlong(n))
-    f = FUNCTIONS[name][0]
-    assert np.allclose(out, tg.data(f(*xs)), rtol=1e-13)
-    arrays = [*map(pointer, xs), pointer(g), *map(pointer, grads)]
-    library.host_broadcast_bwd(*arrays, ctypes.c_longlong(n))
-    expected = tg.gradient(lambda *a: tg.sum(f(*a) * g), *xs)
-    for a, b in zip(grads, expected):
-        assert np.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+@pytest.mark.skipif(not host.available(), reason="no C++ compiler for the host build")
+def test_float32_and_float64_arguments_are_promoted():
+    f = lambda x, y: x * y + tg.exp(y)
+    x, y = np.linspace(-1, 1, 6, dtype=np.float32), np.linspace(0, 2, 6)
+    expected_value = tg.data(f(x, y))
+    expected = tg.gradient(lambda x, y: tg.sum(tg.broadcast(f, x, y)), x, y)
+    with on_host():
+        value = tg.data(tg.broadcast(f, x, y))
+        grads = tg.gradient(lambda x, y: tg.sum(tg.broadcast(f, x, y)), x, y)
+    assert value.dtype == np.float64 and np.array_equal(value, expected_value)
+    for a, b, arg in zip(grads, expected, (x, y)):
+        assert a.dtype == arg.dtype and np.allclose(a, b)
+
+
+def test_generated_code_is_keyed_by_the_expression_itself():
+    """Thousands of distinct functions, made and dropped so that Python reuses their memory (and
+    ids): each gets the source of its own expression, and equal expressions share one."""
+    digests, texts = {}, set()
+    for k in range(5000):
+        f = eval(f"lambda x, y: x * {k}.5 + y")  # a new function object each time
+        compiled = broadcast_module._Compiled(f, 2)
+        text = codegen.family(compiled, (False, False))
+        assert f"{k}.5" in text.text
+        digests.setdefault(text.digest, text.text)
+        texts.add(text.text)
+    assert len(digests) == len(texts) == 5000
+    again = codegen.family(broadcast_module._Compiled(lambda x, y: x * 7.5 + y, 2), (False, False))
+    assert digests[again.digest] == again.text
+
+
+@pytest.mark.skipif(not host.available(), reason="no C++ compiler for the host build")
+def test_the_caches_are_bounded_and_evict_the_least_recently_used(monkeypatch):
+    monkeypatch.setattr(broadcast_module, "_CACHE", OrderedDict())
+    monkeypatch.setattr(broadcast_module, "_CACHE_SIZE", 2)
+    monkeypatch.setattr(host.HostLibrary, "_cache", OrderedDict())
+    monkeypatch.setattr(host.HostLibrary, "_CACHE_SIZE", 2)
+    x = np.array([1.0, 2.0])
+    functions = [eval(f"lambda x: x * {k}.0 + 1.0") for k in range(4)]
+    with on_host():
+        for round_ in range(2):  # evicted expressions come back right
+            for k, f in enumerate(functions):
+                assert np.array_equal(tg.broadcast(f, x), x * k + 1.0), (round_, k)
+                assert len(broadcast_module._CACHE) <= 2
+                assert len(host.HostLibrary._cache) <= 2

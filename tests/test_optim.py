@@ -211,11 +211,17 @@ def test_adjust_changes_the_learning_rate_and_keeps_the_moments():
     assert np.allclose(model["w"], 1.0 - 0.1 - (0.5 * 0.1 + 0.2))
 
 
-def test_only_cupy_parameters_consult_fused_steps(monkeypatch):
+def test_only_arrays_the_fused_path_takes_consult_fused_steps(monkeypatch):
+    from tracker_gpu.cuda import dispatch, on_host
+
     called = []
-    monkeypatch.setitem(optim.FUSED_STEPS, optim.Descent, lambda *a: called.append(a))
-    state, model = optim.update(*_descent_setup(), {"w": np.ones(2)})
+    monkeypatch.setitem(dispatch.STEPS, "Descent", lambda *a: called.append(a))
+    with on_host(False):
+        state, model = optim.update(*_descent_setup(), {"w": np.ones(2)})
     assert not called and np.allclose(model["w"], 0.9)
+    with on_host():  # NumPy standing in for device arrays
+        optim.update(*_descent_setup(), {"w": np.ones(2)})
+    assert len(called) == 1
 
 
 def _descent_setup():

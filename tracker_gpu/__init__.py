@@ -12,6 +12,7 @@ from . import namespace, testing
 from .namespace import *
 from .api import Grads, Params, WithGradient, back, gradient, nobacksies, withgradient
 from .broadcast import broadcast
+from .checks import sync_checks
 from .functional import checkpoint, forward, hessian, hook, hvp, jacobian, notrack, stop_gradient
 from .tape import BackError, PullbackError
 from . import nn, optim

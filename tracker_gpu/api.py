@@ -15,6 +15,7 @@ import numpy as np
 
 from . import backend
 from .backend import SCALARS
+from .checks import checking
 from .pytree import is_container, tree_map
 from .tape import BackError, walk
 from .tracked import TrackedArray, data, identity, leaf, param
@@ -27,9 +28,10 @@ WithGradient = namedtuple("WithGradient", ["val", "grad"])
 def back(y, dy=None, *, once=True):
     """Backpropagate from `y` into the leaves it depends on (Tracker's `back!`).
 
-    A scalar `y` is seeded with 1 (it must be finite); any other `y` needs a seed `dy` of its
-    shape. Leaf gradients accumulate across passes. With `once=True` the graph is freed as it is
-    walked and a second pass raises; `once=False` keeps it.
+    A scalar `y` is seeded with 1 (it must be finite: checked where that costs no device
+    synchronisation, see `tg.sync_checks`); any other `y` needs a seed `dy` of its shape. Leaf
+    gradients accumulate across passes. With `once=True` the graph is freed as it is walked and
+    a second pass raises; `once=False` keeps it.
 
     >>> import numpy as np, tracker_gpu as tg
     >>> x = tg.param(np.array([1.0, 2.0]))
@@ -56,6 +58,8 @@ def scalar_seed(y):
             f"value is not scalar (shape {tuple(y.shape)}): use back(sum(y)) or back(y, dy) "
             "with a seed dy of y's shape"
         )
+    if not checking(y.data):
+        return y._xp.ones_like(y.data)
     value = float(y.data)
     if not math.isfinite(value):
         raise BackError(

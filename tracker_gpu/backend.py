@@ -16,6 +16,7 @@ __all__ = [
     "is_array",
     "is_cupy",
     "device_of",
+    "on_accelerator",
     "size_of",
     "writable",
     "check_same_library",
@@ -72,6 +73,17 @@ def is_cupy(x):
 
 def device_of(x):
     return array_api_compat.device(x)
+
+
+def on_accelerator(x):
+    """True for data in an accelerator's memory (a CuPy array, a PyTorch CUDA tensor), where
+    reading a value on the host waits for the device."""
+    if type(x) in _BY_TYPE and _BY_TYPE[type(x)] is np:
+        return False
+    if is_cupy(x):
+        return True
+    device = getattr(x, "device", None)
+    return getattr(device, "type", "cpu") not in ("cpu", "meta")
 
 
 def size_of(x):

@@ -10,7 +10,7 @@ then the step). `adjust(state, eta=...)` changes hyperparameters without losing 
 A rule is `init(param) -> state` and `apply(state, param, grad) -> (state, delta)`, written with
 the Array API on the parameter's own library (`xp = array_namespace(param)`), so it runs where
 the parameter lives. Each parameter is updated by one call of `step(rule, param, grad, state)`,
-the seam where a fused kernel takes over (`FUSED_STEPS`, by rule type, for CuPy arrays).
+the seam where a fused kernel takes over (registered by rule name in `cuda.dispatch`).
 
 >>> import numpy as np
 >>> model = {"w": np.array([1.0, 2.0]), "name": "toy"}
@@ -25,9 +25,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .backend import is_array, is_cupy, namespace_of
-from .cuda import fused
-from .cuda import launch as fused_launch
+from .backend import is_array, namespace_of
+from .cuda import dispatch
 from .tracked import data
 
 __all__ = [
@@ -46,7 +45,6 @@ __all__ = [
     "update",
     "adjust",
     "step",
-    "FUSED_STEPS",
     "tree_map_with_path",
 ]
 
@@ -292,26 +290,15 @@ class OptimiserChain(Rule):
 
 
 # --- one parameter's step: the seam for fused kernels
-# rule type -> fused(rule, param, grad, state) returning (new_param, new_state), or None to use
-# the generic path. Consulted for CuPy parameters only.
-FUSED_STEPS = {
-    Descent: fused.descent_step,
-    Momentum: fused.momentum_step,
-    Nesterov: fused.nesterov_step,
-    Adam: fused.adam_step,
-    AdamW: fused.adam_step,
-}
-
-
 def step(rule, param, grad, state):
-    """`(new_param, new_state)`: one rule's update of one parameter, by a fused kernel where one
-    is registered for the rule and the array, else by `rule.apply` in the Array API."""
-    if FUSED_STEPS and (is_cupy(param) or fused_launch.on_host_now()):
-        fused = FUSED_STEPS.get(type(rule))
-        if fused is not None:
-            done = fused(rule, param, grad, state)
-            if done is not None:
-                return done
+    """`(new_param, new_state)`: one rule's update of one parameter, by the fused kernel that
+    `cuda.dispatch` has registered for the rule where it takes the arrays, else by `rule.apply`
+    in the Array API."""
+    fused = dispatch.STEPS.get(type(rule).__name__) if type(rule).__module__ == __name__ else None
+    if fused is not None and dispatch.takes(param):
+        done = fused(rule, param, grad, state)
+        if done is not None:
+            return done
     state, delta = rule.apply(state, param, grad)
     return param - delta, state
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import backend
 from .backend import SCALARS, namespace_of
+from .cuda import dispatch
 from .tape import Node
 
 __all__ = [
@@ -176,19 +177,21 @@ class TrackedArray(Node):
 class Primitive:
     """A differentiable operation: forward `f(xp, *args, **kw)` and a vjp per argument.
 
-    `fused`, when set, is a fast path for first-order passes: `fused(node, args, kw, g, pending)`
-    returns the list of gradients (`tape.Total` where it added into the pending gradient itself,
-    in one fused kernel, say) or None to fall back to the vjps. Nested passes always take the
-    vjps, so that they stay differentiable.
+    `fused` is a fast path for first-order passes (by default the one `cuda.dispatch` has
+    registered under `name`): `fused(node, args, kw, g, pending)` returns the list of gradients
+    (`tape.Total` where it added into the pending gradient itself, in one fused kernel, say) or
+    None to fall back to the vjps. Nested passes always take the vjps, so that they stay
+    differentiable. A fused forward registered under `name` likewise runs first and may decline.
     """
 
     def __init__(self, name, forward, vjps, doc=None, fused=None):
         self.name = self.__name__ = self.__qualname__ = name
-        self.forward = forward
-        self.vjps = vjps
-        self.fused = fused
-        self.__doc__ = doc
         self.__signature__ = _signature_without_namespace(forward)
+        fused_forward = dispatch.FORWARDS.get(name)
+        self.forward = forward if fused_forward is None else _fused_first(fused_forward, forward)
+        self.vjps = vjps
+        self.fused = fused if fused is not None else dispatch.PULLBACKS.get(name)
+        self.__doc__ = doc
 
     def __call__(self, *args, **kw):
         for a in args:
@@ -204,7 +207,7 @@ class Primitive:
             ans, values = node, args
         else:
             ans = node.data
-            if self.fused is not None and (type(ans) not in _NUMPY or fused_launch.on_host_now()):
+            if self.fused is not None and type(ans) not in dispatch.SKIPPED_TYPES:
                 grads = self.fused(node, args, kw, g, pending)
                 if grads is not None:
                     return grads
@@ -224,9 +227,6 @@ class Primitive:
         return f"<tracked primitive {self.name}>"
 
 
-# Arrays the fused (CUDA) path never takes, unless the host build stands in for a GPU.
-_NUMPY = frozenset({np.ndarray, np.float64, np.float32})
-
 # Threads inside a `notrack()` block: their operations record nothing.
 NOT_TRACKING = set()
 
@@ -242,6 +242,16 @@ class ByPosition:
         while True:
             yield functools.partial(self.vjp, i)
             i += 1
+
+
+def _fused_first(fused, forward):
+    """`forward`, with the fused forward tried first (it returns None where it does not apply)."""
+
+    def forward_fused_first(xp, *args, **kw):
+        value = fused(*args, **kw)
+        return forward(xp, *args, **kw) if value is None else value
+
+    return forward_fused_first
 
 
 def _signature_without_namespace(forward):
@@ -501,7 +511,6 @@ def _broadcasts(shape, target):
 
 # The rules are defined in terms of TrackedArray; the operators above resolve these names at
 # call time, once the rule modules have been imported.
-from .cuda import launch as fused_launch  # noqa: E402
 from .rules.elementwise import (  # noqa: E402
     abs,
     add,

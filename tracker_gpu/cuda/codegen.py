@@ -1,18 +1,30 @@
-"""C code for traced broadcast expressions (`tg.broadcast`): one forward and one backward kernel.
+"""Generated kernels for traced broadcast expressions (`tg.broadcast`): one forward and one
+backward kernel per expression.
 
-The body is generated once per traced expression: every sub-expression becomes one local (so
-shared ones are computed once), and the backward body computes every partial derivative together.
-On CuPy the bodies run as elementwise kernels (CuPy broadcasts the arguments); the same bodies
-are compiled by NVRTC and built for the host in the tests.
+`family(compiled, scalars, needed)` writes ONE source text, a `Family` like the shipped ones:
+it is what CuPy compiles (a module per text and device), what NVRTC compiles in the tests, and
+what the host build runs. Generated code is keyed by that text (so by the expression itself),
+never by the identity of a Python object. Every sub-expression becomes one local (shared ones are
+computed once) and the backward body computes every partial derivative together.
+
+Arguments are broadcast by strides: `dims` gives, for each axis of the result (merged where
+memory allows), its length and each array argument's stride in elements (0 where that argument
+is broadcast), so inputs of any strides are read in place. Python numbers are passed by value.
+Arrays of float32 and float64 are promoted as the standard says before the launch.
 """
 
-import sys
+import math
 
-from ..backend import is_cupy
-from ..broadcast import _topological
-from .launch import _note, active
+import numpy as np
 
-__all__ = ["body", "forward", "backward", "kernel_source", "host_source"]
+from ..backend import SCALARS
+from ..expr import COMPARISONS, topological
+from .dispatch import note, takes
+from .fused import FLOATS, merge_axes, tracked
+from .launch import device_int64, empty, grid_for, launch, library, on_device
+from .sources import Family
+
+__all__ = ["C", "body", "family", "forward", "backward"]
 
 C = {
     "add": "({0} + {1})",
@@ -43,144 +55,218 @@ C = {
     "ge": "({0} >= {1})",
     "lt": "({0} < {1})",
     "le": "({0} <= {1})",
+    "eq": "({0} == {1})",
 }
-_BOOLEAN = {"gt", "ge", "lt", "le"}
+# inf and nan have no literal in C: they are written by their IEEE 754 bits (double), which
+# NVRTC and the host build both read.
+_SPECIAL = {math.inf: "0x7ff0000000000000LL", -math.inf: "0xfff0000000000000LL"}
+_NAN = "0x7ff8000000000000LL"
+
+
+def constant(value):
+    """A C expression of type T for the float `value`."""
+    if math.isnan(value):
+        return f"T(__longlong_as_double({_NAN}))"
+    if math.isinf(value):
+        return f"T(__longlong_as_double({_SPECIAL[value]}))"
+    return f"T({value!r})"
 
 
 def body(outputs):
-    """C statements computing each `(target, expression)` of `outputs` from `x0..x{n-1}`."""
+    """C statements computing each `(target, expression)` of `outputs` from `a0..a{n-1}`."""
     lines, local = [], {}
-    for expr in _topological_all([e for _, e in outputs]):
+    for expr in topological([e for _, e in outputs]):
         if expr.op == "arg":
-            local[id(expr)] = f"x{expr.value}"
+            local[id(expr)] = f"a{expr.value}"
         elif expr.op == "const":
-            local[id(expr)] = f"T({expr.value!r})"
+            local[id(expr)] = constant(expr.value)
         else:
             name = f"t{len(lines)}"
-            ctype = "bool" if expr.op in _BOOLEAN else "T"
+            ctype = "bool" if expr.op in COMPARISONS else "T"
             code = C[expr.op].format(*(local[id(a)] for a in expr.args))
-            lines.append(f"{ctype} {name} = {code};")
+            lines.append(f"const {ctype} {name} = {code};")
             local[id(expr)] = name
     lines += [f"{target} = {local[id(expr)]};" for target, expr in outputs]
-    return "\n".join(lines)
+    return "\n        ".join(lines)
 
 
-def _topological_all(roots):
-    order, seen = [], set()
-    for root in roots:
-        for node in _topological(root):
-            if id(node) not in seen:
-                seen.add(id(node))
-                order.append(node)
-    return order
+# --- the source text
+_LOOP = (
+    "for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; "
+    "i += (long long)blockDim.x * gridDim.x)"
+)
 
 
-def _bodies(compiled):
-    if not hasattr(compiled, "_c"):
-        n = len(compiled.partials)
-        forward = body([("y", compiled.out)])
-        partials = [(f"gx{i}", e) for i, e in enumerate(compiled.partials)]
-        declared = " ".join(f"T dgx{i};" for i in range(n))
-        backward = declared + "\n" + body(partials).replace("gx", "dgx")
-        backward += "\n" + "\n".join(f"gx{i} = g * dgx{i};" for i in range(n))
-        compiled._c = (forward, backward)
-    return compiled._c
-
-
-def kernel_source(compiled, ctype):
-    """Both bodies as stand-alone CUDA kernels over contiguous same-shaped arrays (for NVRTC)."""
-    forward, backward = _bodies(compiled)
-    n = len(compiled.partials)
-    inputs = ", ".join(f"const T* in{i}" for i in range(n))
-    grads = ", ".join(f"T* out_gx{i}" for i in range(n))
-    loads = " ".join(f"const T x{i} = in{i}[i];" for i in range(n))
-    stores = " ".join(f"out_gx{i}[i] = gx{i};" for i in range(n))
-    decls = " ".join(f"T gx{i};" for i in range(n))
-    loop = (
-        "for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; "
-        "i += (long long)blockDim.x * gridDim.x)"
-    )
-    return f"""typedef {ctype} T;
-extern "C" __global__ void broadcast_fwd({inputs}, T* out, long long n) {{
-    {loop} {{ {loads} T y; {forward} out[i] = y; }}
-}}
-extern "C" __global__ void broadcast_bwd({inputs}, const T* gin, {grads}, long long n) {{
-    {loop} {{ {loads} const T g = gin[i]; {decls} {backward} {stores} }}
-}}
-"""
-
-
-def host_source(compiled, ctype):
-    """The same kernels for the host build (after `host.SHIM`), with `host_broadcast_fwd` and
-    `host_broadcast_bwd` running them over a whole grid, one thread after another."""
-    n = len(compiled.partials)
-    inputs = [f"const T* in{i}" for i in range(n)]
-    forward = inputs + ["T* out"]
-    backward = inputs + ["const T* gin"] + [f"T* out_gx{i}" for i in range(n)]
-    wrappers = "".join(_host_wrapper(name, params) for name, params in
-                       (("broadcast_fwd", forward), ("broadcast_bwd", backward)))  # fmt: skip
-    return kernel_source(compiled, ctype).replace('extern "C" __global__ ', "") + wrappers
-
-
-def _host_wrapper(name, params):
-    names = ", ".join(p.rsplit(" ", 1)[1] for p in params)
-    return f"""
-extern "C" void host_{name}({", ".join(params)}, long long n) {{
-    blockDim.x = 64; gridDim.x = (unsigned int)((n + 63) / 64);
-    for (unsigned int b = 0; b < gridDim.x; ++b)
-        for (unsigned int t = 0; t < blockDim.x; ++t) {{
-            blockIdx.x = b; threadIdx.x = t;
-            {name}({names}, n);
-        }}
-}}
-"""
-
-
-# --- on CuPy: one elementwise kernel each way
-_kernels = {}
-
-
-def _cupy_arrays(args):
-    arrays = [a for a in args if not isinstance(a, (int, float))]
-    return arrays and all(is_cupy(a) for a in arrays) and active(*arrays)
-
-
-def _elementwise(compiled, which, n, extra_in, outputs):
-    cupy = sys.modules["cupy"]
-    key = (id(compiled), which)
-    if key not in _kernels:
-        forward, backward = _bodies(compiled)
-        inputs = ", ".join([f"T x{i}" for i in range(n)] + extra_in)
-        _kernels[key] = cupy.ElementwiseKernel(
-            inputs,
-            ", ".join(outputs),
-            forward if which == "fwd" else backward,
-            f"broadcast_{which}",
+def family(compiled, scalars, needed=None):
+    """The generated source of `compiled` for arguments that are Python numbers where `scalars`
+    is true: the forward alone (`needed` None), or the backward writing the gradients of the
+    arguments where `needed` is true."""
+    key = (scalars, needed)
+    cache = compiled.__dict__.setdefault("_families", {})
+    if key not in cache:
+        text = (
+            _backward_text(compiled, scalars, needed)
+            if needed
+            else _forward_text(compiled, scalars)
         )
-    return _kernels[key]
+        cache[key] = Family.from_text("broadcast", text)
+    return cache[key]
+
+
+def _inputs(scalars):
+    return ", ".join(f"T x{i}" if s else f"const T* x{i}" for i, s in enumerate(scalars))
+
+
+def _prologue(scalars):
+    """Offsets of the array arguments for element i, and every argument's value as a{k}."""
+    arrays = [i for i, s in enumerate(scalars) if not s]
+    width = 1 + len(arrays)
+    sums = "".join(f" o{i} += index * d[{k + 1}];" for k, i in enumerate(arrays))
+    offsets = ", ".join(["rest = i"] + [f"o{i} = 0" for i in arrays])
+    loads = " ".join(
+        f"const T a{i} = x{i};" if s else f"const T a{i} = x{i}[o{i}];"
+        for i, s in enumerate(scalars)
+    )
+    return f"""long long {offsets};
+        for (int a = ndim - 1; a >= 0; --a) {{
+            const long long* d = dims + {width} * a;
+            const long long index = a ? rest % d[0] : rest;
+            rest = a ? rest / d[0] : 0;{sums}
+        }}
+        {loads}"""
+
+
+def _forward_text(compiled, scalars):
+    return f"""// tg.broadcast forward: {compiled.out!r}
+template <typename T>
+__global__ void broadcast_fwd({_inputs(scalars)}, const long long* dims, int ndim, T* out,
+                              long long n) {{
+    {_LOOP} {{
+        {_prologue(scalars)}
+        T y;
+        {body([("y", compiled.out)])}
+        out[i] = y;
+    }}
+}}
+"""
+
+
+def _backward_text(compiled, scalars, needed):
+    wanted = [i for i, need in enumerate(needed) if need]
+    outputs = ", ".join(f"T* gx{i}" for i in wanted)
+    partials = [(f"d{i}", compiled.partials[i]) for i in wanted]
+    declared = " ".join(f"T d{i};" for i in wanted)
+    stores = " ".join(f"gx{i}[i] = gi * d{i};" for i in wanted)
+    return f"""// tg.broadcast backward: {compiled.out!r}
+template <typename T>
+__global__ void broadcast_bwd({_inputs(scalars)}, const long long* dims, int ndim, const T* g,
+                              long long g_step, {outputs}, long long n) {{
+    {_LOOP} {{
+        {_prologue(scalars)}
+        const T gi = g[i * g_step];
+        {declared}
+        {body(partials)}
+        {stores}
+    }}
+}}
+"""
+
+
+# --- launching
+def _layout(values):
+    """`(scalars, arrays, dtype, shape)` for the fused path, or None where it does not apply."""
+    scalars = tuple(type(v) in SCALARS for v in values)
+    arrays = [v for v, s in zip(values, scalars) if not s]
+    if not arrays or not takes(*arrays) or any(str(a.dtype) not in FLOATS for a in arrays):
+        return None
+    dtype = np.result_type(*(a.dtype for a in arrays))
+    shape = np.broadcast_shapes(*(tuple(a.shape) for a in arrays))
+    return scalars, arrays, dtype, shape
+
+
+def _arguments(values, scalars, dtype, shape, like):
+    """The kernel's leading arguments (arrays promoted to `dtype`) and its `dims` metadata."""
+    promoted = [v if s or v.dtype == dtype else _cast(v, dtype) for v, s in zip(values, scalars)]
+    arrays = [v for v, s in zip(promoted, scalars) if not s]
+    axes = []
+    for a, n in enumerate(shape):
+        if n != 1:
+            axes.append([n] + [_strides(v, shape)[a] for v in arrays])
+    axes = merge_axes(axes)
+    dims = [v for axis in axes for v in axis]
+    return promoted, device_int64(dims or [0], like), len(axes)
+
+
+def _strides(array, shape):
+    view = library(array).broadcast_to(array, shape)
+    return [s // view.itemsize for s in view.strides]
+
+
+def _cast(array, dtype):
+    note(("alloc", array.size * np.dtype(dtype).itemsize))
+    with on_device(array):
+        return library(array).astype(array, dtype)
 
 
 def forward(compiled, args):
-    """The traced expression in one CuPy kernel, or None off CuPy."""
-    if not _cupy_arrays(args):
+    """The traced expression in one generated kernel, or None where the fused path does not
+    take the arguments."""
+    layout = _layout(args)
+    if layout is None:
         return None
-    _note(("launch", "broadcast_fwd"))
-    return _elementwise(compiled, "fwd", len(args), [], ["T y"])(*args)
+    scalars, arrays, dtype, shape = layout
+    like = arrays[0]
+    out = empty(shape, like, dtype)
+    n = out.size
+    values, dims, ndim = _arguments(args, scalars, dtype, shape, like)
+    source = family(compiled, scalars)
+    launch("broadcast_fwd", dtype, grid_for(n), *values, dims, ndim, out, n, source=source)
+    return out
 
 
 def backward(compiled, node, args, g):
-    """Every argument's gradient from one CuPy kernel (then summed over broadcast axes)."""
-    values = [a.data if hasattr(a, "_rule") else a for a in args]
-    if not _cupy_arrays(values + [g]):
+    """Every tracked argument's gradient from one generated kernel (then summed over its
+    broadcast axes by the backend), or None where the fused path does not take the arrays."""
+    values = [a.data if tracked(a) else a for a in args]
+    layout = _layout(values)
+    if layout is None or not takes(g) or g.dtype != node.data.dtype:
         return None
-    n = len(values)
-    outputs = [f"T gx{i}" for i in range(n)]
-    _note(("launch", "broadcast_bwd"))
-    grads = _elementwise(compiled, "bwd", n, ["T g"], outputs)(*values, g)
-    grads = grads if isinstance(grads, tuple) else (grads,)
-    from ..rules.shape import unbroadcast
+    scalars, arrays, dtype, shape = layout
+    step = _step(g, shape)
+    if step is None:
+        return None
+    needed = tuple(tracked(a) for a in args)
+    like = arrays[0]
+    operands, dims, ndim = _arguments(values, scalars, dtype, shape, like)
+    grads = {i: empty(shape, like, dtype) for i, need in enumerate(needed) if need}
+    size = int(np.prod(shape))
+    source = family(compiled, scalars, needed)
+    launch("broadcast_bwd", dtype, grid_for(size), *operands, dims, ndim, g, step,
+           *grads.values(), size, source=source)  # fmt: skip
+    return [_fit(grads[i], values[i]) if i in grads else None for i in range(len(args))]
 
-    return [
-        unbroadcast(ga, tuple(a.shape), compiled.name) if hasattr(a, "_rule") else None
-        for a, ga in zip(args, grads)
-    ]
+
+def _step(g, shape):
+    if tuple(g.shape) != shape:
+        return None
+    if g.flags.c_contiguous:
+        return 1
+    return 0 if all(s == 0 for s in g.strides) else None
+
+
+def _fit(grad, value):
+    """`grad` (of the result's shape and dtype) summed over the axes `value` was broadcast along,
+    in `value`'s dtype."""
+    shape = tuple(value.shape)
+    lead = grad.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + a for a, n in enumerate(shape) if n == 1 and grad.shape[lead + a] != 1
+    )
+    xp = library(grad)
+    with on_device(grad):
+        if axes:
+            grad = xp.reshape(xp.sum(grad, axis=axes), shape)
+            note(("alloc", grad.nbytes))
+        if grad.dtype != value.dtype:
+            grad = _cast(grad, value.dtype)
+    return grad

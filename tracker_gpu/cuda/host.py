@@ -1,9 +1,11 @@
 """A host build of the CUDA sources: the same text compiled by the C++ compiler, with the CUDA
-built-ins it uses defined by a small shim, and every kernel launched over its whole grid, one
-thread after another. Kernels here never synchronise within a block, so this is exact.
+built-ins it uses defined by a small shim, and every kernel launched over its whole grid.
 
-It lets the kernels' arithmetic, and the whole fused path around them, be checked on machines
-without a GPU.
+Threads of a kernel that never synchronises run one after another. Threads of a kernel that
+does (`__syncthreads`, for block reductions) run as fibers, one block at a time: each runs until
+it reaches the barrier, and the block goes on once all of them have, as on the device. That
+makes the build exact for any kernel that is correct on the device (shared memory included),
+so the kernels' arithmetic, and the whole fused path around them, are checked without a GPU.
 """
 
 import ctypes
@@ -12,22 +14,112 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
-from .sources import C_TYPES, kernels, source
+from .sources import C_TYPES
 
 __all__ = ["HostLibrary", "available", "compile_shared", "SHIM"]
 
-SHIM = """
+SHIM = r"""
 #include <cmath>
-using std::cos; using std::exp; using std::log; using std::pow; using std::sin; using std::sqrt;
-using std::tanh;
+#include <cstring>
+#include <ucontext.h>
+#include <vector>
+using std::cos; using std::exp; using std::expm1; using std::fabs; using std::log;
+using std::log1p; using std::pow; using std::sin; using std::sqrt; using std::tanh;
+using std::cosh; using std::sinh; using std::tan;
 struct HostDim { unsigned int x, y, z; };
-static HostDim threadIdx, blockIdx, blockDim, gridDim;
+static thread_local HostDim threadIdx, blockIdx, blockDim, gridDim;
 #define __global__
 #define __device__
+#define __forceinline__ inline
+#define __shared__ static thread_local
+static inline double __longlong_as_double(long long bits) {
+    double value;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+namespace host {
+struct Fiber { ucontext_t context; std::vector<char> stack; bool done; };
+static thread_local ucontext_t scheduler;
+static thread_local Fiber* running = nullptr;
+static thread_local void (*entry_body)(void*) = nullptr;
+static thread_local void* entry_data = nullptr;
+static thread_local bool stray_barrier = false;  // a barrier outside a scheduled block
+
+static void entry() {
+    entry_body(entry_data);
+    running->done = true;  // then back to the scheduler through uc_link
+}
+
+// Runs one block of `threads` fibers until all are done; a fiber yields at each barrier.
+static void run_block(std::vector<Fiber>& fibers, unsigned threads) {
+    for (unsigned t = 0; t < threads; ++t) {
+        Fiber& f = fibers[t];
+        f.done = false;
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = f.stack.data();
+        f.context.uc_stack.ss_size = f.stack.size();
+        f.context.uc_link = &scheduler;
+        makecontext(&f.context, entry, 0);
+    }
+    for (bool pending = true; pending;) {  // one round: every live thread up to the next barrier
+        pending = false;
+        for (unsigned t = 0; t < threads; ++t) {
+            if (fibers[t].done) continue;
+            threadIdx.x = t;
+            running = &fibers[t];
+            swapcontext(&scheduler, &fibers[t].context);
+            pending = pending || !fibers[t].done;
+        }
+    }
+    running = nullptr;
+}
+
+template <typename F>
+static void call(void* data) { (*static_cast<F*>(data))(); }
+
+// The fibers of this thread, kept from launch to launch (their stacks are not cleared).
+static std::vector<Fiber>& fibers_for(unsigned block) {
+    static thread_local std::vector<Fiber> fibers;
+    if (fibers.size() < block) fibers.resize(block);
+    for (Fiber& f : fibers)
+        if (f.stack.empty()) f.stack.resize(1 << 16);
+    return fibers;
+}
+
+template <typename F>
+static void launch(unsigned grid, unsigned block, bool cooperative, F& body) {
+    gridDim = {grid, 1, 1};
+    blockDim = {block, 1, 1};
+    threadIdx = blockIdx = {0, 0, 0};
+    std::vector<Fiber>& fibers = fibers_for(cooperative ? block : 0);
+    entry_body = call<F>;
+    entry_data = &body;
+    for (unsigned b = 0; b < grid; ++b) {
+        blockIdx.x = b;
+        if (cooperative) {
+            run_block(fibers, block);
+            continue;
+        }
+        for (unsigned t = 0; t < block; ++t) {
+            threadIdx.x = t;
+            body();
+        }
+    }
+}
+}  // namespace host
+
+static inline void __syncthreads() {
+    if (host::running)
+        swapcontext(&host::running->context, &host::scheduler);
+    else
+        host::stray_barrier = true;
+}
 """
 
 _CTYPES = {"int": ctypes.c_int, "long long": ctypes.c_longlong, "unsigned int": ctypes.c_uint}
@@ -39,17 +131,15 @@ def available():
     return shutil.which(os.environ.get("CXX", "g++")) is not None
 
 
-def _wrapper(kernel, ctype):
+def _wrapper(kernel, ctype, cooperative):
     params = ", ".join(f"{t.replace('T', ctype)} {n}" for t, n in kernel.params)
     names = ", ".join(kernel.param_names())
     return f"""
-extern "C" void host_{kernel.name}_{ctype}(unsigned int grid, unsigned int block, {params}) {{
-    gridDim.x = grid; blockDim.x = block;
-    for (unsigned int host_block = 0; host_block < grid; ++host_block)
-        for (unsigned int host_thread = 0; host_thread < block; ++host_thread) {{
-            blockIdx.x = host_block; threadIdx.x = host_thread;
-            {kernel.name}<{ctype}>({names});
-        }}
+extern "C" int host_{kernel.name}_{ctype}(unsigned int grid, unsigned int block, {params}) {{
+    auto body = [&]() {{ {kernel.name}<{ctype}>({names}); }};
+    host::stray_barrier = false;
+    host::launch(grid, block, {"true" if cooperative else "false"}, body);
+    return host::stray_barrier;
 }}
 """
 
@@ -63,35 +153,41 @@ def compile_shared(text, tag):
         scratch = target.with_suffix(f".{os.getpid()}.so")
         compiler = os.environ.get("CXX", "g++")
         command = [compiler, "-O1", "-shared", "-fPIC", "-x", "c++", "-", "-o", str(scratch)]
-        subprocess.run(command, input=text.encode(), check=True, capture_output=True)
+        done = subprocess.run(command, input=text.encode(), capture_output=True)
+        if done.returncode:
+            raise RuntimeError(f"the host build of {tag} failed:\n{done.stderr.decode()[-3000:]}")
         scratch.replace(target)
     return ctypes.CDLL(str(target))
 
 
 class HostLibrary:
-    """The host build of one kernel family, loaded with ctypes and cached on disk by content."""
+    """The host build of one `Family`, loaded with ctypes and cached by the text's digest."""
 
-    _cache = {}
+    _cache = OrderedDict()
+    _CACHE_SIZE = 256
 
     def __init__(self, family):
         self.family = family
-        self.kernels = {k.name: k for k in kernels().values() if k.family == family}
-        text = (
-            SHIM
-            + source(family)
-            + "".join(_wrapper(k, c) for k in self.kernels.values() for c in C_TYPES.values())
+        wrappers = "".join(
+            _wrapper(k, c, k.cooperative) for k in family.kernels.values() for c in C_TYPES.values()
         )
-        self.library = compile_shared(text, family)
+        self.library = compile_shared(SHIM + family.text + wrappers, family.name)
 
     @classmethod
     def get(cls, family):
-        if family not in cls._cache:
-            cls._cache[family] = cls(family)
-        return cls._cache[family]
+        library = cls._cache.get(family.digest)
+        if library is None:
+            library = cls._cache[family.digest] = cls(family)
+            while len(cls._cache) > cls._CACHE_SIZE:
+                cls._cache.popitem(last=False)
+        cls._cache.move_to_end(family.digest)
+        return library
 
     def launch(self, name, dtype, grid, block, args):
         """Run kernel `name` for `dtype` over `grid` blocks of `block` threads."""
-        kernel = self.kernels[name]
+        kernel = self.family.kernels[name]
+        if len(args) != len(kernel.params):
+            raise TypeError(f"kernel {name} takes {len(kernel.params)} arguments, got {len(args)}")
         function = getattr(self.library, f"host_{name}_{C_TYPES[dtype]}")
         converted = [ctypes.c_uint(grid), ctypes.c_uint(block)]
         for (ctype, pname), value in zip(kernel.params, args):
@@ -103,4 +199,8 @@ class HostLibrary:
                 converted.append(_FLOATS[dtype](float(value)))
             else:
                 converted.append(_CTYPES[ctype](int(value)))
-        function(*converted)
+        if function(*converted):
+            raise RuntimeError(
+                f"kernel {name} reached __syncthreads but was run thread after thread: the "
+                "source scan (sources._synchronising) missed the function that synchronises"
+            )

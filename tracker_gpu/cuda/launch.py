@@ -1,128 +1,80 @@
-"""Launching fused kernels: on CuPy arrays through modules compiled once (NVRTC, via CuPy), or,
-inside `on_host()`, on NumPy arrays through the host build of the same sources. Either way the
-fused pullbacks above this module run unchanged, which is how they are tested without a GPU.
+"""Launching kernels and making the buffers they write: on CuPy arrays through modules compiled
+once per source text and device (NVRTC, via CuPy), or, inside `on_host()`, on NumPy arrays
+through the host build of the same text. Either way the fused pullbacks above this module run
+unchanged, which is how they are tested without a GPU.
+
+Everything happens on the device that holds the arrays, not on CuPy's current device: modules
+are cached per device, and launches and allocations run under the arrays' device.
 """
 
 import contextlib
 import sys
+from collections import OrderedDict
 
 import numpy as np
 
-from ..backend import is_cupy
-from .sources import C_TYPES, kernels, source
+from .dispatch import note
+from .sources import C_TYPES, Family, family, kernels
 
 __all__ = [
-    "active",
+    "BLOCK",
+    "grid_for",
     "launch",
     "empty_like",
+    "empty",
+    "library",
+    "scalar",
     "device_int64",
-    "on_host",
-    "on_host_now",
-    "generic_only",
-    "recording",
+    "on_device",
 ]
 
 BLOCK = 256
-MAX_GRID = 4096  # grid-stride loops cover the rest
-_state = {"host": False, "log": None, "off": False}
-_modules = {}
+MAX_GRID = 65535  # grid-stride loops cover the rest
+_MODULE_CACHE_SIZE = 128
+_modules = OrderedDict()
 _metadata = {}
-_KERNELS = None
+_kernel_table = None
 
 
-def active(*arrays):
-    """Whether the fused path takes these arrays: CuPy arrays, or NumPy ones inside `on_host()`."""
-    if _state["off"]:
-        return False
-    if _state["host"]:
-        return all(type(a) is np.ndarray for a in arrays)
-    return all(is_cupy(a) for a in arrays)
+def grid_for(items, block=BLOCK):
+    """Blocks enough for one thread per item (at least one, at most MAX_GRID)."""
+    return max(1, min(-(-items // block), MAX_GRID))
 
 
-def on_host_now():
-    """Whether `on_host()` is in force: NumPy arrays then take the fused path too."""
-    return _state["host"]
-
-
-@contextlib.contextmanager
-def _setting(key, value):
-    previous = _state[key]
-    _state[key] = value
-    try:
-        yield value
-    finally:
-        _state[key] = previous
-
-
-def on_host():
-    """Run the fused path on NumPy arrays through the host build of the kernels (for tests)."""
-    return _setting("host", True)
-
-
-def generic_only():
-    """Turn the fused path off: every pullback takes its generic Array API vjps."""
-    return _setting("off", True)
-
-
-def recording():
-    """Collect the fused path's events: `("launch", kernel)`, `("alloc", nbytes)` for a gradient
-    buffer and `("meta", nbytes)` for (cached) kernel metadata."""
-    return _setting("log", [])
-
-
-def _note(event):
-    if _state["log"] is not None:
-        _state["log"].append(event)
-
-
-def empty_like(x):
-    """A new buffer shaped like `x` on its device (recorded, so tests can count allocations)."""
-    _note(("alloc", x.nbytes))
-    return _library(x).empty_like(x)
-
-
-def empty(shape, like):
-    """A new buffer of `shape` with the dtype and device of `like` (recorded)."""
-    xp = _library(like)
-    _note(("alloc", int(np.prod(shape)) * like.itemsize))
-    return xp.empty(shape, dtype=like.dtype)
-
-
-def device_int64(values, like):
-    """A small int64 array of kernel metadata on the device of `like`, made once per content."""
-    xp = _library(like)
-    key = (xp.__name__, 0 if xp is np else xp.cuda.Device().id, tuple(values))
-    array = _metadata.get(key)
-    if array is None:
-        _note(("meta", 8 * len(values)))
-        array = _metadata[key] = xp.asarray(np.asarray(values, dtype=np.int64))
-    return array
-
-
-def _library(x):
-    return np if type(x) is np.ndarray else sys.modules["cupy"]
-
-
-def launch(name, dtype, n, *args):
-    """Launch kernel `name` for `dtype` (float32/float64) with enough threads for `n` items."""
-    kernel = _kernel(name)
-    grid = max(1, min(-(-n // BLOCK), MAX_GRID))
-    _note(("launch", name))
+def launch(name, dtype, grid, *args, block=BLOCK, source=None):
+    """Launch kernel `name` (of the shipped sources, or of the `Family` `source`) for `dtype`
+    (float32/float64) on `grid` blocks of `block` threads, with exactly its parameters."""
+    text = source if source is not None else family(_kernel(name).family)
+    kernel = text.kernels[name]
+    if len(args) != len(kernel.params):
+        raise TypeError(
+            f"kernel {name} takes {len(kernel.params)} arguments "
+            f"({', '.join(kernel.param_names())}), got {len(args)}"
+        )
     dtype = str(dtype).rsplit(".", 1)[-1]
-    if _state["host"]:
+    note(("launch", name))
+    buffers = [a for a in args if type(a) is np.ndarray or type(a) is _cupy_type()]
+    if type(buffers[0]) is np.ndarray:  # only inside on_host(): the fused path took NumPy arrays
         from .host import HostLibrary
 
-        HostLibrary.get(kernel.family).launch(name, dtype, grid, BLOCK, args)
+        HostLibrary.get(text).launch(name, dtype, grid, block, args)
         return
+    device = buffers[0].device.id
     converted = [_device_argument(ctype, a, dtype) for (ctype, _), a in zip(kernel.params, args)]
-    _function(kernel, dtype)((grid,), (BLOCK,), tuple(converted))
+    with on_device(device):
+        _function(text, name, dtype, device)((grid,), (block,), tuple(converted))
 
 
 def _kernel(name):
-    global _KERNELS
-    if _KERNELS is None:
-        _KERNELS = kernels()
-    return _KERNELS[name]
+    global _kernel_table
+    if _kernel_table is None:
+        _kernel_table = kernels()
+    return _kernel_table[name]
+
+
+def _cupy_type():
+    cupy = sys.modules.get("cupy")
+    return None if cupy is None else cupy.ndarray
 
 
 def _device_argument(ctype, value, dtype):
@@ -133,19 +85,69 @@ def _device_argument(ctype, value, dtype):
     return np.int64(value) if ctype == "long long" else np.int32(value)
 
 
-def _function(kernel, dtype):
+def _function(text: Family, name, dtype, device):
     cupy = sys.modules["cupy"]
-    key = (kernel.family, cupy.cuda.Device().id)
+    key = (text.digest, device)
     module = _modules.get(key)
     if module is None:
-        names = [
-            f"{k.name}<{c}>"
-            for k in kernels().values()
-            if k.family == kernel.family
-            for c in C_TYPES.values()
-        ]
         module = cupy.RawModule(
-            code=source(kernel.family), options=("-std=c++14",), name_expressions=names
+            code=text.text, options=("-std=c++14",), name_expressions=text.name_expressions()
         )
         _modules[key] = module
-    return module.get_function(f"{kernel.name}<{C_TYPES[dtype]}>")
+        while len(_modules) > _MODULE_CACHE_SIZE:
+            _modules.popitem(last=False)
+    _modules.move_to_end(key)
+    return module.get_function(f"{name}<{C_TYPES[dtype]}>")
+
+
+# --- buffers: every one the fused path makes is recorded, on the device of the array it is like
+def on_device(where):
+    """A context in which CuPy allocates and launches on `where` (a device id, or an array);
+    nothing for NumPy arrays."""
+    if isinstance(where, int):
+        return sys.modules["cupy"].cuda.Device(where)
+    if type(where) is np.ndarray or type(where) is not _cupy_type():
+        return contextlib.nullcontext()
+    return where.device
+
+
+def library(x):
+    """NumPy or CuPy: the library of a buffer the fused path works on."""
+    return np if type(x) is np.ndarray else sys.modules["cupy"]
+
+
+def empty_like(x):
+    """A new buffer shaped like `x` on its device (recorded, so tests can count allocations)."""
+    note(("alloc", x.nbytes))
+    with on_device(x):
+        return library(x).empty_like(x)
+
+
+def empty(shape, like, dtype=None):
+    """A new buffer of `shape` on the device of `like`, of its dtype or `dtype` (recorded)."""
+    dtype = like.dtype if dtype is None else np.dtype(dtype)
+    note(("alloc", int(np.prod(shape)) * dtype.itemsize))
+    with on_device(like):
+        return library(like).empty(shape, dtype=dtype)
+
+
+def scalar(value, like):
+    """A 0-d array holding `value` with the dtype and device of `like` (recorded)."""
+    note(("alloc", like.itemsize))
+    with on_device(like):
+        return library(like).full((), value, dtype=like.dtype)
+
+
+def device_int64(values, like):
+    """A small int64 array of kernel metadata on the device of `like`, made once per content."""
+    xp = library(like)
+    key = (xp.__name__, 0 if xp is np else like.device.id, tuple(values))
+    array = _metadata.get(key)
+    if array is None:
+        note(("meta", 8 * len(values)))
+        with on_device(like):
+            array = xp.asarray(np.asarray(values, dtype=np.int64))
+        if len(_metadata) > 4096:
+            _metadata.clear()
+        _metadata[key] = array
+    return array

@@ -1,16 +1,21 @@
-"""The CUDA sources (`kernels/*.cu`, shipped inside the wheel) and the kernels they declare.
+"""CUDA source texts and the kernels they declare: the files in `kernels/` (shipped inside the
+wheel) and the sources generated for `tg.broadcast`, handled alike.
 
 Every kernel is a `template <typename T> __global__ void name(params)` instantiated for float
-and double; its parameter list is read from the source, so launchers convert arguments from the
-source itself and a kernel cannot be added without being seen by the checks.
+and double; its parameter list is read from the source, so launchers convert (and count)
+arguments from the source itself and a kernel cannot be added without being seen by the checks.
+A `Family` is one source text: the unit that NVRTC compiles, that CuPy loads as one module and
+that the host build compiles, always from the same text.
 """
 
+import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["Kernel", "kernels", "source", "families", "C_TYPES"]
+__all__ = ["Kernel", "Family", "family", "families", "kernels", "source", "C_TYPES"]
 
 C_TYPES = {"float32": "float", "float64": "double"}
 _KERNEL = re.compile(
@@ -23,11 +28,32 @@ _MACRO_USE = r"^{macro}\((\w+)"
 @dataclass(frozen=True)
 class Kernel:
     name: str
-    family: str  # the .cu file it lives in, without the suffix
+    family: str  # the name of the Family it lives in
     params: tuple  # ((c_type, name), ...) with "T" for the float type
+    cooperative: bool = False  # its threads synchronise within a block (`__syncthreads`)
 
     def param_names(self):
         return [name for _, name in self.params]
+
+
+@dataclass(frozen=True, eq=False)
+class Family:
+    """One CUDA source text and the kernels it declares."""
+
+    name: str
+    text: str
+    kernels: dict = field(repr=False)
+    digest: str = field(repr=False)
+
+    @classmethod
+    def from_text(cls, name, text):
+        kernels = {k.name: k for k in _declared(name, text)}
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return cls(name, text, kernels, digest)
+
+    def name_expressions(self):
+        """The template instances to compile: every kernel for every float type."""
+        return [f"{k}<{c}>" for k in self.kernels for c in C_TYPES.values()]
 
 
 def _directory():
@@ -42,8 +68,15 @@ def families():
     return sorted(p.stem for p in _directory().glob("*.cu"))
 
 
-def source(family):
-    return (_directory() / f"{family}.cu").read_text()
+def source(name):
+    """The text of `kernels/<name>.cu`."""
+    return (_directory() / f"{name}.cu").read_text()
+
+
+@cache
+def family(name):
+    """The `Family` of `kernels/<name>.cu`."""
+    return Family.from_text(name, source(name))
 
 
 def _params(text):
@@ -55,9 +88,11 @@ def _params(text):
     return tuple(params)
 
 
-def _declared(family, text):
+def _declared(name, text):
     """Kernels written out, and kernels stamped out by a macro (`#define X(name, ...)`)."""
-    found = [(name, params) for name, params in _KERNEL.findall(text)]
+    bodies = _bodies(text)
+    syncing = _synchronising(bodies)
+    found = [(kernel, params, kernel) for kernel, params in _KERNEL.findall(text)]
     for macro in re.finditer(r"#define\s+(\w+)\(name[^)]*\)(.*?)(?:\n\n|\Z)", text, re.S):
         body = macro.group(2)
         inner = _MACRO_KERNEL.search(body)
@@ -65,14 +100,50 @@ def _declared(family, text):
             continue
         suffix, params = inner.groups()
         for prefix in re.findall(_MACRO_USE.format(macro=macro.group(1)), text, re.M):
-            found.append((prefix + suffix, params))
-    return [Kernel(name, family, _params(params)) for name, params in found]
+            found.append((prefix + suffix, params, suffix))
+    return [
+        Kernel(kernel, name, _params(params), body_name in syncing)
+        for kernel, params, body_name in found
+    ]
+
+
+_FUNCTION = re.compile(r"(\w+)\s*\(([^()]|\([^()]*\))*\)\s*\{")
+_NOT_FUNCTIONS = {"for", "if", "while", "switch", "return"}
+
+
+def _bodies(text):
+    """The body of every function defined in `text`, by name (a macro's kernels by the part of
+    their name the macro writes out)."""
+    bodies = {}
+    for match in _FUNCTION.finditer(text):
+        if match.group(1) in _NOT_FUNCTIONS:
+            continue
+        depth, start = 0, match.end() - 1
+        for end in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        bodies.setdefault(match.group(1), text[start : end + 1])
+    return bodies
+
+
+def _synchronising(bodies):
+    """The functions that reach `__syncthreads`, directly or through the functions they call."""
+    syncing = {name for name, body in bodies.items() if "__syncthreads" in body}
+    while True:
+        more = {
+            name
+            for name, body in bodies.items()
+            if name not in syncing and any(re.search(rf"\b{s}\s*\(", body) for s in syncing)
+        }
+        if not more:
+            return syncing
+        syncing |= more
 
 
 def kernels():
     """Every kernel of every source file, by name."""
     table = {}
-    for family in families():
-        for kernel in _declared(family, source(family)):
-            table[kernel.name] = kernel
+    for name in families():
+        table.update(family(name).kernels)
     return table

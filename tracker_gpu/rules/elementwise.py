@@ -12,7 +12,6 @@ array([1.])
 import math
 
 from ..backend import SCALARS, device_of, namespace_of
-from ..cuda.fused import BINARY, UNARY, binary_pullback, unary_pullback
 from ..tracked import Primitive, data
 
 __all__ = [
@@ -64,17 +63,16 @@ __all__ = [
 
 
 def _unary(name, vjp):
-    """A standard unary function; on the GPU its pullback is one fused kernel where we have one."""
+    """A standard unary function (on the GPU its pullback may be fused: see `cuda.dispatch`)."""
 
     def forward(xp, x):
         return getattr(xp, name)(x)
 
-    return Primitive(name, forward, (vjp,), fused=unary_pullback(name) if name in UNARY else None)
+    return Primitive(name, forward, (vjp,))
 
 
 def _binary(name, forward, vjp_x, vjp_y):
-    fused = binary_pullback(name) if name in BINARY else None
-    return Primitive(name, forward, (vjp_x, vjp_y), fused=fused)
+    return Primitive(name, forward, (vjp_x, vjp_y))
 
 
 def _function(name):

@@ -2,8 +2,9 @@
 logitbinarycrossentropy, each reduced by `agg` ("mean", the default, or "sum").
 
 `mse` and `logitcrossentropy` are single primitives (one node on the tape) with an explicit
-forward and vjps written with this package's functions, so they are differentiable again; their
-`fused` slot is where a fused CUDA pullback plugs in. The others are composites of rules.
+forward and vjps written with this package's functions, so they are differentiable again; on the
+GPU their pullbacks (and the cross-entropy's forward) are fused kernels, registered by name in
+`cuda.dispatch`. The others are composites of rules.
 
 Labels for the cross-entropies are integer class indices (one fewer axis than the scores) or
 targets shaped like the scores (one-hot or probabilities).
@@ -23,7 +24,7 @@ import math
 import numpy as np
 
 from ..backend import SCALARS, device_of, namespace_of
-from ..cuda.fused import logitcrossentropy_forward, logitcrossentropy_pullback, mse_pullback
+from ..checks import checking
 from ..tracked import Primitive, TrackedArray, data
 from .elementwise import add, astype, log, logaddexp, multiply, negative, subtract
 from .nn import logsoftmax, softmax
@@ -116,8 +117,9 @@ def _device(x):
 
 
 def _onehot(name, xp, labels, scores, axis):
-    """Plain one-hot targets shaped like `scores`, from integer class `labels` (checked: a label
-    out of range would leave its row all zeros)."""
+    """Plain one-hot targets shaped like `scores`, from integer class `labels`. A label out of
+    range would leave its row all zeros: it raises where that check costs no synchronisation
+    with the device (`tg.sync_checks`), else its row is made nan, so the loss is nan."""
     classes = scores.shape[axis]
     positions = xp.arange(classes, device=_device(scores))
     if labels.dtype != positions.dtype:
@@ -127,9 +129,13 @@ def _onehot(name, xp, labels, scores, axis):
     else:
         shape = tuple(classes if d == axis else 1 for d in range(scores.ndim))
         hits = xp.expand_dims(labels, axis=axis) == xp.reshape(positions, shape)
-    if not bool(xp.all(xp.any(hits, axis=axis))):  # one reduction and one sync
-        raise _range_error(name, xp, labels, classes)
-    return xp.astype(hits, scores.dtype)
+    valid = xp.any(hits, axis=axis, keepdims=True)
+    if checking(scores):
+        if not bool(xp.all(valid)):  # one reduction and one sync
+            raise _range_error(name, xp, labels, classes)
+        return xp.astype(hits, scores.dtype)
+    nan = xp.asarray(math.nan, dtype=scores.dtype, device=_device(scores))
+    return xp.where(valid, xp.astype(hits, scores.dtype), nan)
 
 
 def _targets(name, scores, labels, axis):
@@ -175,7 +181,6 @@ mse_primitive = Primitive(
         ),
     ),
     doc="The mean (or sum) of squared errors, one primitive.",
-    fused=mse_pullback,
 )
 
 
@@ -198,9 +203,6 @@ def _logsoftmax_plain(xp, x, axis):
 
 
 def _lce_forward(xp, logits, targets, *, axis=-1, agg="mean", normalized=False):
-    fused = logitcrossentropy_forward(logits, targets, axis, agg)
-    if fused is not None:
-        return fused
     total = -xp.sum(targets * _logsoftmax_plain(xp, logits, axis))
     return total / _samples(logits, axis) if agg == "mean" else total
 
@@ -246,7 +248,6 @@ logitcrossentropy_primitive = Primitive(
     "logitcrossentropy",
     _lce_forward,
     (_lce_vjp_logits, _lce_vjp_targets),
-    fused=logitcrossentropy_pullback,
     doc="""Softmax cross-entropy of logits against targets shaped like them, one primitive.
 
     Keywords: `axis` (the classes), `agg` ("mean" over samples, or "sum"), `normalized` (the

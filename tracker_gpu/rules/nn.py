@@ -1,13 +1,13 @@
 """Activations and normalisers: sigmoid, relu, softmax, logsoftmax, logsumexp.
 
-Forwards are numerically stable; vjps reuse the saved output where the maths allows.
+Forwards are numerically stable; vjps reuse the saved output where the maths allows. On the GPU
+softmax and logsoftmax run as fused kernels both ways (`cuda.rows`).
 
 >>> import numpy as np, tracker_gpu as tg
 >>> tg.gradient(lambda x: tg.logsumexp(x), np.array([0.0, 0.0]))[0]
 array([0.5, 0.5])
 """
 
-from ..cuda.fused import rowwise_forward, softmax_pullback, unary_pullback
 from ..tracked import Primitive, data
 from .elementwise import exp, mask
 from .reductions import expand
@@ -23,28 +23,20 @@ sigmoid = Primitive(
     "sigmoid",
     _sigmoid_forward,
     (lambda g, ans, x: g * ans * (1 - ans),),
-    fused=unary_pullback("sigmoid"),
 )
 relu = Primitive(
     "relu",
     lambda xp, x: xp.where(x > 0, x, xp.zeros_like(x)),
     (lambda g, ans, x: mask(data(ans) > 0, g),),
-    fused=unary_pullback("relu"),
 )
 
 
 def _softmax_forward(xp, x, /, *, axis=-1):
-    fused = rowwise_forward("softmax", x, axis)
-    if fused is not None:
-        return fused
     e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
     return e / xp.sum(e, axis=axis, keepdims=True)
 
 
 def _logsoftmax_forward(xp, x, /, *, axis=-1):
-    fused = rowwise_forward("logsoftmax", x, axis)
-    if fused is not None:
-        return fused
     shifted = x - xp.max(x, axis=axis, keepdims=True)
     return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
 
@@ -53,13 +45,11 @@ softmax = Primitive(
     "softmax",
     _softmax_forward,
     (lambda g, ans, x, axis=-1: ans * (g - _sum(g * ans, axis=axis, keepdims=True)),),
-    fused=softmax_pullback("softmax"),
 )
 logsoftmax = Primitive(
     "logsoftmax",
     _logsoftmax_forward,
     (lambda g, ans, x, axis=-1: g - exp(ans) * _sum(g, axis=axis, keepdims=True),),
-    fused=softmax_pullback("logsoftmax"),
 )
 
 

@@ -13,7 +13,6 @@ array([0., 6., 0.])
 import builtins
 
 from ..backend import namespace_of
-from ..cuda.fused import sumsq_pullback
 from ..tracked import Primitive, TrackedArray, data
 from .elementwise import mask, multiply, pow, sqrt, square, where
 from .shape import broadcast_to, permute_dims, reshape
@@ -72,9 +71,7 @@ def _sumabs2_forward(xp, x):
 
 
 # Julia's sum(abs2, x): one node, and on the GPU one fused kernel for its pullback.
-sumabs2 = Primitive(
-    "sumabs2", _sumabs2_forward, (lambda g, ans, x: x * (g * 2),), fused=sumsq_pullback
-)
+sumabs2 = Primitive("sumabs2", _sumabs2_forward, (lambda g, ans, x: x * (g * 2),))
 
 
 def squared_base(y):

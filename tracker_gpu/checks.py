@@ -1,0 +1,46 @@
+"""Checks that read a value back from the device: whether they run.
+
+Two checks of the training loop read data on the host: that the loss `back` starts from is
+finite, and that class labels lie in range. On a CPU that costs nothing; on a GPU each one stops
+the stream until the device has caught up, every step. So by default (`"auto"`) they run for
+data in host memory and are skipped for data on an accelerator (CuPy arrays, PyTorch CUDA
+tensors), where a bad value shows up lazily instead: a non-finite loss propagates into the
+gradients, and out-of-range labels make the loss nan. `sync_checks()` (or the environment
+variable TRACKER_GPU_SYNC_CHECKS=always) turns them on everywhere, with their clear errors,
+for debugging; `sync_checks(False)` (or `never`) turns them off everywhere.
+
+>>> import numpy as np, tracker_gpu as tg
+>>> with tg.sync_checks(False):
+...     tg.gradient(lambda x: tg.sum(tg.log(x)), np.array([0.0, 1.0]))[0]
+array([inf,  1.])
+"""
+
+import contextlib
+import os
+
+from .backend import on_accelerator
+
+__all__ = ["sync_checks", "checking"]
+
+_MODES = ("auto", "always", "never")
+_mode = [os.environ.get("TRACKER_GPU_SYNC_CHECKS", "auto")]
+if _mode[0] not in _MODES:
+    raise ValueError(f"TRACKER_GPU_SYNC_CHECKS={_mode[0]!r}: choose one of {', '.join(_MODES)}")
+
+
+def checking(x):
+    """Whether a check that reads `x` back to the host runs now."""
+    mode = _mode[0]
+    return mode == "always" or (mode == "auto" and not on_accelerator(x))
+
+
+@contextlib.contextmanager
+def sync_checks(enabled=True):
+    """Within the block, run the checks that synchronise with the device everywhere (`True`)
+    or nowhere (`False`)."""
+    previous = _mode[0]
+    _mode[0] = "always" if enabled else "never"
+    try:
+        yield
+    finally:
+        _mode[0] = previous

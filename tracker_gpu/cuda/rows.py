@@ -1,0 +1,96 @@
+"""Fused row-wise operations over the last axis: softmax and logsoftmax (forward and
+pullback) and the softmax cross-entropy of logits (forward and pullback), one block per row
+(`kernels/softmax.cu`). Rows longer than MAX_COLUMNS take the generic path: a block per row
+would leave most of a GPU idle when such rows are few."""
+
+from .dispatch import register
+from .fused import accumulate, device_scalar, readable, ready, tracked
+from .launch import MAX_GRID, empty, empty_like, launch
+
+__all__ = ["MAX_COLUMNS", "row_block"]
+
+MAX_COLUMNS = 1 << 14
+
+
+def row_block(cols):
+    """Threads per row: a power of two from 32 to 256, about one per column."""
+    return min(256, max(32, 1 << max(cols - 1, 0).bit_length()))
+
+
+def _rows(x, axis):
+    return x.ndim >= 1 and axis in (-1, x.ndim - 1) and 0 < x.shape[-1] <= MAX_COLUMNS
+
+
+def _launch_rows(kernel, x, *args):
+    rows, cols = x.size // x.shape[-1], x.shape[-1]
+    launch(kernel, x.dtype, min(max(rows, 1), MAX_GRID), *args, block=row_block(cols))
+
+
+def _row_forward(name):
+    def fused(x, /, *, axis=-1):
+        if not (ready(x) and _rows(x, axis)):
+            return None
+        out = empty_like(x)
+        rows, cols = x.size // x.shape[-1], x.shape[-1]
+        _launch_rows(f"{name}_fwd", x, x, out, rows, cols)
+        return out
+
+    return fused
+
+
+def _row_pullback(name):
+    kernel = f"{name}_bwd_acc"
+
+    def fused(node, args, kw, g, pending):
+        x, y = args[0].data, node.data
+        if not (ready(x, y, g) and g.shape == y.shape and _rows(y, kw.get("axis", -1))):
+            return None
+        if not readable(pending, args[0], x):
+            return None
+        rows, cols = y.size // y.shape[-1], y.shape[-1]
+        grid = min(max(rows, 1), MAX_GRID)
+        total = accumulate(kernel, pending, args[0], x, (y, g), (rows, cols), grid=grid,
+                           block=row_block(cols))  # fmt: skip
+        return [total]
+
+    return fused
+
+
+for _name in ("softmax", "logsoftmax"):
+    register("forward", _name)(_row_forward(_name))
+    register("pullback", _name)(_row_pullback(_name))
+
+
+def _row_pairs(logits, targets, axis):
+    return logits.ndim == 2 and axis in (-1, 1) and targets.shape == logits.shape
+
+
+@register("forward", "logitcrossentropy")
+def logitcrossentropy_forward(logits, targets, /, *, axis=-1, agg="mean", normalized=False):
+    """The cross-entropy of (rows, classes) logits against targets shaped like them: per-row sums
+    from one launch, then their sum on the device."""
+    if tracked(targets) or not (ready(logits, targets) and _row_pairs(logits, targets, axis)):
+        return None
+    if not _rows(logits, -1):
+        return None
+    rows, cols = logits.shape
+    rowsum = empty((rows,), logits)
+    _launch_rows("logitcrossentropy_fwd", logits, logits, targets, rowsum, rows, cols)
+    total = -rowsum.sum()
+    return total / rows if agg == "mean" else total
+
+
+@register("pullback", "logitcrossentropy")
+def logitcrossentropy_pullback(node, args, kw, g, pending):
+    logits, targets, g = args[0].data, args[1], device_scalar(g)
+    axis = kw.get("axis", -1)
+    if tracked(targets) or not (ready(logits, targets, g) and _row_pairs(logits, targets, axis)):
+        return None
+    if not (_rows(logits, -1) and readable(pending, args[0], logits)):
+        return None
+    rows, cols = logits.shape
+    count = rows if kw.get("agg", "mean") == "mean" else 1
+    operands = (logits, targets, g, count, int(bool(kw.get("normalized", False))))
+    total = accumulate("logitcrossentropy_bwd_acc", pending, args[0], logits, operands,
+                       (rows, cols), grid=min(rows, MAX_GRID), block=row_block(cols))  # fmt: skip
+    return [total, None]

@@ -1,0 +1,60 @@
+"""Fused optimiser steps: one launch per parameter, into fresh buffers (nothing is mutated), with
+the generic rule's scalars computed here in double precision as the rule computes them."""
+
+import math
+
+from .dispatch import register
+from .fused import ready
+from .launch import empty_like, grid_for, launch
+
+__all__ = []
+
+
+@register("step", "Descent")
+def descent_step(rule, x, dx, state):
+    if not ready(x, dx):
+        return None
+    out = empty_like(x)
+    launch("descent_step", x.dtype, grid_for(x.size), x, dx, out, x.size, rule.eta)
+    return out, state
+
+
+@register("step", "Momentum")
+def momentum_step(rule, x, dx, v):
+    if not ready(x, dx, v):
+        return None
+    out, v_out = empty_like(x), empty_like(x)
+    launch("momentum_step", x.dtype, grid_for(x.size), x, dx, v, out, v_out, x.size, rule.eta,
+           rule.rho)  # fmt: skip
+    return out, v_out
+
+
+@register("step", "Nesterov")
+def nesterov_step(rule, x, dx, v):
+    if not ready(x, dx, v):
+        return None
+    rho, eta = rule.rho, rule.eta
+    out, v_out = empty_like(x), empty_like(x)
+    launch("nesterov_step", x.dtype, grid_for(x.size), x, dx, v, out, v_out, x.size, eta, rho,
+           (1 + rho) * eta, rho**2)  # fmt: skip
+    return out, v_out
+
+
+@register("step", "Adam", "AdamW")
+def adam_step(rule, x, dx, state):
+    """Adam and AdamW (`weight_decay`, `couple`): moments and parameter in one launch."""
+    m, v, (beta1_t, beta2_t) = state
+    if not ready(x, dx, m, v):
+        return None
+    beta1, beta2 = rule.beta
+    correction = math.sqrt(1 - beta2_t)
+    scale = correction / (1 - beta1_t)
+    if not hasattr(rule, "weight_decay"):
+        mode, decay = 0, 0.0
+    else:
+        mode, decay = (1 if rule.couple else 2), rule.weight_decay
+    out, m_out, v_out = empty_like(x), empty_like(x), empty_like(x)
+    launch("adam_step", x.dtype, grid_for(x.size), x, dx, m, v, out, m_out, v_out, x.size,
+           1 - beta1, 1 - beta2, rule.epsilon * correction, scale, rule.eta, rule.eta * scale,
+           decay, mode)  # fmt: skip
+    return out, (m_out, v_out, (beta1_t * beta1, beta2_t * beta2))

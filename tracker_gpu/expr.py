@@ -1,0 +1,144 @@
+"""Scalar expressions, as `tg.broadcast` traces them, and their symbolic derivatives.
+
+An `Expr` is an operation on sub-expressions, an argument (`x0`, `x1`, ...) or a constant. Its
+canonical text (`str(expr)`) names it exactly: two expressions with the same text compute the
+same thing, which is what generated kernels are keyed by.
+
+>>> x = Expr("arg", value=0)
+>>> y = Expr("multiply", (x, Expr("exp", (x,))))
+>>> str(y), [str(p) for p in partials(y, 1)]
+('multiply(x0, exp(x0))', ['add(exp(x0), multiply(x0, exp(x0)))'])
+"""
+
+__all__ = ["Expr", "const", "ZERO", "ONE", "RULES", "e", "partials", "topological"]
+
+
+class Expr:
+    """A node of a traced expression: an operation on sub-expressions, an argument or a constant."""
+
+    __slots__ = ("op", "args", "value")
+
+    def __init__(self, op, args=(), value=None):
+        self.op, self.args, self.value = op, args, value
+
+    def __repr__(self):
+        if self.op == "arg":
+            return f"x{self.value}"
+        if self.op == "const":
+            return repr(self.value)
+        return f"{self.op}({', '.join(map(repr, self.args))})"
+
+
+def const(value):
+    return Expr("const", value=float(value))
+
+
+ZERO, ONE = const(0.0), const(1.0)
+
+
+def e(op, *args):
+    """Build an expression, folding the trivial cases that derivatives produce."""
+    if op == "multiply":
+        if any(a.op == "const" and a.value == 0.0 for a in args):
+            return ZERO
+        if args[0].op == "const" and args[0].value == 1.0:
+            return args[1]
+        if args[1].op == "const" and args[1].value == 1.0:
+            return args[0]
+    if op == "add":
+        if args[0].op == "const" and args[0].value == 0.0:
+            return args[1]
+        if args[1].op == "const" and args[1].value == 0.0:
+            return args[0]
+    if all(a.op == "const" for a in args) and op in _FOLD:
+        return const(_FOLD[op](*(a.value for a in args)))
+    return Expr(op, args)
+
+
+_FOLD = {"add": float.__add__, "subtract": float.__sub__, "multiply": float.__mul__,
+         "negative": float.__neg__}  # fmt: skip
+
+# name: the partial derivatives as a function of (args, out), one Expr per argument (None: no
+# gradient). They follow the rules of `rules/elementwise.py` (pow at zero, abs at zero, ties).
+RULES = {
+    "add": lambda a, out: (ONE, ONE),
+    "subtract": lambda a, out: (ONE, const(-1.0)),
+    "multiply": lambda a, out: (a[1], a[0]),
+    "divide": lambda a, out: (e("divide", ONE, a[1]), e("negative", e("divide", out, a[1]))),
+    "pow": lambda a, out: (
+        e(
+            "multiply",
+            a[1],
+            e("pow", a[0], e("where", e("eq", a[1], ZERO), ONE, e("subtract", a[1], ONE))),
+        ),  # fmt: skip
+        e("multiply", e("log", e("where", e("eq", a[0], ZERO), ONE, a[0])), out),
+    ),
+    "negative": lambda a, out: (const(-1.0),),
+    "exp": lambda a, out: (out,),
+    "expm1": lambda a, out: (e("add", out, ONE),),
+    "log": lambda a, out: (e("divide", ONE, a[0]),),
+    "log1p": lambda a, out: (e("divide", ONE, e("add", a[0], ONE)),),
+    "sqrt": lambda a, out: (e("divide", const(0.5), out),),
+    "square": lambda a, out: (e("multiply", const(2.0), a[0]),),
+    "reciprocal": lambda a, out: (e("negative", e("multiply", out, out)),),
+    "sin": lambda a, out: (e("cos", a[0]),),
+    "cos": lambda a, out: (e("negative", e("sin", a[0])),),
+    "tan": lambda a, out: (e("add", ONE, e("multiply", out, out)),),
+    "sinh": lambda a, out: (e("cosh", a[0]),),
+    "cosh": lambda a, out: (e("sinh", a[0]),),
+    "tanh": lambda a, out: (e("subtract", ONE, e("multiply", out, out)),),
+    "abs": lambda a, out: (e("where", e("ge", a[0], ZERO), ONE, const(-1.0)),),
+    "sign": lambda a, out: (ZERO,),
+    "maximum": lambda a, out: (
+        e("where", e("gt", a[0], a[1]), ONE, ZERO),
+        e("where", e("gt", a[0], a[1]), ZERO, ONE),
+    ),
+    "minimum": lambda a, out: (
+        e("where", e("lt", a[0], a[1]), ONE, ZERO),
+        e("where", e("lt", a[0], a[1]), ZERO, ONE),
+    ),
+    "where": lambda a, out: (None, e("where", a[0], ONE, ZERO), e("where", a[0], ZERO, ONE)),
+    "gt": lambda a, out: (None, None),
+    "ge": lambda a, out: (None, None),
+    "lt": lambda a, out: (None, None),
+    "le": lambda a, out: (None, None),
+    "eq": lambda a, out: (None, None),
+}
+COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq"})
+
+
+def partials(out, n):
+    """One expression per argument: the derivative of `out` with respect to it."""
+    order = topological([out])
+    adjoint = {id(out): ONE}
+    grads = [ZERO] * n
+    for node in reversed(order):
+        g = adjoint.pop(id(node), None)
+        if g is None or node.op == "const":
+            continue
+        if node.op == "arg":
+            grads[node.value] = e("add", grads[node.value], g)
+            continue
+        for child, d in zip(node.args, RULES[node.op](node.args, node)):
+            if d is not None:
+                contribution = e("multiply", g, d)
+                previous = adjoint.get(id(child))
+                adjoint[id(child)] = (
+                    contribution if previous is None else e("add", previous, contribution)
+                )
+    return grads
+
+
+def topological(roots):
+    """Every node reachable from `roots`, each after its arguments, each once."""
+    order, seen = [], set()
+    stack = [(root, False) for root in reversed(roots)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+        elif id(node) not in seen:
+            seen.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(node.args))
+    return order
