@@ -45,10 +45,11 @@ def back(y, dy=None, *, once=True):
             "tg.param (non-differentiable functions such as floor, sign or comparisons, and "
             "tg.data, return plain arrays); differentiate a value computed from a parameter"
         )
-    seed = scalar_seed(y) if dy is None else given_seed(y, dy)
-    for node, g in walk(y, seed, once=once):
-        if node._rule is None:
-            node._grad = backend.writable(g) if node._grad is None else node._grad + g
+    with backend.on_device_of(y.data):  # buffers and kernels on y's GPU, not the current one
+        seed = scalar_seed(y) if dy is None else given_seed(y, dy)
+        for node, g in walk(y, seed, once=once):
+            if node._rule is None:
+                node._grad = backend.writable(g) if node._grad is None else node._grad + g
 
 
 def scalar_seed(y):
@@ -188,10 +189,11 @@ def _backprop(loss, inputs, nest):
     _check_loss_is_scalar(loss)
     if not isinstance(loss, TrackedArray):
         return {}
-    seed = scalar_seed(loss)
-    if nest:  # a tracked constant, so that every vjp sees a tracked gradient
-        seed = TrackedArray(seed, loss._xp)
-    reached = walk(loss, seed, once=not nest, nested=nest, stop=inputs)
+    with backend.on_device_of(loss.data):  # buffers and kernels on the loss's GPU
+        seed = scalar_seed(loss)
+        if nest:  # a tracked constant, so that every vjp sees a tracked gradient
+            seed = TrackedArray(seed, loss._xp)
+        reached = walk(loss, seed, once=not nest, nested=nest, stop=inputs)
     return {id(node): g for node, g in reached}
 
 

@@ -5,6 +5,7 @@ namespace, which is faster than a wrapper; other libraries go through array-api-
 detected through `sys.modules`, so importing tracker_gpu never imports it.
 """
 
+import contextlib
 import sys
 
 import array_api_compat
@@ -17,6 +18,7 @@ __all__ = [
     "is_cupy",
     "device_of",
     "on_accelerator",
+    "on_device_of",
     "size_of",
     "writable",
     "check_same_library",
@@ -73,6 +75,15 @@ def is_cupy(x):
 
 def device_of(x):
     return array_api_compat.device(x)
+
+
+def on_device_of(x):
+    """A context in which the library of `x` allocates and launches on `x`'s device: CuPy's
+    current device (which its new arrays and kernels use) made `x`'s; nothing for libraries
+    that place results by their inputs."""
+    if is_cupy(x):
+        return x.device
+    return contextlib.nullcontext()
 
 
 def on_accelerator(x):

@@ -106,12 +106,13 @@ def train_step(model, state, x, y):
 
 def accuracy(model, x, y):
     """The fraction of `x` that `model` classifies as `y` (a float; one sync)."""
-    return _correct(model(x), y) / x.shape[0]
+    return int(_hits(model(x), y)) / x.shape[0]
 
 
-def _correct(logits, y):
+def _hits(logits, y):
+    """How many rows of `logits` pick their label, as a 0-d array on the data's device."""
     xp = tg.backend.namespace_of(logits)
-    return int(xp.sum(xp.astype(xp.argmax(logits, axis=-1) == y, xp.int64)))
+    return xp.sum(xp.astype(xp.argmax(logits, axis=-1) == y, xp.int64))
 
 
 @dataclass
@@ -147,7 +148,8 @@ def train(
     epochs = recipe.epochs if epochs is None else epochs
     start = time.perf_counter()
     data = data if data is not None else digits(xp=xp, device=device, seed=seed)
-    with _one_thread(data.train_x):
+    # on CuPy every new array and kernel goes to the data's GPU, not the current one
+    with _one_thread(data.train_x), tg.backend.on_device_of(data.train_x):
         return _train(name, recipe, data, epochs, batch_size, lr, seed, xp, device, progress, start)
 
 
@@ -186,15 +188,16 @@ def _train(name, recipe, data, epochs, batch_size, lr, seed, xp, device, progres
     for epoch in range(1, epochs + 1):
         state = optim.adjust(state, eta=_cosine(base_lr, epoch, epochs))
         order = lib.asarray(rng.permutation(n), device=device_of_data)
-        total_loss, correct = 0.0, 0
+        total_loss, correct = 0.0, 0  # summed on the device: no wait for it in a step
         for i in range(steps):
             batch = order[i * batch_size : min((i + 1) * batch_size, n)]
             x = lib.take(data.train_x, batch, axis=0)
             y = lib.take(data.train_y, batch, axis=0)
             loss, logits, model, state = train_step(model, state, x, y)
-            total_loss += float(loss) * batch.shape[0]
-            correct += _correct(logits, y)
+            total_loss = loss * batch.shape[0] + total_loss
+            correct = _hits(logits, y) + correct
             bar.update(1)
+        total_loss, correct = float(total_loss), int(correct)
         _check_finite(name, epoch, total_loss)
         history["loss"].append(total_loss / n)
         history["train_accuracy"].append(correct / n)

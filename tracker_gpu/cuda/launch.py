@@ -7,12 +7,12 @@ Everything happens on the device that holds the arrays, not on CuPy's current de
 are cached per device, and launches and allocations run under the arrays' device.
 """
 
-import contextlib
 import sys
 from collections import OrderedDict
 
 import numpy as np
 
+from ..backend import on_device_of
 from .dispatch import note
 from .sources import C_TYPES, Family, family, kernels
 
@@ -106,9 +106,7 @@ def on_device(where):
     nothing for NumPy arrays."""
     if isinstance(where, int):
         return sys.modules["cupy"].cuda.Device(where)
-    if type(where) is np.ndarray or type(where) is not _cupy_type():
-        return contextlib.nullcontext()
-    return where.device
+    return on_device_of(where)
 
 
 def library(x):
