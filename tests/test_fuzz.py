@@ -11,6 +11,10 @@ tolerances. PyTorch computes slices and index arrays with `index_select`, a path
 ours. Programs that come near a kink, a tie or an overflow (where the two are both right but
 may differ) are rejected rather than compared.
 
+On NumPy, a third of the programs (those whose seed is a multiple of 3) run tracker_gpu's side
+with the fused path on (`on_host`: the host build of the CUDA kernels), so the fused kernels are
+checked against PyTorch too; Hessian-vector products take nested passes, which never fuse.
+
 CI runs a bounded, derandomized number of examples; set TRACKER_GPU_FUZZ_EXAMPLES=2000 to run
 that many per test. A failure prints the shrunk `Program`; paste it into a regression test at the
 end of this file.
@@ -19,6 +23,7 @@ The programs and their operations, in tracker_gpu and in PyTorch, are in `fuzz_o
 the Hypothesis strategy that draws them is in `fuzz_programs.py`.
 """
 
+import contextlib
 import os
 
 import numpy as np
@@ -26,6 +31,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import tracker_gpu as tg
+from tracker_gpu.cuda import host, on_host, recording
 
 pytest.importorskip("torch", reason="differential testing needs PyTorch (pip install torch)")
 
@@ -95,9 +101,22 @@ def _supported(backend, program):
     _guard(backend.name != "torch" or not _negative_steps(program))
 
 
+def fused_share(backend, program):
+    """`on_host()` for a third of the programs on NumPy (the fused path through the host build
+    of the kernels), else nothing."""
+    if backend.xp is np and program.seed % 3 == 0 and host.available():
+        return on_host()
+    return contextlib.nullcontext()
+
+
 def check_program(backend, program):
     _supported(backend, program)
     out_t, loss_t, grads_t, _ = run_torch(program)
+    with fused_share(backend, program):
+        check_tracker_side(backend, program, out_t, loss_t, grads_t)
+
+
+def check_tracker_side(backend, program, out_t, loss_t, grads_t):
     arrays = [backend.asarray(a) for a in program.arrays()]
     apply = apply_tg(backend.asarray)
     w = backend.asarray(program.weights(tuple(out_t.shape)))
@@ -200,6 +219,16 @@ def test_each_operation_agrees_with_torch(backend, name):
         pytest.skip("PyTorch tensors refuse slices with negative steps")
     check_program(backend, program)
     check_hvp(backend, program)
+
+
+def test_a_share_of_the_programs_takes_the_fused_path(backend):
+    if backend.xp is not np or not host.available():
+        pytest.skip("the fused path takes NumPy arrays through the host build of the kernels")
+    program = EACH_OPERATION["tanh"]
+    assert program.seed % 3 == 0
+    with recording() as log:
+        check_program(backend, program)
+    assert ("launch", "tanh_bwd_acc") in log
 
 
 # --- shrunk failures, kept as regression tests

@@ -187,11 +187,8 @@ def _layout(values):
 def _arguments(values, scalars, dtype, shape, like):
     """The kernel's leading arguments (arrays promoted to `dtype`) and its `dims` metadata."""
     promoted = [v if s or v.dtype == dtype else _cast(v, dtype) for v, s in zip(values, scalars)]
-    arrays = [v for v, s in zip(promoted, scalars) if not s]
-    axes = []
-    for a, n in enumerate(shape):
-        if n != 1:
-            axes.append([n] + [_strides(v, shape)[a] for v in arrays])
+    strides = [_strides(v, shape) for v, s in zip(promoted, scalars) if not s]
+    axes = [[n] + [st[a] for st in strides] for a, n in enumerate(shape) if n != 1]
     axes = merge_axes(axes)
     dims = [v for axis in axes for v in axis]
     return promoted, device_int64(dims or [0], like), len(axes)
@@ -205,7 +202,7 @@ def _strides(array, shape):
 def _cast(array, dtype):
     note(("alloc", array.size * np.dtype(dtype).itemsize))
     with on_device(array):
-        return library(array).astype(array, dtype)
+        return array.astype(dtype)  # a method on NumPy and CuPy arrays alike
 
 
 def forward(compiled, args):
