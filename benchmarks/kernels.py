@@ -1,131 +1,233 @@
-"""Fused pullback kernels: time and achieved bandwidth on a GPU, or the plan without one.
+"""Fused pullback kernels on a GPU against the generic CuPy path and PyTorch CUDA eager; without a
+GPU, the launch plan, measured on the host build of the kernels.
 
-    python benchmarks/kernels.py [--size 16777216] [--dtype float32] [--repeats 50]
+    python benchmarks/kernels.py [--size 16777216] [--dtype float32] [--repeats 50] [--json PATH]
 
-With CuPy and a GPU, the gradient through each fused pullback is timed with CUDA events
-(warm-up, median), its achieved bandwidth is compared with the device's measured copy bandwidth,
-and it is compared with the same gradient through the generic (unfused) CuPy path and through
-PyTorch CUDA autograd when available, all in this run. Without a GPU it says so and prints the
-plan: launches and bytes moved per element, fused against generic.
+On a GPU (CuPy and CUDA), for each workload of WORKLOADS (x of --size elements: a vector, or
+rows of 4096 for the bias, of 256 for softmax and cross-entropy), in one run, on the same inputs:
+- forward: the loss computed from tracked parameters (the graph recorded);
+- backward: `tg.back(loss, once=False)` on that graph (the seed, each node's pullback, the
+  leaves' gradients; the gradients are reset between repeats, outside the timed window);
+each through the fused path, the generic CuPy path (`generic_only()`) and PyTorch CUDA eager
+written the same way (its `loss.backward(retain_graph=True)`). The gradients are compared, fused
+against generic and PyTorch against fused; if they differ, the exit status is 1.
+Times are device times: CUDA events around the call, issued while a spin kernel keeps the
+device busy, so the device's work is timed and Python's overhead is not (median of --repeats
+after a warm-up). The host time of each call is reported beside them ("host us"), and a time is
+starred where the device may have waited for the host (the call waited for the device, or
+issuing it outlasted the spin): there the device time includes host time.
+
+"of copy" is the backward's bandwidth, the bytes our fused pullbacks must read and write (the
+"traffic" column: arrays of x's size) over its time, as a fraction of a device-to-device copy
+of x measured in this run (2 * x.nbytes over the copy's time). For a function applied
+elementwise to x, the pullback reads one array of x's size and writes one (the gradient): a
+copy's traffic, so the figure is copy time / backward time. It shows speed only: not memory
+(each backward's peak extra memory, in x's size, is reported beside it), not host overhead.
+
+Launches: ours recorded with `tracker_gpu.cuda.recording()` (the fused path's kernels); the
+generic CuPy path's and PyTorch's counted by PyTorch's profiler (every kernel, copy and fill
+the device ran during the call, CuPy's included) where PyTorch with CUDA is installed, else
+"n/a". Targets, printed as met or missed (a benchmark, not a test): each fused backward at least
+85% of the copy's bandwidth and at least 2x faster than the generic CuPy path.
+
+Without a GPU it says so and prints the plan: each workload run once on small NumPy arrays
+through the host build of the kernels (`on_host()`), its fused launches and buffers recorded.
 """
 
 import argparse
-import statistics
+import json
 import sys
+from dataclasses import dataclass
 
 import numpy as np
+from gpu_measure import cupy_gpu
+from kernel_runs import OF_COPY_TARGET, SPEEDUP_TARGET, measure
 
 import tracker_gpu as tg
+from tracker_gpu.cuda import on_host, recording
 
-# name: (loss of x, launches of the generic pullback, bytes moved per element by the fused one in
-#        units of the itemsize: the input it reads and the gradient it writes; the incoming
-#        gradient of a summed loss is one scalar)
-WORKLOADS = {
-    "sumabs2": (lambda x: tg.sumabs2(x), 2, 2),
-    "sum(x**2)": (lambda x: tg.sum(x**2), 2, 2),
-    "tanh": (lambda x: tg.sum(tg.tanh(x)), 3, 2),
-    "sigmoid": (lambda x: tg.sum(tg.sigmoid(x)), 3, 2),
-    "relu": (lambda x: tg.sum(tg.relu(x)), 3, 2),
-    "exp": (lambda x: tg.sum(tg.exp(x)), 1, 2),
-    "sin": (lambda x: tg.sum(tg.sin(x)), 2, 2),
-}
+BIAS, CLASSES = 4096, 256  # the bias's length; the rows' length for softmax and cross-entropy
 
 
-def plan(size):
-    print("No GPU available (CuPy cannot use one): the plan, not timings.\n")
-    print(f"{'pullback':12s} {'fused launches':>15s} {'generic launches':>17s} {'bytes/elem':>11s}")
-    for name, (_, generic, moved) in WORKLOADS.items():
-        print(f"{name:12s} {1:15d} {generic:17d} {moved:>11d}x")
-    print("\nsoftmax/logsoftmax rows: 1 forward and 1 backward launch (generic: 5 and 4);")
-    print("logitcrossentropy: 1 forward launch + a mean, 1 backward launch;")
-    print("broadcast + - * / **: 1 launch per tracked operand, reducing its broadcast axes inside.")
-    print(f"Reproduce on a GPU: python benchmarks/kernels.py --size {size}")
+@dataclass(frozen=True)
+class Workload:
+    """A loss of x (and more parameters): ours with tracker_gpu, theirs with PyTorch.
+
+    `inputs(rng, size, dtype)` gives `(parameters, constants)` as NumPy arrays, x first;
+    `traffic` is the arrays of x's size our fused backward reads and writes; `plan_size` the
+    elements of x for the plan without a GPU."""
+
+    name: str
+    formula: str
+    ours: object
+    theirs: object
+    traffic: int = 2
+    inputs: object = None
+    plan_size: int = 4096
 
 
-def cuda_time(cp, fn, repeats):
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    fn()
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
-    return statistics.median(times)
+def flat(rng, size, dtype):
+    return [rng.standard_normal(size).astype(dtype)], []
 
 
-TORCH = {
-    "sumabs2": lambda t, x: (x * x).sum(),
-    "sum(x**2)": lambda t, x: (x**2).sum(),
-    "tanh": lambda t, x: t.tanh(x).sum(),
-    "sigmoid": lambda t, x: t.sigmoid(x).sum(),
-    "relu": lambda t, x: t.relu(x).sum(),
-    "exp": lambda t, x: t.exp(x).sum(),
-    "sin": lambda t, x: t.sin(x).sum(),
-}
+def bias_inputs(rng, size, dtype):
+    rows = max(1, size // BIAS)
+    x, w = (rng.standard_normal((rows, BIAS)).astype(dtype) for _ in range(2))
+    return [x, rng.standard_normal(BIAS).astype(dtype)], [w]
 
 
-def measure(cp, size, dtype, repeats):
-    from tracker_gpu.cuda import generic_only
+def softmax_inputs(rng, size, dtype):
+    rows = max(1, size // CLASSES)
+    return [rng.standard_normal((rows, CLASSES)).astype(dtype)], [
+        rng.standard_normal((rows, CLASSES)).astype(dtype)
+    ]
 
-    x = cp.random.standard_normal(size).astype(dtype)
-    copy_bandwidth = 2 * x.nbytes / cuda_time(cp, lambda: x.copy(), repeats)
-    torch = _torch_cuda()
-    print(f"device copy bandwidth: {copy_bandwidth / 1e9:.0f} GB/s ({dtype}, {size} elements)\n")
-    header = (
-        f"{'pullback':12s} {'fused ms':>9s} {'GB/s':>7s} {'of copy':>8s} {'generic/fused':>14s}"
+
+def crossentropy_inputs(rng, size, dtype):
+    rows = max(1, size // CLASSES)
+    logits = rng.standard_normal((rows, CLASSES)).astype(dtype)
+    return [logits], [rng.integers(0, CLASSES, rows)]
+
+
+def _unary(name):
+    f = getattr(tg, name)
+    return Workload(
+        name,
+        f"sum({name}(x))",
+        lambda x: tg.sum(f(x)),
+        lambda t, x: getattr(t, name)(x).sum(),
+        inputs=flat,
     )
-    print(header + (f" {'torch/fused':>12s}" if torch else ""))
-    for name, (f, _, moved) in WORKLOADS.items():
-        fused = cuda_time(cp, lambda f=f: tg.gradient(f, x), repeats)
-        with generic_only():
-            generic = cuda_time(cp, lambda f=f: tg.gradient(f, x), repeats)
-        bandwidth = moved * x.nbytes / fused
-        row = (
-            f"{name:12s} {fused * 1e3:9.3f} {bandwidth / 1e9:7.0f} "
-            f"{bandwidth / copy_bandwidth:8.0%} {generic / fused:14.2f}"
+
+
+WORKLOADS = (
+    Workload(
+        "sumabs2",
+        "sumabs2(x); PyTorch dot(x, x)",
+        tg.sumabs2,
+        lambda t, x: t.dot(x, x),
+        inputs=flat,
+    ),
+    Workload(
+        "sum(x**2)", "sum(x**2)", lambda x: tg.sum(x**2), lambda t, x: (x**2).sum(), inputs=flat
+    ),
+    *(_unary(name) for name in ("tanh", "sigmoid", "relu", "exp", "sin")),
+    Workload(
+        "bias",
+        f"sum((x + b) * w), b ({BIAS},)",
+        lambda x, b, w: tg.sum((x + b) * w),
+        lambda t, x, b, w: ((x + b) * w).sum(),
+        traffic=3,  # g * w: read w, write; b's gradient: read that (x's is that, no copy)
+        inputs=bias_inputs,
+        plan_size=256 * BIAS,  # its reduction split across blocks, as at the default size
+    ),
+    Workload(
+        "softmax",
+        f"sum(softmax(x) * w), rows of {CLASSES}",
+        lambda x, w: tg.sum(tg.softmax(x) * w),
+        lambda t, x, w: (t.softmax(x, -1) * w).sum(),
+        traffic=5,  # g * w: read w, write; softmax: read y and that, write
+        inputs=softmax_inputs,
+        plan_size=64 * CLASSES,
+    ),
+    Workload(
+        "crossentropy",
+        f"logitcrossentropy(x, labels), rows of {CLASSES}",
+        lambda x, labels: tg.nn.logitcrossentropy(x, labels),
+        lambda t, x, labels: t.nn.functional.cross_entropy(x, labels),
+        traffic=3,  # read the logits and the one-hot targets, write
+        inputs=crossentropy_inputs,
+        plan_size=64 * CLASSES,
+    ),
+)
+
+
+# --- without a GPU: the plan, measured on the host build
+def plan(args, why):
+    print(f"No GPU available ({why}): the plan, not timings.")
+    print("Each workload ran once on small NumPy arrays through the host build of the kernels")
+    print("(tracker_gpu.cuda.on_host()); its fused launches and buffers were recorded.\n")
+    rows = [plan_row(w, np.dtype(args.dtype)) for w in WORKLOADS]
+    print(
+        f"{'workload':13s} {'x shape':>12s} {'fwd':>4s} {'bwd':>4s} {'buffers':>8s} "
+        f"{'traffic':>8s}  backward kernels"
+    )
+    for r in rows:
+        print(
+            f"{r['name']:13s} {'x'.join(map(str, r['shape'])):>12s} "
+            f"{len(r['forward_launches']):4d} {len(r['backward_launches']):4d} "
+            f"{r['backward_buffers']:7.2f}x {r['traffic']:7d}x  "
+            f"{', '.join(r['backward_launches'])}"
         )
-        if torch:
-            row += f" {_torch_time(cp, torch, TORCH[name], x, repeats) / fused:12.2f}"
-        print(row)
+    print("\nfwd, bwd: launches of the fused path in the forward and the backward pass (the")
+    print("forward's other work is plain array operations); buffers: the memory the backward's")
+    print("fused pullbacks allocate, and traffic: the arrays they must read and write, both in")
+    print("x's size. The generic path's and PyTorch's launches are counted on a GPU, by")
+    print("PyTorch's profiler. On a GPU this script times each backward against a device copy")
+    print(
+        f"(targets: {OF_COPY_TARGET:.0%} of copy bandwidth, {SPEEDUP_TARGET:g}x the generic "
+        "CuPy path):"
+    )
+    print(f"  python benchmarks/kernels.py --size {args.size} --dtype {args.dtype}")
+    return {"gpu": False, "why": why, "plan": rows}
 
 
-def _torch_cuda():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
+def plan_row(w, dtype):
+    rng = np.random.default_rng(0)
+    params, constants = w.inputs(rng, w.plan_size, dtype)
+    with on_host():
+        tracked = [tg.param(a) for a in params]
+        with recording() as forward:
+            loss = w.ours(*tracked, *constants)
+        with recording() as backward:
+            tg.back(loss, once=False)
+    nbytes = params[0].nbytes
+    return {
+        "name": w.name,
+        "formula": w.formula,
+        "shape": list(params[0].shape),
+        "forward_launches": _launches(forward),
+        "backward_launches": _launches(backward),
+        "backward_buffers": sum(n for kind, n in backward if kind == "alloc") / nbytes,
+        "traffic": w.traffic,
+    }
 
 
-def _torch_time(cp, torch, f, x, repeats):
-    t = torch.as_tensor(x, device="cuda").requires_grad_(True)
-
-    def step():
-        t.grad = None
-        f(torch, t).backward()
-
-    return cuda_time(cp, step, repeats)
+def _launches(log):
+    return [name for kind, name in log if kind == "launch"]
 
 
-def main():
+# --- the command line
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=1 << 24)
+    parser.add_argument("--size", type=int, default=1 << 24, help="elements of x")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--repeats", type=int, default=50)
-    args = parser.parse_args()
-    try:
-        import cupy as cp
+    parser.add_argument("--json", metavar="PATH", help="write every figure here")
+    args = parser.parse_args(argv)
+    cp, why = cupy_gpu()
+    if cp is None:
+        document = plan(args, why)
+    else:
+        document = measure(cp, WORKLOADS, args)
+    document.update(size=args.size, dtype=args.dtype, repeats=args.repeats)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=1)
+        print(f"figures written to {args.json}")
+    return 1 if wrong_answers(document) else 0
 
-        available = cp.is_available()
-    except ImportError:
-        available = False
-    if not available:
-        plan(args.size)
-        return 0
-    measure(cp, args.size, np.dtype(args.dtype), args.repeats)
-    return 0
+
+def wrong_answers(document):
+    """The workloads whose gradients differ between paths (a failure, unlike a missed target)."""
+    wrong = [
+        r["name"]
+        for r in document.get("workloads", [])
+        if not r["fused_agrees_with_generic"] or r.get("torch_agrees") is False
+    ]
+    if wrong:
+        print(f"FAIL: the gradients differ between paths for {', '.join(wrong)}")
+    return wrong
 
 
 if __name__ == "__main__":

@@ -1,28 +1,48 @@
-"""One MLP training step with tracker_gpu, next to the same step written by hand in NumPy.
+"""One MLP training step with tracker_gpu, next to the same step written by hand in NumPy, or on
+a GPU next to PyTorch CUDA eager.
 
-    python benchmarks/train_step.py [--repeats 200] [--batch 64] [--threads 1]
+    python benchmarks/train_step.py [--backend numpy|cupy] [--repeats 200] [--batch 64]
+                                    [--threads 1] [--json PATH]
 
 The model is 784-128-10 with tanh, float32, the loss the logit cross-entropy of a batch of 64,
 and the step forward + backward + Adam. tracker_gpu's step is what a user writes
-(`nn.Chain`, `withgradient`, `optim.update`); the NumPy step computes the same forward pass,
-its gradients by hand, and Adam's update in the textbook form (Kingma & Ba 2015), on the same
-data and initial parameters. Both run in this process; the medians of `--repeats` timed steps
-and their ratio are printed. BLAS runs on `--threads` threads (1 by default: these matrices are
+(`nn.Chain`, `withgradient`, `optim.update`).
+
+`--backend numpy` (the default): the NumPy step computes the same forward pass, its gradients by
+hand, and Adam's update in the textbook form (Kingma & Ba 2015), on the same data and initial
+parameters. Both run in this process; the medians of `--repeats` timed steps (wall clock) and
+their ratio are printed. BLAS runs on `--threads` threads (1 by default: these matrices are
 small, and threads add noise), through threadpoolctl when it is installed.
+
+`--backend cupy` (a GPU): tracker_gpu's step on CuPy, and PyTorch CUDA eager with the same model,
+initial parameters, batch and optimiser (`torch.optim.Adam`, same learning rate, betas and
+epsilon), each first checked against the NumPy step by hand. Each is timed with CUDA events
+over blocks of consecutive steps (the host's overhead included, as in a training loop: at this
+size a step costs more on the host than on the device), the two interleaved block by block; the
+median per step and the ratio are printed, with the target (the CuPy step no slower than
+PyTorch's) met or missed. Also measured: the peak bytes of CuPy's memory pool during one step
+(above what is in use before it) and the same for PyTorch's allocator. Not measured: the
+device time alone (see kernels.py), or any other model size.
 """
 
 import argparse
 import contextlib
+import json
 import statistics
+import sys
 import time
 
 import numpy as np
+from gpu_measure import DeviceTimer, cupy_gpu, pool_peak, torch_cuda, torch_peak
 
 import tracker_gpu as tg
 from tracker_gpu import nn, optim
 
 SIZES = (784, 128, 10)
 LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.999, 1e-8
+SHAPE = "-".join(map(str, SIZES))
+KIB = 1 << 10
+MEMORY = {"cupy_pool": "CuPy memory pool", "torch_allocator": "PyTorch allocator"}
 
 
 def make_problem(batch, seed=0):
@@ -114,12 +134,8 @@ def blas_threads(n):
     return threadpool_limits(limits=n, user_api="blas")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+def cpu_run(args):
+    """tracker_gpu on NumPy against the NumPy step by hand, interleaved; wall-clock medians."""
     x, labels, model = make_problem(args.batch)
     onehot = np.eye(SIZES[-1], dtype=np.float32)[labels]
     with blas_threads(args.threads):
@@ -143,12 +159,194 @@ def main():
             tracker_times.append(median_seconds(ours, args.repeats // rounds))
             numpy_times.append(median_seconds(by_hand, args.repeats // rounds))
     ours_s, numpy_s = statistics.median(tracker_times), statistics.median(numpy_times)
-    shape = "-".join(map(str, SIZES))
-    print(f"MLP {shape}, batch {args.batch}, float32, tanh, logitcrossentropy, Adam")
+    print(f"MLP {SHAPE}, batch {args.batch}, float32, tanh, logitcrossentropy, Adam")
     print(f"tracker_gpu step   {ours_s * 1e6:9.1f} us  (median of {args.repeats})")
     print(f"NumPy by hand      {numpy_s * 1e6:9.1f} us")
     print(f"ratio              {ours_s / numpy_s:9.2f}x")
+    return {
+        "backend": "numpy",
+        "tracker_us": ours_s * 1e6,
+        "numpy_us": numpy_s * 1e6,
+        "ratio": ours_s / numpy_s,
+    }
+
+
+# --- on a GPU: tracker_gpu on CuPy against PyTorch CUDA eager
+def gpu_run(args):
+    """Both steps checked, timed interleaved, and their memory measured; None without a GPU."""
+    cp, why = cupy_gpu()
+    if cp is None:
+        print(f"--backend cupy: no GPU available ({why})", file=sys.stderr)
+        return None
+    torch = torch_cuda()
+    x, labels, model = make_problem(args.batch)
+    steps = {"tracker_gpu": cupy_stepper(cp, x, labels, model)}
+    if torch is not None:
+        steps["torch"] = torch_stepper(torch, x, labels, model)
+    expected = numpy_losses(x, labels, model)
+    agree = {
+        name: np.allclose([float(step()) for _ in expected], expected, rtol=1e-3)
+        for name, step in steps.items()
+    }
+    per_block = 20
+    rounds = max(3, args.repeats // per_block)
+    times = interleaved(DeviceTimer(cp), steps, rounds, per_block)
+    document = {
+        "backend": "cupy",
+        "device": device_name(cp),
+        "agree": agree,
+        "us": {name: ms * 1e3 for name, ms in times.items()},
+        "rounds": rounds,
+        "steps_per_round": per_block,
+        "memory": memory_figures(cp, torch, steps),
+    }
+    if "torch" in times:
+        ratio = times["tracker_gpu"] / times["torch"]
+        document["ratio"] = ratio
+        document["target"] = {
+            "target": "the CuPy step no slower than PyTorch CUDA eager",
+            "value": ratio,
+            "met": ratio <= 1.0,
+        }
+    print_gpu(document, args)
+    return document
+
+
+def cupy_stepper(cp, x, labels, model):
+    """tracker_gpu's step on CuPy arrays (the model moved with nn.place), from `model`."""
+    x, labels = cp.asarray(x), cp.asarray(labels)
+    model = nn.place(model, xp="cupy")
+    current = [model, tracker_setup(model)]
+
+    def step():
+        m, s, loss = tracker_step(*current, x, labels)
+        current[:] = [m, s]
+        return loss
+
+    return step
+
+
+def torch_stepper(torch, x, labels, model):
+    """The same step in PyTorch CUDA eager (as benchmarks/peers.py writes it on the CPU)."""
+    net = torch.nn.Sequential(
+        torch.nn.Linear(*SIZES[:2]), torch.nn.Tanh(), torch.nn.Linear(*SIZES[1:])
+    ).to("cuda")
+    with torch.no_grad():
+        for p, value in zip(net.parameters(), numpy_setup(model)[0]):
+            p.copy_(torch.as_tensor(value))
+    opt = torch.optim.Adam(net.parameters(), lr=LR, betas=(BETA1, BETA2), eps=EPS)
+    x, labels = torch.as_tensor(x, device="cuda"), torch.as_tensor(labels, device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(net(x), labels)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
+
+
+def numpy_losses(x, labels, model, steps=3):
+    """The losses of the first `steps` steps by hand, from `model`."""
+    onehot = np.eye(SIZES[-1], dtype=np.float32)[labels]
+    params, moments, t = numpy_setup(model)
+    losses = []
+    for _ in range(steps):
+        params, moments, t, loss = numpy_step(params, moments, t, x, onehot)
+        losses.append(float(loss))
+    return losses
+
+
+def interleaved(timer, steps, rounds, per_block, warmup=20):
+    """Milliseconds per step of each stepper: the median over `rounds` of a block of
+    `per_block` steps each, the steppers taking turns block by block."""
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    blocks = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            blocks[name].append(timer.block(step, per_block))
+    return {name: statistics.median(times) for name, times in blocks.items()}
+
+
+def memory_figures(cp, torch, steps):
+    """Bytes in use before a step, the peak extra bytes during one, and the bytes held from the
+    device: CuPy's memory pool for tracker_gpu, PyTorch's allocator for PyTorch."""
+    pool = cp.get_default_memory_pool()
+    cp.cuda.Device().synchronize()
+    before = pool.used_bytes()
+    peak = pool_peak(cp, steps["tracker_gpu"])
+    figures = {
+        "cupy_pool": {"in_use_before": before, "peak_extra": peak, "held": pool.total_bytes()}
+    }
+    if "torch" in steps:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        peak = torch_peak(torch, steps["torch"])
+        figures["torch_allocator"] = {
+            "in_use_before": before,
+            "peak_extra": peak,
+            "held": torch.cuda.memory_reserved(),
+        }
+    return figures
+
+
+def device_name(cp):
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def print_gpu(doc, args):
+    us, agree = doc["us"], doc["agree"]
+    print(
+        f"MLP {SHAPE}, batch {args.batch}, float32, tanh, logitcrossentropy, Adam; {doc['device']}"
+    )
+    for name, ok in agree.items():
+        print(f"{name}: first 3 losses {'agree' if ok else 'DIFFER'} with the NumPy step by hand")
+    print(
+        f"tracker_gpu on CuPy  {us['tracker_gpu']:9.1f} us per step (CUDA events, median of "
+        f"{doc['rounds']} blocks of {doc['steps_per_round']} steps, host overhead included)"
+    )
+    if "torch" not in us:
+        print("PyTorch CUDA eager   n/a (PyTorch with CUDA is not installed)")
+    else:
+        target = doc["target"]
+        print(f"PyTorch CUDA eager   {us['torch']:9.1f} us per step")
+        print(
+            f"ratio                {doc['ratio']:9.2f}x   target: {target['target']}: "
+            f"{'met' if target['met'] else 'MISSED'}"
+        )
+    for name, m in doc["memory"].items():
+        print(
+            f"{MEMORY[name]}: {m['in_use_before'] / KIB:.1f} KiB in use before a step, "
+            f"{m['peak_extra'] / KIB:.1f} KiB more at its peak during one, "
+            f"{m['held'] / KIB:.1f} KiB held from the device"
+        )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="numpy", choices=["numpy", "cupy"])
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", metavar="PATH", help="write the figures here")
+    args = parser.parse_args(argv)
+    if args.backend == "cupy":
+        document = gpu_run(args)
+        if document is None:
+            return 3  # no GPU: said why
+    else:
+        document = cpu_run(args)
+    document.update(model=SHAPE, batch=args.batch, repeats=args.repeats)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=1)
+        print(f"figures written to {args.json}")
+    return 0 if all(document.get("agree", {}).values()) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+CI_GPU = ROOT / "ci" / "gpu"
 WORKLOADS = {"per-op", "sum-of-squares", "mlp-step", "graphs", "hessian"}
 PEERS = ("torch", "autograd", "mygrad")
 ALLOWED = {"ok", "n/a", "not installed", "not supported"}
@@ -21,14 +23,12 @@ def once(request):
         pytest.skip("the benchmarks make their own arrays: they run once, with --backend numpy")
 
 
-def run(script, *args):
+def run(script, *args, expect=0):
+    path = script if isinstance(script, Path) else BENCHMARKS / script
     proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, str(path), *args], capture_output=True, text=True, timeout=600
     )
-    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == expect, f"{script} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     return proc.stdout
 
 
@@ -65,5 +65,75 @@ def test_overhead():
     assert "tracker_gpu" in run("overhead.py", "--ops", "100", "--repeats", "3")
 
 
-def test_kernels():
-    run("kernels.py", "--size", str(1 << 20), "--repeats", "3")
+def has_gpu():
+    try:
+        import cupy
+    except ImportError:
+        return False
+    try:
+        return bool(cupy.is_available())
+    except Exception:
+        return False
+
+
+def test_kernels(tmp_path):
+    out = run("kernels.py", "--size", str(1 << 20), "--repeats", "3", "--json", str(tmp_path / "k"))
+    document = json.loads((tmp_path / "k").read_text())
+    names = {"sumabs2", "sum(x**2)", "tanh", "sigmoid", "relu", "exp", "sin", "bias", "softmax",
+             "crossentropy"}  # fmt: skip
+    if document["gpu"]:
+        assert {r["name"] for r in document["workloads"]} == names
+        assert all(r["paths"]["fused"]["backward"]["ms"] > 0 for r in document["workloads"])
+        return
+    # without a GPU: the plan, with launch counts measured on the host build
+    assert "No GPU available" in out
+    plan = {row["name"]: row for row in document["plan"]}
+    assert set(plan) == names
+    for name in ("tanh", "sigmoid", "relu", "exp", "sin"):
+        assert plan[name]["backward_launches"] == [f"{name}_bwd_acc"]
+        assert f"{name}_bwd_acc" in out
+    assert plan["sumabs2"]["backward_launches"] == plan["sum(x**2)"]["backward_launches"]
+    assert plan["softmax"]["forward_launches"] == ["softmax_fwd"]
+    assert "add_bwd_reduce" in plan["bias"]["backward_launches"]
+    assert plan["crossentropy"]["backward_launches"] == ["logitcrossentropy_bwd_acc"]
+
+
+def test_train_step(tmp_path):
+    out = run("train_step.py", "--repeats", "10", "--json", str(tmp_path / "t"))
+    document = json.loads((tmp_path / "t").read_text())
+    assert document["backend"] == "numpy" and document["ratio"] > 0
+    assert "tracker_gpu step" in out and "NumPy by hand" in out
+
+
+def test_train_step_on_cupy_without_a_gpu_says_so():
+    if has_gpu():
+        pytest.skip("a GPU is present: train_step.py --backend cupy would time it")
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "train_step.py"), "--backend", "cupy"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 3 and "no GPU available" in proc.stderr
+
+
+def test_ci_gpu_dry_run_lists_the_steps(tmp_path):
+    out = run(CI_GPU, "--dry-run", "--report", str(tmp_path / "r.md"))
+    for text in ("--system-site-packages", "--no-index", "--find-links", "ci/matrix cupy",
+                 "tests/test_fused_fuzz.py", "TRACKER_GPU_FUZZ_EXAMPLES=", "benchmarks/kernels.py",
+                 "train_step.py --backend cupy", "tracker_gpu.train --backend cupy",
+                 "--device gpu:1", "device-check"):  # fmt: skip
+        assert text in out, text
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_ci_gpu_without_wheels_fails_with_a_report(tmp_path):
+    report = tmp_path / "report.md"
+    wheels = tmp_path / "no-wheels"
+    run(CI_GPU, "--wheels", str(wheels), "--report", str(report), expect=1)
+    text = report.read_text()
+    assert "FAILED: setup" in text and "ci/gpu prepare" in text
+    assert "## Machine" in text and "## A second GPU" in text
+
+
+def test_ci_gpu_machine_facts():
+    facts = json.loads(run(CI_GPU, "machine").strip().splitlines()[-1])
+    assert facts["python"] and "gpus" in facts and facts["numpy"]
