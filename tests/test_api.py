@@ -175,3 +175,25 @@ def test_integer_fields_of_a_top_level_dataclass_are_not_parameters():
 
     (g,) = tg.gradient(lambda m: tg.sum(m.weight * m.index), Model(np.ones(2), np.array([1, 2])))
     assert np.allclose(g.weight, [1.0, 2.0]) and g.index is None
+
+
+def test_withgradient_returns_plain_values_of_the_data_library(backend):
+    x = backend.asarray([1.0, 2.0])
+    val, (g,) = tg.withgradient(lambda x: (tg.sum(x**2), {"double": x * 2.0}, "aux"), x)
+    loss, aux, label = val
+    assert not tg.istracked(loss) and not tg.istracked(aux["double"]) and label == "aux"
+    assert type(aux["double"]) is type(x)
+    assert float(loss) == 5.0 and np.array_equal(backend.to_numpy(aux["double"]), [2.0, 4.0])
+    implicit = tg.withgradient(lambda: tg.sum(tg.param(x) * 3.0), tg.Params([]))
+    assert not tg.istracked(implicit.val)
+
+
+def test_withgradient_keeps_aux_objects_that_hold_no_tracked_array():
+    config = {"steps": [1, 2]}
+    val, _ = tg.withgradient(lambda x: (tg.sum(x), config), np.ones(2))
+    assert val[1] is config
+
+
+def test_withgradient_with_nest_keeps_the_value_tracked():
+    val, (g,) = tg.withgradient(lambda x: tg.sum(x**3), np.array([2.0]), nest=True)
+    assert tg.istracked(val) and tg.istracked(g)

@@ -16,7 +16,7 @@ import numpy as np
 from . import backend
 from .backend import SCALARS
 from .checks import checking
-from .pytree import is_container, tree_map
+from .pytree import is_container, tree_leaves, tree_map
 from .tape import BackError, walk
 from .tracked import TrackedArray, data, identity, leaf, param
 
@@ -47,9 +47,10 @@ def back(y, dy=None, *, once=True):
         )
     with backend.on_device_of(y.data):  # buffers and kernels on y's GPU, not the current one
         seed = scalar_seed(y) if dy is None else given_seed(y, dy)
-        for node, g in walk(y, seed, once=once):
-            if node._rule is None:
-                node._grad = backend.writable(g) if node._grad is None else node._grad + g
+        reached = [(node, g) for node, g in walk(y, seed, once=once) if node._rule is None]
+        hand_out = HandOut(node.data for node, _ in reached)
+        for node, g in reached:
+            node._grad = hand_out(g) if node._grad is None else node._grad + g
 
 
 def scalar_seed(y):
@@ -120,7 +121,15 @@ def gradient(f, *args, nest=False):
 
 
 def withgradient(f, *args, nest=False):
-    """`(val, grad)`: the value of `f(*args)` (its whole output) and `gradient(f, *args)`."""
+    """`(val, grad)`: the value of `f(*args)` (its whole output, with plain arrays of the data's
+    library where it returned tracked ones) and `gradient(f, *args)`. With `nest=True` the
+    value stays tracked, like the gradients, for an outer derivative.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> val, (g,) = tg.withgradient(lambda x: tg.sum(x**2), np.array([1.0, 2.0]))
+    >>> val, g
+    (np.float64(5.0), array([2., 4.]))
+    """
     if not callable(f):
         raise TypeError(
             f"gradient needs the function to differentiate first, got {type(f).__name__}: "
@@ -132,7 +141,25 @@ def withgradient(f, *args, nest=False):
     val = f(*tracked_args)
     loss = val[0] if isinstance(val, tuple) else val
     found = _backprop(loss, inputs.values(), nest)
-    return WithGradient(val, gradients_in_place(args, inputs, found, nest))
+    return WithGradient(
+        val if nest else untracked(val), gradients_in_place(args, inputs, found, nest)
+    )
+
+
+def untracked(val):
+    """`f`'s output with each tracked array replaced by its plain value. An auxiliary output
+    holding no tracked array is returned as it is (the object itself)."""
+    if type(val) is tuple:
+        return tuple(_plain(v) for v in val)
+    return _plain(val)
+
+
+def _plain(x):
+    if isinstance(x, TrackedArray):
+        return x.data
+    if is_container(x) and any(isinstance(leaf, TrackedArray) for leaf in tree_leaves(x)):
+        return tree_map(data, x)
+    return x
 
 
 def track_inputs(args, nest):
@@ -145,7 +172,8 @@ def track_inputs(args, nest):
 
 def gradients_in_place(args, inputs, found, nest):
     """The arguments' structure with each parameter's gradient (from `found`) in its place."""
-    return tuple(tree_map(lambda x: _grad_of(x, inputs, found, nest), a) for a in args)
+    hand_out = None if nest else HandOut(made.data for made in inputs.values())
+    return tuple(tree_map(lambda x: _grad_of(x, inputs, found, hand_out), a) for a in args)
 
 
 def _as_array_if_number(x):
@@ -215,15 +243,35 @@ def _check_loss_is_scalar(loss):
         )
 
 
-def _grad_of(x, inputs, found, nest):
+def _grad_of(x, inputs, found, hand_out):
     made = inputs.get(id(x))
     if made is None:
         return None
     g = found.get(id(made))
-    if g is None or nest:
+    if g is None or hand_out is None:
         return g
-    g = backend.writable(g)
+    g = hand_out(g)
     return nobacksies(NEST_MESSAGE, g, parent=x) if isinstance(x, TrackedArray) else g
+
+
+class HandOut:
+    """Gradients handed to a user own their memory: no two share a buffer, and none shares one
+    with the user's arrays, so writing into one changes nothing else. A fresh gradient (the
+    common case) passes as it is; a broadcast view, or one sharing the buffer of a gradient
+    already handed out or of `arrays`, is copied.
+    """
+
+    def __init__(self, arrays=()):
+        self._taken = {backend.memory_key(a) for a in arrays}
+
+    def __call__(self, g):
+        g = backend.writable(g)
+        key = backend.memory_key(g)
+        if key in self._taken:
+            g = backend.namespace_of(g).asarray(g, copy=True)
+            key = backend.memory_key(g)
+        self._taken.add(key)
+        return g
 
 
 NEST_MESSAGE = (
@@ -319,6 +367,8 @@ def _implicit(f, params, nest):
     val = f()
     loss = val[0] if isinstance(val, tuple) else val
     found = _backprop(loss, list(params), nest)
-    if not nest:
-        found = {key: backend.writable(g) for key, g in found.items()}
-    return WithGradient(val, Grads(params, found))
+    if nest:
+        return WithGradient(val, Grads(params, found))
+    hand_out = HandOut(p.data for p in params)
+    found = {key: hand_out(g) for key, g in found.items()}
+    return WithGradient(untracked(val), Grads(params, found))

@@ -21,6 +21,7 @@ __all__ = [
     "on_device_of",
     "size_of",
     "writable",
+    "memory_key",
     "check_same_library",
     "check_same_device",
     "scatter_add",
@@ -105,13 +106,26 @@ def size_of(x):
 def writable(x):
     """`x`, or a copy where `x` is a broadcast view (zero strides: read-only on NumPy, refused as
     a target of in-place writes by PyTorch). Gradients handed to the user own their memory."""
-    strides = getattr(x, "strides", None)
+    strides = getattr(getattr(x, "_array", x), "strides", None)  # array-api-strict wraps NumPy
     if strides is None and hasattr(x, "stride") and callable(x.stride):
         strides = x.stride()  # PyTorch
     if strides is None or 0 not in strides:
         return x
     xp = namespace_of(x)
     return xp.asarray(x, copy=True)
+
+
+def memory_key(x):
+    """A key shared by arrays that may view the same memory: the buffer that owns it (NumPy,
+    CuPy and array-api-strict), the storage's address (PyTorch), else the array itself."""
+    inner = getattr(x, "_array", None)  # array-api-strict wraps a NumPy array
+    if inner is not None:
+        x = inner
+    if hasattr(x, "untyped_storage"):
+        return ("torch", x.untyped_storage().data_ptr())
+    while getattr(x, "base", None) is not None:
+        x = x.base
+    return id(x)
 
 
 def check_same_library(xp, x):
