@@ -90,6 +90,14 @@ def assert_close(backend, actual, expected, what):
     np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL * scale, err_msg=what)
 
 
+def assert_same(backend, tracked, plain, what):
+    """The value computed on tracked arrays is the value of the same program on plain arrays,
+    bit for bit (nan where it is nan)."""
+    a, b = (backend.to_numpy(tg.data(v)) for v in (tracked, plain))
+    assert a.shape == b.shape and a.dtype == b.dtype, what
+    assert np.array_equal(a, b, equal_nan=True), f"{what}: {a} != {b}"
+
+
 def _negative_steps(program):
     keys = [step.params["key"] for step in program.steps if step.op == "getitem"]
     parts = [p for key in keys for p in (key if type(key) is tuple else (key,))]
@@ -133,6 +141,7 @@ def check_tracker_side(backend, program, out_t, loss_t, grads_t):
 
     (val, out), grads = tg.withgradient(loss, *(arrays[i] for i in variable))
     assert_close(backend, out, out_t, "output")
+    assert_same(backend, out, plain_out, "output, tracked and untracked")
     assert_close(backend, val, loss_t, "loss")
     for i, g, gt in zip(variable, grads, grads_t):
         if g is not None:

@@ -239,3 +239,29 @@ def test_second_derivative(backend, name, axis):
     f = getattr(tg, name)
     x = on_backend(backend, uniform((2, 3), REDUCTIONS[name], seed=39))
     check_nested(backend, lambda x: f(x * x, axis=axis), x)
+
+
+SQUARES = {
+    "sum(x**2)": lambda x: tg.sum(x**2),
+    "sum(x*x)": lambda x: tg.sum(x * x),
+    "sum(square(x))": lambda x: tg.sum(tg.square(x)),
+    "vecdot(x, x)": lambda x: tg.vecdot(x, x),
+}
+
+
+@pytest.mark.parametrize("name", SQUARES)
+def test_a_sum_of_squares_has_the_value_of_the_plain_expression(backend, name):
+    """Recorded as one `sumabs2` node (for its fused pullback), the value is still that of the
+    plain expression, bit for bit: float32 sums of many values differ by order of addition."""
+    f = SQUARES[name]
+    x = backend.asarray(np.random.default_rng(0).standard_normal(100_000), dtype=np.float32)
+    value, (g,) = tg.withgradient(f, x)
+    assert np.array_equal(backend.to_numpy(tg.data(value)), backend.to_numpy(f(x)))
+    assert np.allclose(backend.to_numpy(g), 2 * backend.to_numpy(x))
+
+
+def test_vecdot_has_the_value_of_the_plain_vecdot(backend):
+    rng = np.random.default_rng(1)
+    x, y = (backend.asarray(rng.standard_normal((3, 1000)), dtype=np.float32) for _ in range(2))
+    value = tg.vecdot(tg.param(x), y)
+    assert np.array_equal(backend.to_numpy(tg.data(value)), backend.to_numpy(tg.vecdot(x, y)))

@@ -292,15 +292,20 @@ def _record(prim, args, kw):
         _check_plain_operands(xp, values)
     if len(values) > 1 and xp is not np:
         backend.check_same_device([v for v in values if backend.is_array(v)])
-    if NOT_TRACKING and threading.get_ident() in NOT_TRACKING:
+    if not tracking():
         return prim.forward(xp, *values, **kw)
-    return _node(prim.forward(xp, *values, **kw), xp, prim, args, kw)
+    return new_node(prim.forward(xp, *values, **kw), xp, prim, args, kw)
+
+
+def tracking():
+    """Whether operations on tracked arrays record in this thread (not inside `notrack()`)."""
+    return not (NOT_TRACKING and threading.get_ident() in NOT_TRACKING)
 
 
 _new = object.__new__
 
 
-def _node(value, xp, rule, args, ctx):
+def new_node(value, xp, rule, args, ctx):
     """An interior node (its `_grad` slot is never read: gradients are kept for leaves only)."""
     node = _new(TrackedArray)
     node.data, node._xp, node._rule, node._args, node._ctx = value, xp, rule, args, ctx
@@ -536,13 +541,13 @@ def _operators(prim):
     def operator(self, other):
         if type(other) in SCALARS and not NOT_TRACKING:
             value = prim.forward(self._xp, self.data, other)
-            return _node(value, self._xp, prim, (self, other), _NO_KEYWORDS)
+            return new_node(value, self._xp, prim, (self, other), _NO_KEYWORDS)
         return prim(self, other)
 
     def reflected(self, other):
         if type(other) in SCALARS and not NOT_TRACKING:
             value = prim.forward(self._xp, other, self.data)
-            return _node(value, self._xp, prim, (other, self), _NO_KEYWORDS)
+            return new_node(value, self._xp, prim, (other, self), _NO_KEYWORDS)
         return prim(other, self)
 
     return operator, reflected

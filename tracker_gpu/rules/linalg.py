@@ -47,7 +47,7 @@ from .decompositions import svdvals
 from .elementwise import abs as _abs
 from .elementwise import multiply, subtract, where
 from .linalg_base import _T, _eye, _tracked, _xp, inv, matmul, matrix_transpose, solve
-from .reductions import expand, sumabs2
+from .reductions import expand, sumabs2_of
 from .reductions import max as _max
 from .reductions import min as _min
 from .reductions import sum as _sum
@@ -117,11 +117,25 @@ def vecdot(x1, x2, /, *, axis=-1):
             f"vecdot: axis {axis} has size {x1.shape[axis]} in x1 and {x2.shape[axis]} in x2; "
             f"it must be the same in both (it is not broadcast)"
         )
-    if not (isinstance(x1, TrackedArray) or isinstance(x2, TrackedArray)):
-        return _xp(x1).vecdot(x1, x2, axis=axis)
-    if x1 is x2 and x1.ndim == 1:
-        return sumabs2(x1)
-    return _sum(multiply(x1, x2), axis=axis)
+    if x1 is x2 and x1.ndim == 1 and isinstance(x1, TrackedArray):
+        return sumabs2_of(x1, x1._xp.vecdot(x1.data, x1.data))
+    return _vecdot(x1, x2, axis=axis)
+
+
+def _vecdot_vjp(other):
+    def vjp(g, ans, x1, x2, axis=-1):
+        if axis >= 0:  # counted from the end of the broadcast shape, where g lacks it
+            axis -= max(x1.ndim, x2.ndim)
+        return multiply(expand_dims(g, axis=axis), (x1, x2)[other])
+
+    return vjp
+
+
+_vecdot = Primitive(
+    "vecdot",
+    lambda xp, x1, x2, axis=-1: xp.vecdot(x1, x2, axis=axis),
+    (_vecdot_vjp(1), _vecdot_vjp(0)),
+)
 
 
 def outer(x1, x2, /):

@@ -13,7 +13,7 @@ array([0., 6., 0.])
 import builtins
 
 from ..backend import namespace_of
-from ..tracked import Primitive, TrackedArray, data
+from ..tracked import Primitive, TrackedArray, data, new_node, tracking
 from .elementwise import mask, multiply, pow, sqrt, square, where
 from .shape import broadcast_to, permute_dims, reshape
 
@@ -57,11 +57,13 @@ _sum = Primitive(
 
 
 def sum(x, /, *, axis=None, dtype=None, keepdims=False):
-    """The sum over `axis`; the sum of a square recorded on the tape becomes `sumabs2`."""
+    """The sum over `axis`. The sum of a square recorded on the tape (`x**2`, `square(x)`,
+    `x * x`) is recorded as `sumabs2(x)`, whose pullback is one fused kernel on the GPU; its
+    value is the plain sum of the square, bit for bit."""
     if axis is None and dtype is None and not keepdims:
         base = squared_base(x)
         if base is not None:
-            return sumabs2(base)
+            return sumabs2_of(base, x._xp.sum(x.data))
     return _sum(x, axis=axis, dtype=dtype, keepdims=keepdims)
 
 
@@ -70,8 +72,17 @@ def _sumabs2_forward(xp, x):
     return flat @ flat
 
 
-# Julia's sum(abs2, x): one node, and on the GPU one fused kernel for its pullback.
+# Julia's sum(abs2, x), computed as the dot product of x with itself (as `x @ x` would be):
+# one node, and on the GPU one fused kernel for its pullback.
 sumabs2 = Primitive("sumabs2", _sumabs2_forward, (lambda g, ans, x: x * (g * 2),))
+
+
+def sumabs2_of(x, value):
+    """A `sumabs2` node of the tracked `x` whose value was computed another way (the plain
+    expression it stands for), so that it equals that expression's value."""
+    if not tracking():
+        return value
+    return new_node(value, x._xp, sumabs2, (x,), {})
 
 
 def squared_base(y):
