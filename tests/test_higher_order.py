@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tracker_gpu as tg
+from tracker_gpu import nn
 from tracker_gpu.cuda import on_host
 
 W2 = np.array([[0.3, -0.2, 0.5], [0.1, 0.4, -0.3]])
@@ -161,6 +162,48 @@ def test_checkpoint_is_twice_differentiable():
     f = lambda x: tg.sum(tg.checkpoint(lambda y: tg.sin(y) * y, x))  # noqa: E731
     x = np.array([0.3, 1.1])
     assert np.allclose(np.diag(tg.hessian(f, x)), 2 * np.cos(x) - x * np.sin(x))
+
+
+def _dropout_block(rng):
+    drop = nn.Dropout(0.5, rng=rng)
+    return lambda x: drop(tg.tanh(x)) * x
+
+
+def test_checkpoint_replays_the_random_draws_of_its_block(backend):
+    """The backward re-run of a block with Dropout uses the forward's mask: the gradient is that
+    of the function whose value was computed (here written out by hand from the same draws)."""
+    x_np = np.linspace(-1.5, 1.5, 16)
+    x = backend.asarray(x_np)
+    rng = np.random.default_rng(7)
+    keep = np.random.default_rng(7).random(16) >= 0.5
+    block = _dropout_block(rng)
+    value, (g,) = tg.withgradient(lambda x: tg.sum(tg.checkpoint(block, x)), x)
+    t = np.tanh(x_np)
+    assert np.isclose(float(value), np.sum(keep * 2 * t * x_np))
+    assert np.allclose(backend.to_numpy(g), keep * 2 * ((1 - t**2) * x_np + t))
+
+
+def test_checkpoint_leaves_the_generator_where_the_forward_left_it():
+    rng, twin = np.random.default_rng(3), np.random.default_rng(3)
+    x = tg.param(np.linspace(0.5, 1.5, 6))
+    loss = tg.sum(tg.checkpoint(_dropout_block(rng), x))
+    twin.random(6)  # the forward's draw
+    tg.back(loss, once=False)
+    first = np.copy(tg.grad(x))
+    tg.zero_grad(x)
+    tg.back(loss)  # a second re-run, with the forward's mask again
+    assert np.array_equal(tg.grad(x), first)
+    assert rng.random() == twin.random()
+
+
+def test_checkpoint_refuses_a_generator_it_cannot_replay():
+    class Draws:  # draws, but shows no state to restore
+        def random(self, shape):
+            return np.full(shape, 0.9)
+
+    block = lambda x: nn.Dropout(0.5, rng=Draws())(x) * 2.0  # noqa: E731
+    with pytest.raises(TypeError, match="checkpoint cannot replay the draws"):
+        tg.gradient(lambda x: tg.sum(tg.checkpoint(block, x)), np.ones(3))
 
 
 def test_jacobian_of_a_linear_map_is_the_matrix(backend):

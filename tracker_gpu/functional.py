@@ -10,7 +10,7 @@ checkpoint, and ways to stop tracking (stop_gradient, notrack).
 import contextlib
 import threading
 
-from . import tracked
+from . import draws, tracked
 from .api import given_seed, gradient, gradients_in_place, track_inputs
 from .backend import namespace_of
 from .rules.elementwise import identity
@@ -128,9 +128,10 @@ class _Checkpoint:
     def __init__(self, fn, kw):
         self.fn, self.kw = fn, kw
 
-    def pullback(self, node, args, ctx, g, nested, pending=None):
+    def pullback(self, node, args, states, g, nested, pending=None):
         inputs = [_rerun_input(a, nested) for a in args]
-        y = self.fn(*inputs, **self.kw)
+        with draws.replayed(states):
+            y = self.fn(*inputs, **self.kw)
         stops = [i for i in inputs if isinstance(i, TrackedArray)]
         reached = walk(y, g, once=not nested, nested=nested, stop=stops)
         found = {id(node): grad for node, grad in reached}
@@ -145,12 +146,23 @@ def _rerun_input(a, nested):
 
 def checkpoint(f, *args, **kw):
     """`f(*args)`, keeping only its value: the backward pass runs `f` again to differentiate it,
-    trading compute for the memory of `f`'s intermediate values."""
+    trading compute for the memory of `f`'s intermediate values.
+
+    `f` runs on tracked arguments both times, so layers that act only while differentiating
+    (`nn.Dropout`) act in both runs, and the random numbers drawn through tracker_gpu's layers
+    are replayed: the re-run sees the numbers the first run drew.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> block = lambda x: tg.tanh(x) * x
+    >>> tg.gradient(lambda x: tg.sum(tg.checkpoint(block, x)), np.array([0.5]))[0]
+    array([0.85091819])
+    """
     if not any(isinstance(a, TrackedArray) for a in args):
         return f(*args, **kw)
-    y = f(*(data(a) for a in args), **kw)
+    with draws.noted() as states:
+        y = data(f(*(_rerun_input(a, nested=False) for a in args), **kw))
     xp = next(a._xp for a in args if isinstance(a, TrackedArray))
-    return TrackedArray(y, xp, _Checkpoint(f, kw), args, None)
+    return TrackedArray(y, xp, _Checkpoint(f, kw), args, states)
 
 
 # --- not tracking

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import draws
 from ..backend import device_of, is_array, namespace_of
 from ..optim import tree_map_with_path
 from ..rules.elementwise import add, astype, divide, multiply, sqrt, square, subtract
@@ -191,7 +192,7 @@ class Dropout(Layer):
         xp = namespace_of(plain)
         if self.p == 1:
             return multiply(x, xp.zeros_like(plain))
-        u = self.rng.random(tuple(plain.shape))
+        u = draws.uniform(self.rng, tuple(plain.shape))
         if namespace_of(u) is not xp:
             u = xp.asarray(u, device=device_of(plain))
         keep = xp.astype(u >= self.p, plain.dtype)
