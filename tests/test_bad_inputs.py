@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import tracker_gpu as tg
+from tracker_gpu import nn
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -208,10 +209,24 @@ def test_converting_a_tracked_array_with_numpy():
 
 def test_a_numpy_function_on_a_tracked_array():
     x = tg.param(np.zeros(3))
-    # NumPy's own message; tracker_gpu's functions (tg.exp) are the fix.
-    with pytest.raises(TypeError, match="does not support ufuncs"):
+    with pytest.raises(TypeError, match=r"NumPy's exp cannot record .* call tg.exp\(x\) instead"):
         np.exp(x)
+    with pytest.raises(TypeError, match=r"NumPy's sum cannot record .* call tg.sum\(x\)"):
+        np.sum(x)
+    with pytest.raises(TypeError, match=r"NumPy's concatenate .* call tg.concat"):
+        np.concatenate([x, x])
+    with pytest.raises(TypeError, match=r"no differentiable median: write it with"):
+        np.median(x)
     assert np.array_equal(tg.grad(x), np.zeros(3))
+    y = np.ones(3) * x  # a NumPy array on the left of an operator records
+    assert tg.istracked(y) and not tg.istracked(np.ones(3) < x)
+
+
+def test_writing_a_tracked_result_into_a_numpy_array():
+    x, a = tg.param(np.ones(3)), np.zeros(3)
+    with pytest.raises(TypeError, match=r"cannot write a tracked result into a NumPy array"):
+        a += x
+    assert np.array_equal(a, np.zeros(3))
 
 
 def test_a_tracked_index_array(backend):
@@ -279,17 +294,30 @@ def test_complex_parameters_and_inputs(backend):
         tg.gradient(lambda m: tg.sum(m["z"]), {"z": np.ones(2, dtype=complex)})
 
 
-def test_integer_parameters_are_promoted(backend):
-    """Not an error: param makes a float copy; gradient() makes top-level integer arrays float
-    parameters, and gives integer arrays inside a structure None (they are data, not weights)."""
+def test_integer_inputs_are_data(backend):
+    """Not an error: param makes a float copy; gradient() gives integer arrays None wherever they
+    are (labels, indices: data, not weights), and passes them to the function unchanged."""
     ints = backend.asarray([1, 2], dtype="int64")
     p = tg.param(ints)
     assert backend.xp.isdtype(p.dtype, "real floating")
-    (g,) = tg.gradient(lambda x: tg.sum(x * x), ints)
-    assert backend.xp.isdtype(g.dtype, "real floating")
-    assert np.array_equal(backend.to_numpy(g), [2.0, 4.0])
+    seen = []
+    x = leaf(backend, [1.0, 2.0, 3.0]).data
+    gx, gi = tg.gradient(lambda x, i: seen.append(i) or tg.sum(tg.take(x, i)), x, ints)
+    assert gi is None and seen[0] is ints
+    assert np.array_equal(backend.to_numpy(gx), [0.0, 1.0, 1.0])
     (gm,) = tg.gradient(lambda m: tg.sum(m["w"] * 2.0), {"w": leaf(backend, [1.0]).data, "n": ints})
     assert gm["n"] is None and np.array_equal(backend.to_numpy(gm["w"]), [2.0])
+
+
+def test_a_top_level_integer_or_list_of_floats_warns():
+    with pytest.warns(
+        UserWarning, match=r"argument 0 is the integer 3: integers are data .* pass 3.0"
+    ):
+        assert tg.gradient(lambda n: n * 2.0, 3) == (None,)
+    with pytest.warns(UserWarning, match=r"argument 1 is a list of Python floats: .*\(np.asarray"):
+        g = tg.gradient(lambda x, v: tg.sum(x) * v[0], np.ones(2), [1.0, 2.0])
+    assert g[1] == [None, None] and np.array_equal(g[0], [1.0, 1.0])
+    assert float(tg.gradient(lambda x: x * x, 3.0)[0]) == 6.0  # a top-level float is a parameter
 
 
 def test_boolean_inputs_are_masks_with_no_gradient(backend):
@@ -568,3 +596,37 @@ def test_every_row_of_the_catalogue_has_its_test():
     tests = {name for name in globals() if name.startswith("test_")}
     assert tests - set(named) == {"test_every_row_of_the_catalogue_has_its_test"}
     assert sum(number.isdigit() for number, _ in rows) >= 30
+
+
+def test_a_structure_that_contains_itself():
+    model = {"w": np.ones(2)}
+    model["layers"] = [model]
+    with pytest.raises(ValueError, match=r"contains itself: x\['layers'\]\[0\] is x \(a cycle\)"):
+        tg.gradient(lambda m: tg.sum(m["w"]), model)
+
+
+def test_a_structure_nested_too_deep():
+    deep = np.ones(2)
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(ValueError, match=r"nested 5000 levels deep \(at x\[0\]\[0\].*flatten it"):
+        tg.gradient(lambda m: 0.0, deep)
+
+
+def test_a_string_where_an_array_belongs():
+    with pytest.raises(TypeError, match=r"sin expects an array \(or a Python number\), got str"):
+        tg.sin("x")
+    with pytest.raises(TypeError, match=r"sum expects an array .* got list"):
+        tg.gradient(lambda x: tg.sum(x), ["a", "b"])
+
+
+def test_checkpoint_of_a_generator_it_cannot_replay():
+    class Draws:  # draws, but shows no state to restore
+        def random(self, shape):
+            return np.full(shape, 0.9)
+
+    block = lambda x: nn.Dropout(0.5, rng=Draws())(x) * 2.0  # noqa: E731
+    with pytest.raises(
+        TypeError, match="cannot replay the draws of a .*Draws: its state"
+    ):
+        tg.gradient(lambda x: tg.sum(tg.checkpoint(block, x)), np.ones(3))

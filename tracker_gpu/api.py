@@ -9,6 +9,8 @@
 """
 
 import math
+import sys
+import warnings
 from collections import namedtuple
 
 import numpy as np
@@ -18,7 +20,7 @@ from .backend import SCALARS
 from .checks import checking
 from .pytree import is_container, tree_leaves, tree_map
 from .tape import BackError, walk
-from .tracked import TrackedArray, data, identity, leaf, param
+from .tracked import TrackedArray, data, identity, leaf
 
 __all__ = ["back", "gradient", "withgradient", "WithGradient", "Params", "Grads", "nobacksies"]
 
@@ -103,12 +105,14 @@ def _check_real(y):
 def gradient(f, *args, nest=False):
     """The gradients of the scalar `f(*args)` with respect to each argument.
 
-    Arguments may be nested structures (tuples, lists, dicts, named tuples, dataclasses): each
-    float array inside becomes a parameter and gets its gradient in the same place; everything
-    else gets `None`, and so does an input the loss does not depend on. Top-level numbers and
-    integer arrays are made float parameters, as by `param`; boolean arrays are masks, passed
-    as they are (gradient `None`). `f` may return `(loss, aux...)`. With `nest=True` the
-    gradients are tracked, so they can be differentiated again.
+    Arguments may be nested structures (tuples, lists, dicts, named tuples, dataclasses). What
+    is differentiated is decided by type, the same way everywhere: floating-point arrays are
+    parameters and get their gradient in the same place; integer and boolean arrays (labels,
+    indices, masks) are data and get `None`, and so does anything else, and an input the loss
+    does not depend on. A Python float given as an argument itself is a parameter (a 0-d
+    array); numbers inside a structure are constants (a layer's `eps`). A top-level integer,
+    or a list of floats, warns (they get no gradient). `f` may return `(loss, aux...)`. With
+    `nest=True` the gradients are tracked, so they can be differentiated again.
 
     The implicit form `gradient(lambda: loss, Params([W, b]))` returns `Grads`, looked up by
     parameter.
@@ -163,11 +167,16 @@ def _plain(x):
 
 
 def track_inputs(args, nest):
-    """`(args, inputs, tracked_args)`: numbers made arrays, a tracked input for each parameter
-    (keyed by the id of the user's array) and the arguments with the inputs in place."""
-    args = tuple(_as_array_if_number(a) for a in args)
+    """`(args, inputs, tracked_args)`: top-level floats made arrays, a tracked input for each
+    parameter (keyed by the id of the user's array) and the arguments with the inputs in place.
+
+    What is a parameter: a floating-point array, wherever it is in the arguments, and a Python
+    float given as an argument itself. Integer and boolean arrays are data (labels, indices,
+    masks) wherever they are, and numbers inside a structure are constants (a layer's eps).
+    """
+    args = tuple(_top_level(a, position) for position, a in enumerate(args))
     inputs = {}
-    return args, inputs, tuple(_track(a, inputs, nest, top=True) for a in args)
+    return args, inputs, tuple(_track(a, inputs, nest) for a in args)
 
 
 def gradients_in_place(args, inputs, found, nest):
@@ -176,18 +185,37 @@ def gradients_in_place(args, inputs, found, nest):
     return tuple(tree_map(lambda x: _grad_of(x, inputs, found, hand_out), a) for a in args)
 
 
-def _as_array_if_number(x):
-    """A top-level number becomes a 0-d float64 array: a parameter of its own."""
-    if type(x) in SCALARS and type(x) is not bool:
-        return np.asarray(float(x))
+def _top_level(x, position):
+    """A top-level float becomes a 0-d float64 array, a parameter; the surprising cases warn."""
+    if type(x) is float:
+        return np.asarray(x)
+    if type(x) is int:
+        _warn(
+            f"argument {position} is the integer {x}: integers are data and get no gradient; "
+            f"pass {float(x)} to differentiate with respect to it"
+        )
+    elif isinstance(x, (list, tuple)) and x and all(type(v) is float for v in x):
+        _warn(
+            f"argument {position} is a {type(x).__name__} of Python floats: numbers inside a "
+            "structure are constants and get no gradient; pass an array (np.asarray(...)) to "
+            "differentiate with respect to them"
+        )
     return x
 
 
-def _track(tree, inputs, nest, top):
+def _warn(message):
+    """A warning attributed to the user's line: the first caller outside this package."""
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("tracker_gpu"):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, stacklevel=level)
+
+
+def _track(tree, inputs, nest):
     def track(x):
         key = id(x)
         if key not in inputs:
-            made = _input(x, nest, top and not is_container(tree))
+            made = _input(x, nest)
             if made is None:
                 return x
             inputs[key] = made
@@ -196,7 +224,7 @@ def _track(tree, inputs, nest, top):
     return tree_map(track, tree)
 
 
-def _input(x, nest, top):
+def _input(x, nest):
     """The tracked input standing for a user's value, or None if it is not a parameter."""
     if isinstance(x, TrackedArray):
         return identity(x) if nest else leaf(x.data)
@@ -207,9 +235,7 @@ def _input(x, nest, top):
         return leaf(x)
     if xp.isdtype(x.dtype, "complex floating"):
         raise TypeError("complex inputs are not supported yet; split real and imaginary parts")
-    if xp.isdtype(x.dtype, "bool"):
-        return None  # a mask, passed to f as it is
-    return param(x) if top else None
+    return None  # integers and booleans: data, passed to f as they are
 
 
 def _backprop(loss, inputs, nest):

@@ -6,6 +6,7 @@
 
 import copy
 import dataclasses
+import sys
 
 __all__ = ["tree_map", "tree_leaves", "is_container"]
 
@@ -17,23 +18,78 @@ def is_container(x):
 
 
 def tree_map(fn, tree, *rest):
-    """Apply `fn` to each leaf of `tree` (and the matching leaves of `rest`), keeping the shape."""
+    """Apply `fn` to each leaf of `tree` (and the matching leaves of `rest`), keeping the shape.
+
+    A structure that contains itself, or is nested deeper than Python's recursion allows,
+    raises a ValueError that says where."""
+    try:
+        return _map(fn, tree, *rest)
+    except RecursionError:
+        problem = _cycle_or_depth(tree)
+        if problem is None:  # the recursion was fn's own
+            raise
+        raise ValueError(problem) from None
+
+
+def _map(fn, tree, *rest):
     for other in rest:
         _check_same_structure(tree, other)
     if isinstance(tree, dict):
-        return type(tree)((k, tree_map(fn, v, *(r[k] for r in rest))) for k, v in tree.items())
+        return type(tree)((k, _map(fn, v, *(r[k] for r in rest))) for k, v in tree.items())
     if isinstance(tree, tuple) and hasattr(tree, "_fields"):
-        return type(tree)(*(tree_map(fn, *items) for items in zip(tree, *rest)))
+        return type(tree)(*(_map(fn, *items) for items in zip(tree, *rest)))
     if isinstance(tree, (tuple, list)):
-        return type(tree)(tree_map(fn, *items) for items in zip(tree, *rest))
+        return type(tree)(_map(fn, *items) for items in zip(tree, *rest))
     names = _dataclass_fields(type(tree))
     if names is not None:
         out = _shallow_copy(tree)
         for name in names:
             values = [getattr(t, name) for t in (tree, *rest)]
-            object.__setattr__(out, name, tree_map(fn, *values))
+            object.__setattr__(out, name, _map(fn, *values))
         return out
     return fn(tree, *rest)
+
+
+def _children(x):
+    """`[(label, child)]` of a container, the label as it would be written after its path."""
+    if isinstance(x, dict):
+        return [(f"[{k!r}]", v) for k, v in x.items()]
+    if isinstance(x, (tuple, list)):
+        return [(f"[{i}]", v) for i, v in enumerate(x)]
+    return [(f".{name}", getattr(x, name)) for name in _dataclass_fields(type(x)) or ()]
+
+
+def _cycle_or_depth(tree):
+    """What makes `tree` too deep to map (a cycle, and where; or its depth), else None. An
+    iterative walk: it must not recurse itself."""
+    ancestors = {}  # id -> path, for the containers on the current path
+    deepest = (0, "")
+    stack = [(tree, "x", 0, False)]
+    while stack:
+        node, path, depth, leaving = stack.pop()
+        if leaving:
+            del ancestors[id(node)]
+            continue
+        if not is_container(node):
+            continue
+        if id(node) in ancestors:
+            return (
+                f"the structure contains itself: {path} is {ancestors[id(node)]} (a cycle); "
+                "pass a structure without cycles (tracker_gpu maps every array inside it)"
+            )
+        ancestors[id(node)] = path
+        deepest = max(deepest, (depth, path))
+        stack.append((node, path, depth, True))
+        stack.extend((child, path + label, depth + 1, False) for label, child in _children(node))
+    depth, path = deepest
+    if depth < sys.getrecursionlimit() // 4:
+        return None
+    where = path if len(path) <= 60 else path[:57] + "..."
+    return (
+        f"the structure is nested {depth + 1} levels deep (at {where}), too deep to map "
+        "without exceeding Python's recursion limit; flatten it, e.g. hold the layers in one "
+        "list instead of each inside the next"
+    )
 
 
 _FIELDS = {}

@@ -46,8 +46,6 @@ class TrackedArray(Node):
     """
 
     __slots__ = ("data", "_xp")
-    # NumPy (and CuPy) defer to our reflected operators instead of unwrapping us.
-    __array_ufunc__ = None
     __array_priority__ = 1000
 
     def __init__(self, value, xp, rule=None, args=(), ctx=None):
@@ -82,6 +80,26 @@ class TrackedArray(Node):
             "converting a TrackedArray to a NumPy array would drop its gradient tape; "
             "use tg.data(x) for the plain value"
         )
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """A NumPy array (or scalar) on the left of an operator: `ndarray * tracked` records
+        like `tracked * ndarray`; comparisons give plain booleans; any other NumPy function
+        raises an error naming the function to call instead."""
+        if "out" in kwargs:
+            raise TypeError(
+                "cannot write a tracked result into a NumPy array (an in-place operator such "
+                "as `a += x`, or out=): write `a = a + x`, which records it"
+            )
+        if method == "__call__" and not kwargs:
+            if ufunc.__name__ in _OPERATOR_UFUNCS:
+                return _OPERATOR_UFUNCS[ufunc.__name__](*inputs)
+            if ufunc.__name__ in _COMPARISONS:
+                return ufunc(*(data(a) for a in inputs))
+        raise numpy_function_error(ufunc.__name__ if method == "__call__" else
+                                   f"{ufunc.__name__}.{method}")  # fmt: skip
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise numpy_function_error(func.__name__)
 
     # --- arithmetic: recorded (+ - * / ** are declared with the operator table at the end)
     def __matmul__(self, other):
@@ -174,6 +192,36 @@ class TrackedArray(Node):
         return f"TrackedArray({self.data!r}, {kind})"
 
 
+# NumPy's names of the standard's functions, where they differ.
+_STANDARD_NAMES = {
+    "absolute": "abs", "power": "pow", "true_divide": "divide", "conjugate": "conj",
+    "arcsin": "asin", "arccos": "acos", "arctan": "atan", "arctan2": "atan2",
+    "arcsinh": "asinh", "arccosh": "acosh", "arctanh": "atanh", "concatenate": "concat",
+    "transpose": "permute_dims", "amax": "max", "amin": "min", "cumsum": "cumulative_sum",
+    "cumprod": "cumulative_prod", "invert": "bitwise_invert", "left_shift":
+    "bitwise_left_shift", "right_shift": "bitwise_right_shift", "dot": "matmul",
+}  # fmt: skip
+_COMPARISONS = frozenset("less less_equal greater greater_equal equal not_equal".split())
+
+
+def numpy_function_error(name):
+    """The error for a NumPy function called on a tracked array, naming what to call instead."""
+    from . import namespace
+
+    standard = _STANDARD_NAMES.get(name, name)
+    if standard in namespace.__all__:
+        hint = (
+            f"call tg.{standard}(x) instead, or xp.{standard}(x) with "
+            "xp = array_api_compat.array_namespace(x): both record it"
+        )
+    else:
+        hint = (
+            f"tracker_gpu has no differentiable {standard}: write it with the Array API's "
+            "functions (tg.*), or call NumPy on tg.data(x) for a plain value without gradient"
+        )
+    return TypeError(f"NumPy's {name} cannot record a gradient on a TrackedArray; {hint}")
+
+
 class Primitive:
     """A differentiable operation: forward `f(xp, *args, **kw)` and a vjp per argument.
 
@@ -199,6 +247,7 @@ class Primitive:
                 return _record(self, args, kw)
         xp = _namespace_of_plain(args)
         if xp is None:  # Python numbers in, a Python number out
+            _check_number(self.name, args)
             return _as_number(self.forward(np, *args, **kw))
         return self.forward(xp, *args, **kw)
 
@@ -268,6 +317,14 @@ def _namespace_of_plain(args):
         if backend.is_array(a):
             return namespace_of(a)
     return None
+
+
+def _check_number(name, args):
+    if args and type(args[0]) not in SCALARS:
+        raise TypeError(
+            f"{name} expects an array (or a Python number), got {type(args[0]).__name__}; "
+            "convert it with the array library's asarray first"
+        )
 
 
 def _as_number(y):
@@ -552,6 +609,11 @@ def _operators(prim):
 
     return operator, reflected
 
+
+_OPERATOR_UFUNCS = {
+    "add": add, "subtract": subtract, "multiply": multiply, "divide": divide, "power": pow,
+    "matmul": matmul, "floor_divide": floor_divide, "remainder": remainder,
+}  # fmt: skip
 
 for _name, _prim in (("add", add), ("sub", subtract), ("mul", multiply), ("truediv", divide),
                      ("pow", pow)):  # fmt: skip
