@@ -7,6 +7,11 @@ from datetime import datetime, timezone
 from gpu_probe import MISSING_THERE, PROJECT, ROOT
 
 TAIL_LINES = 60
+BENCHMARKS = {  # the steps whose tables the report shows, with their titles
+    "kernels": "Kernels: `benchmarks/kernels.py`",
+    "memory": "Peak memory: `benchmarks/memory.py --backend cupy`",
+    "train-step": "MLP training step: `benchmarks/train_step.py --backend cupy`",
+}
 
 
 def render(facts, steps, status):
@@ -92,10 +97,7 @@ def _tests(by_name):
 def _benchmarks(by_name):
     """Each benchmark's tables as it printed them, then its targets, met or missed."""
     lines = []
-    for name, title in (
-        ("kernels", "Kernels: `benchmarks/kernels.py`"),
-        ("train-step", "MLP training step: `benchmarks/train_step.py --backend cupy`"),
-    ):
+    for name, title in BENCHMARKS.items():
         step = by_name.get(name)
         if step is not None and step.output:
             lines += [f"## {title}", "", "```", step.output.rstrip(), "```", ""]
@@ -109,9 +111,10 @@ def _verdict(target):
 
 def _target_table(doc):
     if doc.get("workloads"):
-        header = ("workload", *(t["target"] for t in doc["workloads"][0]["targets"]))
-        rows = [(r["name"], *map(_verdict, r["targets"])) for r in doc["workloads"]]
-        return _table(header, rows)
+        rows = [
+            (r["name"], t["target"], _verdict(t)) for r in doc["workloads"] for t in r["targets"]
+        ]
+        return _table(("workload", "target", "ratio"), rows)
     target = doc.get("target")
     return _table(("target", "ratio"), [(target["target"], _verdict(target))]) if target else []
 
@@ -183,7 +186,7 @@ def _failures(steps):
 def _raw(steps):
     lines = []
     for s in steps:
-        if s.name in ("kernels", "train-step") and s.figures:
+        if s.name in BENCHMARKS and s.figures:
             lines += [
                 "<details><summary>raw figures of " + s.name + " (JSON)</summary>",
                 "",

@@ -11,16 +11,23 @@
 // axis of each group varies fastest. `g_step` is 1 for a gradient of out's shape and 0 for a
 // scalar gradient broadcast to it (as after a sum). `prev` may alias `acc`.
 
+//
+// An operand reaches `partial` as a pointer and an offset, and is read only where its formula
+// needs it: the tape keeps only what the generic rule reads (nothing for add and subtract, the
+// other operand for multiply), and passes g in place of an array it did not keep.
 template <typename T>
-__device__ T partial(int op, int side, T g, T x, T y, T out) {
+__device__ T partial(int op, int side, T g, const T* x, long long ox, const T* y, long long oy,
+                     const T* out, long long oo) {
     switch (op) {
         case 0: return g;                                                 // add
         case 1: return side ? -g : g;                                     // subtract
-        case 2: return side ? g * x : g * y;                              // multiply
-        case 3: return side ? -g * out / y : g / y;                       // divide
-        default:                                                          // pow
-            return side ? g * log(x == T(0) ? T(1) : x) * out
-                        : g * y * pow(x, y == T(0) ? T(1) : y - T(1));
+        case 2: return side ? g * x[ox] : g * y[oy];                      // multiply
+        case 3: return side ? -g * out[oo] / y[oy] : g / y[oy];           // divide
+        default: {                                                        // pow
+            const T xv = x[ox];
+            return side ? g * log(xv == T(0) ? T(1) : xv) * out[oo]
+                        : g * y[oy] * pow(xv, y[oy] == T(0) ? T(1) : y[oy] - T(1));
+        }
     }
 }
 
@@ -47,7 +54,7 @@ __device__ void offsets(const long long* dims, int ndim, long long k, long long*
              i += (long long)blockDim.x * gridDim.x) {                                       \
             long long o[3];                                                                  \
             offsets(dims, ndim, i, o);                                                       \
-            const T c = partial(op, side, g[o[0] * g_step], x[o[1]], y[o[2]], out[o[0]]);    \
+            const T c = partial(op, side, g[o[0] * g_step], x, o[1], y, o[2], out, o[0]);    \
             acc[i] = has_prev ? prev[i] + c : c;                                             \
         }                                                                                    \
     }
@@ -89,8 +96,8 @@ BINARY_BWD(pow, 4)
                      j += (long long)parts * red_lanes) {                                    \
                     offsets(dims + 4 * kept_ndim, reduced_ndim, j, r);                       \
                     const long long at = k[0] + r[0];                                        \
-                    total += partial(op, side, g[at * g_step], x[k[1] + r[1]],               \
-                                     y[k[2] + r[2]], out[at]);                               \
+                    total += partial(op, side, g[at * g_step], x, k[1] + r[1], y,            \
+                                     k[2] + r[2], out, at);                                  \
                 }                                                                            \
             }                                                                                \
             lanes[red_lane * out_lanes + out_lane] = total;                                  \

@@ -626,7 +626,5 @@ def test_checkpoint_of_a_generator_it_cannot_replay():
             return np.full(shape, 0.9)
 
     block = lambda x: nn.Dropout(0.5, rng=Draws())(x) * 2.0  # noqa: E731
-    with pytest.raises(
-        TypeError, match="cannot replay the draws of a .*Draws: its state"
-    ):
+    with pytest.raises(TypeError, match="cannot replay the draws of a .*Draws: its state"):
         tg.gradient(lambda x: tg.sum(tg.checkpoint(block, x)), np.ones(3))

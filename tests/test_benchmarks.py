@@ -137,3 +137,19 @@ def test_ci_gpu_without_wheels_fails_with_a_report(tmp_path):
 def test_ci_gpu_machine_facts():
     facts = json.loads(run(CI_GPU, "machine").strip().splitlines()[-1])
     assert facts["python"] and "gpus" in facts and facts["numpy"]
+
+
+def test_memory(tmp_path):
+    out = run("memory.py", "--quick", "--json", str(tmp_path / "m"))
+    document = json.loads((tmp_path / "m").read_text())
+    rows = document["workloads"]
+    assert set(rows) == {"wide", "chain", "mlp step", "residual", "residual, checkpoint"}
+    for row in rows.values():
+        assert row["peaks"]["numpy"] > 0 and row["peaks"]["tracker_gpu"] > 0
+    assert {t["target"].split(":")[0] for t in document["targets"]} >= {
+        "wide",
+        "MLP step",
+        "residual",
+        "checkpoint",
+    }
+    assert "peak extra memory in MB" in out

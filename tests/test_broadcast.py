@@ -70,7 +70,7 @@ def test_one_node_and_one_trace():
 
     x, y = tg.param(np.ones(3)), tg.param(np.ones(3))
     out = tg.broadcast(f, x, y)
-    assert out._args == (x, y)  # one node whose parents are the arguments themselves
+    assert out._node.args == (x._node, y._node)  # one node whose parents are the arguments
     tg.broadcast(f, x, y)
     assert len(calls) == 1  # traced once for this dtype signature
     tg.broadcast(f, np.ones(3, dtype=np.float32), np.ones(3, dtype=np.float32))

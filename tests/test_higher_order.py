@@ -241,11 +241,11 @@ def test_notrack_and_stop_gradient():
 def test_fused_pullbacks_serve_first_order_passes_only():
     calls = []
 
-    def fused(node, args, kw, g, pending):
+    def fused(ans, args, values, kw, g, pending):
         calls.append("fused")
         return [g * 2.0]
 
-    double = tg.tracked.Primitive(
+    double = tg.primitive.Primitive(
         "double", lambda xp, x: x * 2.0, (lambda g, ans, x: g * 2.0,), fused=fused
     )
     x = np.array([1.0, 3.0])

@@ -157,7 +157,7 @@ def test_mse_and_logitcrossentropy_are_one_primitive(backend, loss, primitive):
     z = tg.param(backend.asarray(LOGITS))
     y = backend.asarray(ONEHOT)
     out = loss(z, y)
-    assert out._rule is primitive and out._args[0] is z
+    assert out._node.rule is primitive and out._node.args[0] is z._node
     assert primitive.fused is not None  # its fused CUDA pullback
 
 

@@ -7,7 +7,8 @@
 
 # isort: skip_file
 # `tracked` first: the rule modules build on it, and it binds its operators to them.
-from .tracked import TrackedArray, data, grad, isleaf, istracked, param, rule, update, zero_grad
+from .tracked import TrackedArray, data, grad, isleaf, istracked, param, update, zero_grad
+from .primitive import rule
 from . import namespace, testing
 from .namespace import *
 from .api import Grads, Params, WithGradient, back, gradient, nobacksies, withgradient

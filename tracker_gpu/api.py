@@ -18,6 +18,7 @@ import numpy as np
 from . import backend
 from .backend import SCALARS
 from .checks import checking
+from .primitive import record
 from .pytree import is_container, tree_leaves, tree_map
 from .tape import BackError, walk
 from .tracked import TrackedArray, data, identity, leaf
@@ -49,10 +50,10 @@ def back(y, dy=None, *, once=True):
         )
     with backend.on_device_of(y.data):  # buffers and kernels on y's GPU, not the current one
         seed = scalar_seed(y) if dy is None else given_seed(y, dy)
-        reached = [(node, g) for node, g in walk(y, seed, once=once) if node._rule is None]
-        hand_out = HandOut(node.data for node, _ in reached)
-        for node, g in reached:
-            node._grad = hand_out(g) if node._grad is None else node._grad + g
+        hand_out = HandOut()
+        for node, g in walk(y._node, seed, once=once):
+            if node.rule is None:
+                node.grad = hand_out(g) if node.grad is None else node.grad + g
 
 
 def scalar_seed(y):
@@ -247,7 +248,8 @@ def _backprop(loss, inputs, nest):
         seed = scalar_seed(loss)
         if nest:  # a tracked constant, so that every vjp sees a tracked gradient
             seed = TrackedArray(seed, loss._xp)
-        reached = walk(loss, seed, once=not nest, nested=nest, stop=inputs)
+        stop = [made._node for made in inputs]
+        reached = walk(loss._node, seed, once=not nest, nested=nest, stop=stop)
     return {id(node): g for node, g in reached}
 
 
@@ -273,7 +275,7 @@ def _grad_of(x, inputs, found, hand_out):
     made = inputs.get(id(x))
     if made is None:
         return None
-    g = found.get(id(made))
+    g = found.get(id(made._node))
     if g is None or hand_out is None:
         return g
     g = hand_out(g)
@@ -314,7 +316,7 @@ class NestedDerivativeError(RuntimeError):
 class _NoBacksies:
     name = "nobacksies"
 
-    def pullback(self, node, args, message, g, nested, pending=None):
+    def pullback(self, node, args, message, saved, g, nested, pending=None):
         raise NestedDerivativeError(message)
 
 
@@ -331,7 +333,7 @@ def nobacksies(message, x, *, parent=None):
     link = parent if parent is not None else x
     if not isinstance(link, TrackedArray):
         return x
-    return TrackedArray(data(x), link._xp, _NO_BACKSIES, (link,), message)
+    return record(data(x), link._xp, _NO_BACKSIES, (link._node,), message)
 
 
 # --- the implicit interface
@@ -374,7 +376,7 @@ class Grads:
     def __getitem__(self, x):
         if x not in self.params:
             raise KeyError("not one of the Params this gradient was taken for")
-        return self._found.get(id(x))
+        return self._found.get(id(x._node))
 
     def __iter__(self):
         return iter(self.params)

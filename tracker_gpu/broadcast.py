@@ -21,7 +21,8 @@ from collections import OrderedDict
 from .backend import SCALARS, namespace_of
 from .cuda import codegen
 from .expr import ONE, RULES, ZERO, Expr, const, partials, topological
-from .tracked import ByPosition, Primitive, TrackedArray, data
+from .primitive import ByPosition, Primitive
+from .tracked import TrackedArray, data
 
 __all__ = ["broadcast", "trace", "Expr"]
 
@@ -180,8 +181,8 @@ class _Compiled:
         xp = sys.modules["tracker_gpu.namespace"] if tracked else namespace_of(data(g))
         return g * evaluate(self.partials[i], xp, list(args))
 
-    def fused_pullback(self, node, args, kw, g, pending):
-        return codegen.backward(self, node, args, g)
+    def fused_pullback(self, ans, args, values, kw, g, pending):
+        return codegen.backward(self, ans, args, values, g)
 
 
 # Traced functions, least recently used first; define f once rather than a new lambda per call.

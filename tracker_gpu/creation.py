@@ -16,7 +16,8 @@ import array_api_compat
 import numpy as np
 
 from .backend import is_array, namespace_of
-from .tracked import Primitive, TrackedArray, data
+from .primitive import Primitive
+from .tracked import TrackedArray, data
 
 __all__ = ["DTYPE_NAMES", "bound_functions", "library_of_device", "tril", "triu"]
 
@@ -184,7 +185,7 @@ def _triangle(name):
     def forward(xp, x, /, *, k=0):
         return getattr(xp, name)(x, k=k)
 
-    return Primitive(name, forward, (lambda g, ans, x, k=0: _TRIANGLES[name](g, k=k),))
+    return Primitive(name, forward, (lambda g, ans, x, k=0: _TRIANGLES[name](g, k=k),), saves="")
 
 
 _TRIANGLES = {name: _triangle(name) for name in ("tril", "triu")}

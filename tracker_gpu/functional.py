@@ -3,21 +3,22 @@ checkpoint, and ways to stop tracking (stop_gradient, notrack).
 
 >>> import numpy as np, tracker_gpu as tg
 >>> y, back = tg.forward(lambda x: tg.stack([3 * x**2, 2 * x]), 5.0)
->>> back([1, 1])
-(np.float64(32.0),)
+>>> y, [float(g) for g in back([1, 1])]
+(array([75., 10.]), [32.0])
 """
 
 import contextlib
 import threading
 
-from . import draws, tracked
+from . import draws, primitive, tracked
 from .api import given_seed, gradient, gradients_in_place, track_inputs
 from .backend import namespace_of
+from .primitive import Primitive, record_saving_arguments, resolve, tracked_values
 from .rules.elementwise import identity
 from .rules.reductions import sum as _sum
 from .rules.shape import reshape
-from .tape import walk
-from .tracked import Primitive, TrackedArray, data, leaf
+from .tape import Node, walk
+from .tracked import TrackedArray, data, leaf
 
 __all__ = [
     "forward",
@@ -40,7 +41,8 @@ def forward(f, *args):
     def back(dy):
         if not isinstance(y, TrackedArray):
             return gradients_in_place(args, inputs, {}, nest=False)
-        reached = walk(y, given_seed(y, dy), once=False, stop=inputs.values())
+        stop = [made._node for made in inputs.values()]
+        reached = walk(y._node, given_seed(y, dy), once=False, stop=stop)
         found = {id(node): g for node, g in reached}
         return gradients_in_place(args, inputs, found, nest=False)
 
@@ -67,8 +69,9 @@ def jacobian(f, x):
     eye = xp.eye(m, dtype=y.dtype, device=y.device)
     rows = []
     for i in range(m):
-        reached = walk(y, xp.reshape(eye[i, :], tuple(y.shape)), once=False, stop=(x_in,))
-        g = next((g for node, g in reached if node is x_in), None)
+        seed = xp.reshape(eye[i, :], tuple(y.shape))
+        reached = walk(y._node, seed, once=False, stop=(x_in._node,))
+        g = next((g for node, g in reached if node is x_in._node), None)
         rows.append(xp.zeros(n, dtype=x_in.dtype, device=x_in.device) if g is None else g)
     return xp.stack([xp.reshape(r, (n,)) for r in rows])
 
@@ -109,7 +112,7 @@ def _size(shape):
 
 
 # --- hook and checkpoint
-_hook = Primitive("hook", lambda xp, x, fn: x, (lambda g, ans, x, fn: fn(g), None))
+_hook = Primitive("hook", lambda xp, x, fn: x, (lambda g, ans, x, fn: fn(g), None), saves="")
 
 
 def hook(f, x):
@@ -128,20 +131,21 @@ class _Checkpoint:
     def __init__(self, fn, kw):
         self.fn, self.kw = fn, kw
 
-    def pullback(self, node, args, states, g, nested, pending=None):
-        inputs = [_rerun_input(a, nested) for a in args]
+    def pullback(self, node, args, states, saved, g, nested, pending=None):
+        if nested:  # fresh nodes linked to the arguments' own, so the outer pass goes through
+            _, values = tracked_values(node, args, saved, g)
+            inputs = [identity(v) if isinstance(v, TrackedArray) else v for v in values]
+        else:
+            _, values = resolve(node, args, saved)
+            inputs = [leaf(v) if type(a) is Node else v for a, v in zip(args, values)]
         with draws.replayed(states):
             y = self.fn(*inputs, **self.kw)
-        stops = [i for i in inputs if isinstance(i, TrackedArray)]
-        reached = walk(y, g, once=not nested, nested=nested, stop=stops)
+        if not isinstance(y, TrackedArray):
+            return [None] * len(args)
+        stops = [i._node for i in inputs if isinstance(i, TrackedArray)]
+        reached = walk(y._node, g, once=not nested, nested=nested, stop=stops)
         found = {id(node): grad for node, grad in reached}
-        return [found.get(id(i)) if isinstance(i, TrackedArray) else None for i in inputs]
-
-
-def _rerun_input(a, nested):
-    if not isinstance(a, TrackedArray):
-        return a
-    return identity(a) if nested else leaf(a.data)
+        return [found.get(id(i._node)) if isinstance(i, TrackedArray) else None for i in inputs]
 
 
 def checkpoint(f, *args, **kw):
@@ -160,9 +164,9 @@ def checkpoint(f, *args, **kw):
     if not any(isinstance(a, TrackedArray) for a in args):
         return f(*args, **kw)
     with draws.noted() as states:
-        y = data(f(*(_rerun_input(a, nested=False) for a in args), **kw))
+        y = data(f(*(leaf(a.data) if isinstance(a, TrackedArray) else a for a in args), **kw))
     xp = next(a._xp for a in args if isinstance(a, TrackedArray))
-    return TrackedArray(y, xp, _Checkpoint(f, kw), args, states)
+    return record_saving_arguments(y, xp, _Checkpoint(f, kw), args, states)
 
 
 # --- not tracking
@@ -176,10 +180,10 @@ def notrack():
     """Within this block, operations on tracked arrays return plain arrays and record nothing
     (in this thread only)."""
     ident = threading.get_ident()
-    outer = ident in tracked.NOT_TRACKING
-    tracked.NOT_TRACKING.add(ident)
+    outer = ident in primitive.NOT_TRACKING
+    primitive.NOT_TRACKING.add(ident)
     try:
         yield
     finally:
         if not outer:
-            tracked.NOT_TRACKING.discard(ident)
+            primitive.NOT_TRACKING.discard(ident)

@@ -1,20 +1,28 @@
 """The tape: nodes and the backward walk. It knows nothing of arrays.
 
-Every tracked value is a `Node`. An interior node keeps the rule that made it (`_rule`), the
-arguments it was called with (`_args`, tracked parents among them) and the rule's saved context
-(`_ctx`). A leaf has no rule and keeps the gradient accumulated across passes (`_grad`). There is
+The graph is kept apart from the values. A tracked array holds its data and its `Node`; a node
+holds the rule that made it (`rule`), its arguments (`args`: the parents' nodes, and the
+constants it was called with), the rule's context (`ctx`, its keywords), what the rule saved for
+its pullback (`saved`, aligned with `(output, *args)`, `None` where nothing was saved) and its
+shape and dtype. So an intermediate array that no pullback saved is freed as soon as the user
+drops it. A leaf has no rule and keeps the gradient accumulated across passes (`grad`). There is
 no global tape: the graph hangs off the values.
+
+A node also stands in for its value where the value was not saved: it has the value's `shape`,
+`dtype`, `ndim` and `size`, which is all a pullback may read of a value it did not save.
 
 The walk is Kahn's algorithm over reference counts (Tracker's scheme, made iterative): a first
 pass counts, for each node reachable from the root, how many of its children will send it a
 gradient; the second pass pulls a node back only when all of them have, then drops its gradient
-(and, for a single-use pass, its rule and arguments, which frees the graph as it goes). The count
-and the pending gradient live on an interior node during a walk (leaves, which graphs share, are
-never written), so one graph may not be walked by two threads at once; graphs that share only
-leaves may.
+(and, for a single-use pass, its rule, arguments and saved values, which frees the graph as it
+goes). The count and the pending gradient live on an interior node during a walk (leaves, which
+graphs share, are never written), so one graph may not be walked by two threads at once; graphs
+that share only leaves may.
 """
 
-__all__ = ["Node", "SPENT", "BackError", "PullbackError", "Pending", "Total", "walk"]
+import math
+
+__all__ = ["Node", "leaf_node", "SPENT", "BackError", "PullbackError", "Pending", "Total", "walk"]
 
 
 class BackError(RuntimeError):
@@ -38,9 +46,27 @@ SPENT = _Spent()
 
 
 class Node:
+    """A value's place in the graph (see the module's docstring)."""
+
     # _n (gradients still to come) and _g (the gradient pending here) are used by a walk only,
-    # and are back to 0 and None when it ends, even when it fails.
-    __slots__ = ("_rule", "_args", "_ctx", "_grad", "_n", "_g", "__weakref__")
+    # and are back to 0 and None when it ends, even when it fails. `grad` is set on leaves only.
+    __slots__ = ("rule", "args", "ctx", "saved", "shape", "dtype", "grad", "_n", "_g",
+                 "__weakref__")  # fmt: skip
+
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: math.prod(self.shape))
+
+    def __repr__(self):
+        kind = "leaf" if self.rule is None else f"rule={getattr(self.rule, 'name', '?')}"
+        return f"Node({kind}, shape={self.shape}, dtype={self.dtype})"
+
+
+def leaf_node(shape, dtype):
+    """A node with no rule: a leaf, whose gradient accumulates in `grad`."""
+    node = Node()
+    node.rule, node.args, node.ctx, node.saved = None, (), None, None
+    node.shape, node.dtype, node.grad, node._n, node._g = shape, dtype, None, 0, None
+    return node
 
 
 def _count_references(root, stop):
@@ -51,13 +77,13 @@ def _count_references(root, stop):
     stack = [root]
     while stack:
         node = stack.pop()
-        if node._rule is SPENT:
+        if node.rule is SPENT:
             _reset(counted)
             raise BackError(
                 "back was already used on this graph: a single-use pass (once=True) frees it. "
                 "Recompute the forward pass, or pass once=False to keep the graph for another pass."
             )
-        for parent in node._args:
+        for parent in node.args:
             if isinstance(parent, Node) and not _terminal(parent, stop):
                 if parent._n:
                     parent._n += 1
@@ -70,7 +96,7 @@ def _count_references(root, stop):
 
 def _terminal(node, stop):
     """A leaf or a stop node: it receives gradients and passes none on."""
-    return node._rule is None or (stop and id(node) in stop)
+    return node.rule is None or (stop and id(node) in stop)
 
 
 def _reset(nodes):
@@ -160,19 +186,19 @@ def _pull_back(root, seed, once, nested, stop):
         g, node._g = node._g, None
         if owned:
             owned.discard(id(node))
-        rule, args, ctx = node._rule, node._args, node._ctx
+        rule, args, ctx, saved = node.rule, node.args, node.ctx, node.saved
         if once:
-            node._rule, node._args, node._ctx = SPENT, None, None
+            node.rule, node.args, node.ctx, node.saved = SPENT, None, None, None
         grads = (None,) * len(args)
         if g is not None:
             try:
-                grads = rule.pullback(node, args, ctx, g, nested, pending)
+                grads = rule.pullback(node, args, ctx, saved, g, nested, pending)
             except Exception as error:
                 raise _pullback_error(rule, error, once) from error
         for parent, gp in zip(args, grads):
             if not isinstance(parent, Node):
                 continue
-            if parent._rule is None or (stop and id(parent) in stop):
+            if parent.rule is None or (stop and id(parent) in stop):
                 if gp is not None:
                     pending.add(parent, gp, nested)
                 continue

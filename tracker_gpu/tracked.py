@@ -1,28 +1,19 @@
-"""The tracked array, and how an operation on one is recorded.
+"""The tracked array: an array of any Array API library with its place in the graph.
 
-A `Primitive` is a forward `f(xp, *args, **kw)` and one vector-Jacobian product per positional
-argument, `vjp(g, ans, *args, **kw)` (`None` for an argument with no gradient). The vjps are
-written with this package's functions and operators, which accept plain and tracked arrays alike:
-a first-order pass calls them on plain arrays (fast), a nested pass on tracked ones (so the
-gradient is itself differentiable). Broadcasting is undone in one place, `_fit`.
+A `TrackedArray` holds its data, its `tape.Node` and its library's namespace; its operators and
+methods delegate to the rules (`rules/`), which record through `primitive`. A 0-d TrackedArray
+plays the role of Tracker's `TrackedReal`. Here too is Tracker's API on tracked values: `param`,
+`data`, `grad`, `isleaf`, `zero_grad`, `update`.
 """
-
-import functools
-import inspect
-import threading
 
 import numpy as np
 
 from . import backend
 from .backend import SCALARS, namespace_of
-from .cuda import dispatch
-from .tape import Node
+from .tape import leaf_node
 
 __all__ = [
     "TrackedArray",
-    "Primitive",
-    "ByPosition",
-    "rule",
     "param",
     "data",
     "grad",
@@ -33,7 +24,7 @@ __all__ = [
 ]
 
 
-class TrackedArray(Node):
+class TrackedArray:
     """An array of any Array API library whose operations are recorded for differentiation.
 
     A 0-d TrackedArray plays the role of Tracker's `TrackedReal`.
@@ -45,18 +36,13 @@ class TrackedArray(Node):
     5.0
     """
 
-    __slots__ = ("data", "_xp")
+    __slots__ = ("data", "_node", "_xp", "__weakref__")
     __array_priority__ = 1000
 
-    def __init__(self, value, xp, rule=None, args=(), ctx=None):
+    def __init__(self, value, xp, node=None):
         self.data = value
         self._xp = xp
-        self._rule = rule
-        self._args = args
-        self._ctx = ctx
-        self._grad = None
-        self._n = 0
-        self._g = None
+        self._node = leaf_node(value.shape, value.dtype) if node is None else node
 
     # --- attributes of the Array API array object
     shape = property(lambda self: self.data.shape)
@@ -185,10 +171,8 @@ class TrackedArray(Node):
         return (self[i] for i in range(len(self)))
 
     def __repr__(self):
-        if self._rule is None:
-            kind = "leaf"
-        else:
-            kind = f"rule={getattr(self._rule, 'name', '?')}"
+        rule = self._node.rule
+        kind = "leaf" if rule is None else f"rule={getattr(rule, 'name', '?')}"
         return f"TrackedArray({self.data!r}, {kind})"
 
 
@@ -220,243 +204,6 @@ def numpy_function_error(name):
             "functions (tg.*), or call NumPy on tg.data(x) for a plain value without gradient"
         )
     return TypeError(f"NumPy's {name} cannot record a gradient on a TrackedArray; {hint}")
-
-
-class Primitive:
-    """A differentiable operation: forward `f(xp, *args, **kw)` and a vjp per argument.
-
-    `fused` is a fast path for first-order passes (by default the one `cuda.dispatch` has
-    registered under `name`): `fused(node, args, kw, g, pending)` returns the list of gradients
-    (`tape.Total` where it added into the pending gradient itself, in one fused kernel, say) or
-    None to fall back to the vjps. Nested passes always take the vjps, so that they stay
-    differentiable. A fused forward registered under `name` likewise runs first and may decline.
-    """
-
-    def __init__(self, name, forward, vjps, doc=None, fused=None):
-        self.name = self.__name__ = self.__qualname__ = name
-        self.__signature__ = _signature_without_namespace(forward)
-        fused_forward = dispatch.FORWARDS.get(name)
-        self.forward = forward if fused_forward is None else _fused_first(fused_forward, forward)
-        self.vjps = vjps
-        self.fused = fused if fused is not None else dispatch.PULLBACKS.get(name)
-        self.__doc__ = doc
-
-    def __call__(self, *args, **kw):
-        for a in args:
-            if type(a) is TrackedArray:
-                return _record(self, args, kw)
-        xp = _namespace_of_plain(args)
-        if xp is None:  # Python numbers in, a Python number out
-            _check_number(self.name, args)
-            return _as_number(self.forward(np, *args, **kw))
-        return self.forward(xp, *args, **kw)
-
-    def pullback(self, node, args, kw, g, nested, pending=None):
-        if nested:
-            ans, values = node, args
-        else:
-            ans = node.data
-            if self.fused is not None and type(ans) not in dispatch.SKIPPED_TYPES:
-                grads = self.fused(node, args, kw, g, pending)
-                if grads is not None:
-                    return grads
-            values = [a.data if type(a) is TrackedArray else a for a in args]
-        grads = []
-        for a, vjp in zip(args, self.vjps):
-            if vjp is None or type(a) is not TrackedArray:
-                grads.append(None)
-                continue
-            ga = vjp(g, ans, *values, **kw) if kw else vjp(g, ans, *values)
-            if ga is not None and (ga.shape != a.data.shape or ga.dtype != a.data.dtype):
-                ga = _fit(ga, a, self.name)
-            grads.append(ga)
-        return grads
-
-    def __repr__(self):
-        return f"<tracked primitive {self.name}>"
-
-
-# Threads inside a `notrack()` block: their operations record nothing.
-NOT_TRACKING = set()
-
-
-class ByPosition:
-    """The vjps of a variadic primitive: `vjp(i, g, ans, *args, **kw)` for argument `i`."""
-
-    def __init__(self, vjp):
-        self.vjp = vjp
-
-    def __iter__(self):
-        i = 0
-        while True:
-            yield functools.partial(self.vjp, i)
-            i += 1
-
-
-def _fused_first(fused, forward):
-    """`forward`, with the fused forward tried first (it returns None where it does not apply)."""
-
-    def forward_fused_first(xp, *args, **kw):
-        value = fused(*args, **kw)
-        return forward(xp, *args, **kw) if value is None else value
-
-    return forward_fused_first
-
-
-def _signature_without_namespace(forward):
-    """The forward's signature without its first parameter (the namespace `xp`)."""
-    try:
-        parameters = list(inspect.signature(forward).parameters.values())[1:]
-        return inspect.Signature(parameters)
-    except (TypeError, ValueError):
-        return None
-
-
-def _namespace_of_plain(args):
-    for a in args:
-        if backend.is_array(a):
-            return namespace_of(a)
-    return None
-
-
-def _check_number(name, args):
-    if args and type(args[0]) not in SCALARS:
-        raise TypeError(
-            f"{name} expects an array (or a Python number), got {type(args[0]).__name__}; "
-            "convert it with the array library's asarray first"
-        )
-
-
-def _as_number(y):
-    return y.item() if isinstance(y, (np.ndarray, np.generic)) and y.ndim == 0 else y
-
-
-def _record(prim, args, kw):
-    xp = None
-    values = []
-    plain_arrays = False
-    for a in args:
-        if type(a) is TrackedArray:
-            if xp is None:
-                xp = a._xp
-            elif a._xp is not xp:
-                backend.check_same_library(xp, a.data)
-            values.append(a.data)
-        else:
-            plain_arrays = plain_arrays or type(a) not in SCALARS
-            values.append(a)
-    if plain_arrays:
-        _check_plain_operands(xp, values)
-    if len(values) > 1 and xp is not np:
-        backend.check_same_device([v for v in values if backend.is_array(v)])
-    if not tracking():
-        return prim.forward(xp, *values, **kw)
-    return new_node(prim.forward(xp, *values, **kw), xp, prim, args, kw)
-
-
-def tracking():
-    """Whether operations on tracked arrays record in this thread (not inside `notrack()`)."""
-    return not (NOT_TRACKING and threading.get_ident() in NOT_TRACKING)
-
-
-_new = object.__new__
-
-
-def new_node(value, xp, rule, args, ctx):
-    """An interior node (its `_grad` slot is never read: gradients are kept for leaves only)."""
-    node = _new(TrackedArray)
-    node.data, node._xp, node._rule, node._args, node._ctx = value, xp, rule, args, ctx
-    node._n, node._g = 0, None
-    return node
-
-
-def _check_plain_operands(xp, values):
-    for v in values:
-        if backend.is_array(v):
-            backend.check_same_library(xp, v)
-
-
-def _fit(ga, a, name):
-    """Sum a gradient down to the shape of its argument, and cast it to the argument's dtype."""
-    shape = a.shape
-    if ga.shape != shape:
-        ga = unbroadcast(ga, shape, name)
-    if ga.dtype != a.dtype:
-        ga = astype(ga, a.dtype)
-    return ga
-
-
-# --- custom rules: Tracker's `track` + `@grad`
-
-
-class _CustomRule:
-    def __init__(self, fn):
-        self.fn = fn
-        self.name = getattr(fn, "__name__", "custom rule")
-
-    def pullback(self, node, args, ctx, g, nested, pending=None):
-        pb, kw = ctx
-        if nested:  # re-run the forward on tracked arguments, so the pullback is recorded too
-            _, pb = self.fn(*args, **kw)
-        grads = pb(g)
-        if not isinstance(grads, tuple) or len(grads) != len(args):
-            raise ValueError(
-                f"the pullback of custom rule {self.name!r} must return a tuple with one "
-                f"gradient (or None) per positional argument: {len(args)}, got {grads!r:.80}"
-            )
-        return [
-            None if ga is None or not isinstance(a, TrackedArray) else self._checked(ga, a)
-            for a, ga in zip(args, grads)
-        ]
-
-    def _checked(self, ga, a):
-        """A user's gradient must be of the argument's library and on its device."""
-        plain = data(ga)
-        backend.check_same_library(a._xp, plain)
-        if backend.device_of(plain) != a.device:
-            raise ValueError(
-                f"the pullback of custom rule {self.name!r} returned a gradient on device "
-                f"{backend.device_of(plain)} for an argument on device {a.device}; create it "
-                f"on the argument's device"
-            )
-        return _fit(ga, a, self.name)
-
-
-def rule(fn):
-    """Turn `fn(*args) -> (y, pullback)` into a tracked operation (Tracker's `@grad`).
-
-    `fn` receives plain arrays and returns the plain result and a pullback that maps the
-    gradient of the result to a tuple with one gradient (or `None`) per positional argument.
-    Write the pullback with tracker_gpu functions and it is differentiable again (`nest=True`).
-
-    >>> import numpy as np, tracker_gpu as tg
-    >>> @tg.rule
-    ... def cube(x):
-    ...     return x**3, lambda g: (g * 3 * x**2,)
-    >>> tg.gradient(lambda x: tg.sum(cube(x)), np.array([1.0, 2.0]))[0]
-    array([ 3., 12.])
-    """
-    custom = _CustomRule(fn)
-
-    @functools.wraps(fn)
-    def tracked_fn(*args, **kw):
-        if not any(isinstance(a, TrackedArray) for a in args):
-            return fn(*args, **kw)[0]
-        xp = next(a._xp for a in args if isinstance(a, TrackedArray))
-        returned = fn(*(data(a) for a in args), **kw)
-        if not (isinstance(returned, tuple) and len(returned) == 2 and callable(returned[1])):
-            raise TypeError(
-                f"custom rule {custom.name!r} must return (value, pullback), got "
-                f"{type(returned).__name__}"
-            )
-        y, pb = returned
-        if isinstance(y, TrackedArray):
-            raise TypeError(
-                f"custom rule {custom.name!r} must return a plain array, not a tracked one"
-            )
-        return TrackedArray(y, xp, custom, args, (pb, kw))
-
-    return tracked_fn
 
 
 # --- Tracker's API on tracked values
@@ -515,7 +262,7 @@ def istracked(x):
 
 
 def isleaf(x):
-    return isinstance(x, TrackedArray) and x._rule is None
+    return isinstance(x, TrackedArray) and x._node.rule is None
 
 
 def grad(x):
@@ -529,21 +276,22 @@ def grad(x):
     """
     if not isinstance(x, TrackedArray):
         raise TypeError(f"grad needs a tracked value (tg.param(x)), got {type(x).__name__}")
-    if x._rule is not None:
+    node = x._node
+    if node.rule is not None:
         raise ValueError(
             "gradients are kept only for leaves (made by tg.param); use tg.gradient(f, x) "
             "or tg.hook to see the gradient of an intermediate value"
         )
-    if x._grad is None:
+    if node.grad is None:
         return x._xp.zeros_like(x.data)
-    return x._grad
+    return node.grad
 
 
 def zero_grad(x):
     """Reset the accumulated gradient of a leaf to zero."""
     if not isleaf(x):
         raise TypeError(f"zero_grad needs a leaf made by tg.param, got {type(x).__name__}")
-    x._grad = None
+    x._node.grad = None
 
 
 def update(x, dx):
@@ -561,7 +309,7 @@ def update(x, dx):
     if step_shape != shape and not _broadcasts(step_shape, shape):
         raise ValueError(f"update of an array of shape {shape} by a step of shape {step_shape}")
     x.data = xp.astype(x.data + dx, x.dtype, copy=False)
-    x._grad = None
+    x._node.grad = None
     return x
 
 
@@ -573,10 +321,10 @@ def _broadcasts(shape, target):
 
 # The rules are defined in terms of TrackedArray; the operators above resolve these names at
 # call time, once the rule modules have been imported.
+from .primitive import NOT_TRACKING, record, saved_values  # noqa: E402
 from .rules.elementwise import (  # noqa: E402
     abs,
     add,
-    astype,
     divide,
     floor_divide,
     identity,
@@ -587,7 +335,7 @@ from .rules.elementwise import (  # noqa: E402
     subtract,
 )
 from .rules.linalg import matmul, matrix_transpose  # noqa: E402
-from .rules.shape import getitem, permute_dims, to_device, unbroadcast  # noqa: E402
+from .rules.shape import getitem, permute_dims, to_device  # noqa: E402
 
 # --- the arithmetic operators. With a Python number on the other side there is nothing to
 # check (no other array, library or device), so they record directly: the hottest path.
@@ -595,16 +343,24 @@ _NO_KEYWORDS = {}
 
 
 def _operators(prim):
+    left, right = prim.keeps(0b01), prim.keeps(0b10)  # what x op 2.0 and 2.0 op x keep
+
     def operator(self, other):
         if type(other) in SCALARS and not NOT_TRACKING:
-            value = prim.forward(self._xp, self.data, other)
-            return new_node(value, self._xp, prim, (self, other), _NO_KEYWORDS)
+            x = self.data
+            value = prim.forward(self._xp, x, other)
+            args = (self._node, other)
+            saved = saved_values(left, value, (x, other), args) if left else None
+            return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
         return prim(self, other)
 
     def reflected(self, other):
         if type(other) in SCALARS and not NOT_TRACKING:
-            value = prim.forward(self._xp, other, self.data)
-            return new_node(value, self._xp, prim, (other, self), _NO_KEYWORDS)
+            x = self.data
+            value = prim.forward(self._xp, other, x)
+            args = (other, self._node)
+            saved = saved_values(right, value, (other, x), args) if right else None
+            return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
         return prim(other, self)
 
     return operator, reflected

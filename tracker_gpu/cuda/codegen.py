@@ -221,12 +221,11 @@ def forward(compiled, args):
     return out
 
 
-def backward(compiled, node, args, g):
+def backward(compiled, ans, args, values, g):
     """Every tracked argument's gradient from one generated kernel (then summed over its
     broadcast axes by the backend), or None where the fused path does not take the arrays."""
-    values = [a.data if tracked(a) else a for a in args]
     layout = _layout(values)
-    if layout is None or not takes(g) or g.dtype != node.data.dtype:
+    if layout is None or not takes(g) or g.dtype != ans.dtype:
         return None
     scalars, arrays, dtype, shape = layout
     step = _step(g, shape)

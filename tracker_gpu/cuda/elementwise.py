@@ -2,8 +2,11 @@
 broadcast arithmetic, whose gradients are summed over broadcast axes by a parallel reduction
 (`kernels/binary.cu`)."""
 
+import math
+
 from .dispatch import register
 from .fused import (
+    FLOATS,
     accumulate,
     device_scalar,
     gradient_step,
@@ -30,8 +33,10 @@ MAX_PARTS = 1024
 def _unary(name):
     kernel = f"{name}_bwd_acc"
 
-    def fused(node, args, kw, g, pending):
-        x, y = args[0].data, node.data
+    def fused(ans, args, values, kw, g, pending):
+        x, y = _saved_pair(values[0], ans)
+        if x is None:
+            return None
         step = gradient_step(g, x.shape)
         if step is None or not (ready(x, y) and g.dtype == x.dtype):
             return None
@@ -42,14 +47,24 @@ def _unary(name):
     return fused
 
 
+def _saved_pair(x, y):
+    """`(x, y)` of a unary pullback, the one its rule did not save (a node: its formula does
+    not read it) replaced by the other, so that the kernel gets two arrays."""
+    if tracked(x):
+        x = y
+    if tracked(y):
+        y = x
+    return (None, None) if tracked(x) else (x, y)
+
+
 for _name in UNARY:
     register("pullback", _name)(_unary(_name))
 
 
 # --- sum of squares: acc += x * (g * 2), g a device scalar
 @register("pullback", "sumabs2")
-def sumsq_pullback(node, args, kw, g, pending):
-    x, g = args[0].data, device_scalar(g)
+def sumsq_pullback(ans, args, values, kw, g, pending):
+    x, g = values[0], device_scalar(g)
     if not (ready(x, g) and readable(pending, args[0], x)):
         return None
     return [accumulate("sumsq_bwd_acc", pending, args[0], x, (x, g), (x.size,))]
@@ -57,8 +72,8 @@ def sumsq_pullback(node, args, kw, g, pending):
 
 # --- squared error: one launch per tracked side
 @register("pullback", "mse")
-def mse_pullback(node, args, kw, g, pending):
-    yhat, y = (a.data if tracked(a) else a for a in args)
+def mse_pullback(ans, args, values, kw, g, pending):
+    yhat, y = values
     g = device_scalar(g)
     sides = [(side, a) for side, a in enumerate(args) if tracked(a)]
     if not (ready(yhat, y, g) and yhat.shape == y.shape):
@@ -76,33 +91,32 @@ def mse_pullback(node, args, kw, g, pending):
 
 # --- broadcast arithmetic
 def _binary(name):
-    def fused(node, args, kw, g, pending):
-        out = node.data
-        step = gradient_step(g, out.shape)
-        if step is None or not (ready(out) and g.dtype == out.dtype):
+    def fused(ans, args, values, kw, g, pending):
+        step = gradient_step(g, ans.shape)
+        if step is None or str(g.dtype) not in FLOATS:
             return None
-        x, y = (_operand(a, out) for a in args)
-        if not ready(out, x, y):
+        x, y = (_operand(v, g) for v in values)
+        arrays = [a for a in (ans, x, y) if not tracked(a)]  # what the rule saved
+        if arrays and not (ready(*arrays) and arrays[0].dtype == g.dtype):
             return None
-        sides = [(side, a, v) for side, (a, v) in enumerate(zip(args, (x, y))) if tracked(a)]
-        if not all(readable(pending, a, v) for _, a, v in sides):
+        sides = [(side, a) for side, a in enumerate(args) if tracked(a)]
+        if not all(readable(pending, a, g) for _, a in sides):
             return None
         grads = [None, None]
-        for side, arg, target in sides:  # x * x: the second side adds into the first's total
-            if _passes_g_through(name, side, target, out, args):
+        for side, arg in sides:  # x * x: the second side adds into the first's total
+            if _passes_g_through(name, side, arg, ans, args):
                 grads[side] = g  # what the generic rule returns: no kernel to launch
             else:
-                grads[side] = _operand_gradient(name, side, arg, target, g, step, x, y, out,
-                                                pending)  # fmt: skip
+                grads[side] = _operand_gradient(name, side, arg, g, step, x, y, ans, pending)
         return grads
 
     return fused
 
 
-def _passes_g_through(name, side, target, out, args):
-    """The gradient of `x + y` (and of `x` in `x - y`) for an operand of out's shape is `g`
-    itself, unless both operands are one node (then both sides add into one total)."""
-    same_shape = target.shape == out.shape
+def _passes_g_through(name, side, arg, ans, args):
+    """The gradient of `x + y` (and of `x` in `x - y`) for an operand of the result's shape
+    is `g` itself, unless both operands are one node (then both sides add into one total)."""
+    same_shape = arg.shape == ans.shape
     return (
         same_shape
         and (name == "add" or (name == "subtract" and side == 0))
@@ -110,35 +124,39 @@ def _passes_g_through(name, side, target, out, args):
     )
 
 
-def _operand(a, out):
-    value = a.data if tracked(a) else a
+def _operand(value, like):
+    """An operand as the kernel reads it: a Python number as a device scalar; an array, or
+    the node of a value the rule did not save (its formula does not read it), as it is."""
     if isinstance(value, (int, float)):
-        return scalar(value, out)
+        return scalar(value, like)
     return value
 
 
-def _operand_gradient(name, side, arg, target, g, step, x, y, out, pending):
+def _operand_gradient(name, side, arg, g, step, x, y, out, pending):
+    """One operand's gradient: one launch (or two, for a reduction split across blocks). An
+    array the formula does not read is passed as `g`: the kernel never reads it."""
     op = BINARY[name]
-    dims, kept_ndim, reduced_ndim = reduction_plan(out.shape, x.shape, y.shape, target.shape)
-    meta = device_int64(dims, out)
+    dims, kept_ndim, reduced_ndim = reduction_plan(out.shape, x.shape, y.shape, arg.shape)
+    meta = device_int64(dims, g)
+    x, y, out = (g if tracked(a) else a for a in (x, y, out))
     operands = (g, step, x, y, out, meta)
-    if reduced_ndim == 0 or target.size == 0:
-        return accumulate(f"{op}_bwd_acc", pending, arg, target,
-                          (*operands, kept_ndim, side), (target.size,))  # fmt: skip
-    outputs, reduced = target.size, out.size // max(target.size, 1)
+    if reduced_ndim == 0 or arg.size == 0:
+        return accumulate(f"{op}_bwd_acc", pending, arg, g,
+                          (*operands, kept_ndim, side), (arg.size,))  # fmt: skip
+    outputs, reduced = arg.size, math.prod(g.shape) // max(arg.size, 1)
     out_lanes, lanes_on_outputs = _lanes(dims, kept_ndim, reduced_ndim, outputs)
     red_lanes = BLOCK // out_lanes
     tiles = -(-outputs // out_lanes)
     parts = max(1, min(-(-TARGET_BLOCKS // tiles), reduced // (red_lanes * MIN_PER_THREAD),
                        MAX_PARTS))  # fmt: skip
-    partials = empty((parts * outputs,), out) if parts > 1 else out  # out: never written
+    partials = empty((parts * outputs,), g) if parts > 1 else g  # g: never written
     shape = (*operands, kept_ndim, reduced_ndim, side, outputs, reduced, out_lanes,
              lanes_on_outputs, parts, partials)  # fmt: skip
     grid = min(tiles * parts, MAX_GRID)
     if parts == 1:
-        return accumulate(f"{op}_bwd_reduce", pending, arg, target, shape, (), grid=grid)
-    launch(f"{op}_bwd_reduce", out.dtype, grid, *shape, partials, partials, 0)
-    return accumulate("reduce_finish", pending, arg, target, (partials, outputs, parts), (),
+        return accumulate(f"{op}_bwd_reduce", pending, arg, g, shape, (), grid=grid)
+    launch(f"{op}_bwd_reduce", g.dtype, grid, *shape, partials, partials, 0)
+    return accumulate("reduce_finish", pending, arg, g, (partials, outputs, parts), (),
                       grid=grid_for(outputs))  # fmt: skip
 
 

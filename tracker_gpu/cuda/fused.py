@@ -10,7 +10,7 @@ import numpy as np
 
 from ..tape import Node, Total
 from .dispatch import takes
-from .launch import empty_like, grid_for, launch
+from .launch import empty, grid_for, launch
 
 __all__ = [
     "FLOATS",
@@ -45,18 +45,20 @@ def gradient_step(g, shape):
 
 
 def readable(pending, parent, like):
-    """Whether the gradient waiting at `parent` (if any) can be read as a flat array like `like`."""
+    """Whether the gradient waiting at `parent` (if any) can be read as a flat array of the
+    parent's shape and `like`'s dtype."""
     prev, _ = pending.current(parent)
-    return prev is None or (ready(prev, like) and prev.shape == like.shape)
+    return prev is None or (ready(prev) and prev.shape == parent.shape and prev.dtype == like.dtype)
 
 
 def accumulate(kernel, pending, parent, like, args, tail, grid=None, block=256):
     """Launch `kernel(*args, prev, acc, *tail, has_prev)` to write `prev + contribution` for
-    `parent` (in place when the tape owns `prev`), record it as the parent's pending total, and
-    return it as a `Total`. The grid defaults to one thread per element of `like`."""
+    `parent` (a node: in place when the tape owns `prev`, else into a new buffer of its shape,
+    of `like`'s dtype and device), record it as the parent's pending total, and return it as a
+    `Total`. The grid defaults to one thread per element of the parent."""
     prev, owned = pending.current(parent)
-    out = prev if owned else empty_like(like)
-    grid = grid_for(like.size, block) if grid is None else grid
+    out = prev if owned else empty(parent.shape, like)
+    grid = grid_for(parent.size, block) if grid is None else grid
     has_prev = int(prev is not None)
     launch(kernel, like.dtype, grid, *args, out if prev is None else prev, out, *tail, has_prev,
            block=block)  # fmt: skip

@@ -41,15 +41,15 @@ def _row_forward(name):
 def _row_pullback(name):
     kernel = f"{name}_bwd_acc"
 
-    def fused(node, args, kw, g, pending):
-        x, y = args[0].data, node.data
-        if not (ready(x, y, g) and g.shape == y.shape and _rows(y, kw.get("axis", -1))):
+    def fused(ans, args, values, kw, g, pending):
+        y = ans  # the kernels read the saved output only
+        if tracked(y) or not (ready(y, g) and g.shape == y.shape and _rows(y, kw.get("axis", -1))):
             return None
-        if not readable(pending, args[0], x):
+        if not readable(pending, args[0], y):
             return None
         rows, cols = y.size // y.shape[-1], y.shape[-1]
         grid = min(max(rows, 1), MAX_GRID)
-        total = accumulate(kernel, pending, args[0], x, (y, g), (rows, cols), grid=grid,
+        total = accumulate(kernel, pending, args[0], y, (y, g), (rows, cols), grid=grid,
                            block=row_block(cols))  # fmt: skip
         return [total]
 
@@ -81,10 +81,10 @@ def logitcrossentropy_forward(logits, targets, /, *, axis=-1, agg="mean", normal
 
 
 @register("pullback", "logitcrossentropy")
-def logitcrossentropy_pullback(node, args, kw, g, pending):
-    logits, targets, g = args[0].data, args[1], device_scalar(g)
+def logitcrossentropy_pullback(ans, args, values, kw, g, pending):
+    logits, targets, g = values[0], values[1], device_scalar(g)
     axis = kw.get("axis", -1)
-    if tracked(targets) or not (ready(logits, targets, g) and _row_pairs(logits, targets, axis)):
+    if tracked(args[1]) or not (ready(logits, targets, g) and _row_pairs(logits, targets, axis)):
         return None
     if not (_rows(logits, -1) and readable(pending, args[0], logits)):
         return None

@@ -9,11 +9,12 @@ matrix, so that convolutions and pools are matmuls and reductions, and `col2im` 
 import math
 
 from ..backend import device_of, namespace_of
+from ..primitive import Primitive
 from ..rules.elementwise import multiply
 from ..rules.linalg import matmul, matrix_transpose
 from ..rules.reductions import sum as _sum
 from ..rules.shape import reshape
-from ..tracked import Primitive, TrackedArray
+from ..tracked import TrackedArray
 
 __all__ = ["linear", "im2col", "col2im"]
 
@@ -70,6 +71,7 @@ im2col = Primitive(
             g, shape=tuple(x.shape), kernel=kernel, stride=stride, pad=pad
         ),
     ),
+    saves="",
     doc="""Patches of an NCHW image as rows: `(n * oh * ow, c * kh * kw)`.
 
     `kernel`, `stride` and `pad` are pairs; padding is filled with `fill`. Its vjp is `col2im`.
@@ -83,6 +85,7 @@ col2im = Primitive(
             g, kernel=kernel, stride=stride, pad=pad
         ),
     ),
+    saves="",
     doc="The adjoint of `im2col`: patch rows summed back into an NCHW image of `shape`.",
 )
 
@@ -133,6 +136,7 @@ linear = Primitive(
     "linear",
     _linear_forward,
     (_linear_vjp_x, _linear_vjp_weight, _linear_vjp_bias),
+    saves=("weight", "x", ""),
     doc="""`x @ weight.T + bias` (`bias` may be None), one primitive: `weight` is `(out, in)`.
 
     The weight's gradient is computed as `g.T @ x`, so it comes out laid out like the weight.

@@ -11,7 +11,8 @@ import math
 from collections import namedtuple
 
 from ..backend import device_of, namespace_of
-from ..tracked import Primitive, TrackedArray, data
+from ..primitive import Primitive
+from ..tracked import TrackedArray, data
 from .elementwise import add, divide, multiply, subtract
 from .linalg_base import _T, _eye, _tracked, _xp, matmul, solve
 from .shape import concat, expand_dims, reshape

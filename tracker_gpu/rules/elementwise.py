@@ -12,7 +12,8 @@ array([1.])
 import math
 
 from ..backend import SCALARS, device_of, namespace_of
-from ..tracked import Primitive, data
+from ..primitive import Primitive
+from ..tracked import data
 
 __all__ = [
     "add",
@@ -62,17 +63,19 @@ __all__ = [
 ]
 
 
-def _unary(name, vjp):
-    """A standard unary function (on the GPU its pullback may be fused: see `cuda.dispatch`)."""
+def _unary(name, vjp, saves):
+    """A standard unary function whose vjp reads `saves` ("x", "ans" or ""); on the GPU its
+    pullback may be fused (see `cuda.dispatch`)."""
 
     def forward(xp, x):
         return getattr(xp, name)(x)
 
-    return Primitive(name, forward, (vjp,))
+    return Primitive(name, forward, (vjp,), saves=saves)
 
 
-def _binary(name, forward, vjp_x, vjp_y):
-    return Primitive(name, forward, (vjp_x, vjp_y))
+def _binary(name, forward, vjp_x, vjp_y, saves):
+    """A binary function; `saves` is what each vjp reads, e.g. ("y", "x") for a product."""
+    return Primitive(name, forward, (vjp_x, vjp_y), saves=saves)
 
 
 def _function(name):
@@ -109,15 +112,23 @@ def mask(condition, g):
 
 
 # --- arithmetic, through the operators so that Python scalars keep the array's dtype
-add = _binary("add", lambda xp, x, y: x + y, lambda g, ans, x, y: g, lambda g, ans, x, y: g)
+add = _binary("add", lambda xp, x, y: x + y, lambda g, ans, x, y: g, lambda g, ans, x, y: g, "")
 subtract = _binary(
-    "subtract", lambda xp, x, y: x - y, lambda g, ans, x, y: g, lambda g, ans, x, y: -g
+    "subtract", lambda xp, x, y: x - y, lambda g, ans, x, y: g, lambda g, ans, x, y: -g, ""
 )
 multiply = _binary(
-    "multiply", lambda xp, x, y: x * y, lambda g, ans, x, y: g * y, lambda g, ans, x, y: g * x
+    "multiply",
+    lambda xp, x, y: x * y,
+    lambda g, ans, x, y: g * y,
+    lambda g, ans, x, y: g * x,
+    ("y", "x"),
 )
 divide = _binary(
-    "divide", lambda xp, x, y: x / y, lambda g, ans, x, y: g / y, lambda g, ans, x, y: -g * ans / y
+    "divide",
+    lambda xp, x, y: x / y,
+    lambda g, ans, x, y: g / y,
+    lambda g, ans, x, y: -g * ans / y,
+    ("y", "ans y"),
 )
 
 
@@ -134,15 +145,16 @@ def _pow_vjp_y(g, ans, x, y):
     return g * log(where(data(x) == 0, 1.0, x)) * ans
 
 
-pow = _binary("pow", lambda xp, x, y: x**y, _pow_vjp_x, _pow_vjp_y)
+pow = _binary("pow", lambda xp, x, y: x**y, _pow_vjp_x, _pow_vjp_y, ("x y", "x ans"))
 remainder = _binary(
     "remainder",
     lambda xp, x, y: x % y,
     lambda g, ans, x, y: g,
     lambda g, ans, x, y: -g * _plain_floor_divide(x, y),
+    ("", "x y"),
 )
-negative = Primitive("negative", lambda xp, x: -x, (lambda g, ans, x: -g,))
-identity = Primitive("identity", lambda xp, x: x, (lambda g, ans, x: g,))
+negative = Primitive("negative", lambda xp, x: -x, (lambda g, ans, x: -g,), saves="")
+identity = Primitive("identity", lambda xp, x: x, (lambda g, ans, x: g,), saves="")
 
 
 def positive(x):
@@ -154,34 +166,35 @@ def _astype_forward(xp, x, dtype, /, *, copy=True):
 
 
 # The cast back to the argument's dtype is done by the one place that fits gradients.
-astype = Primitive("astype", _astype_forward, (lambda g, ans, x, dtype, **kw: g, None))
+astype = Primitive("astype", _astype_forward, (lambda g, ans, x, dtype, **kw: g, None), saves="")
 
 # --- unary functions: name and vjp
-exp = _unary("exp", lambda g, ans, x: g * ans)
-expm1 = _unary("expm1", lambda g, ans, x: g * (ans + 1))
-log = _unary("log", lambda g, ans, x: g / x)
-log1p = _unary("log1p", lambda g, ans, x: g / (x + 1))
-log2 = _unary("log2", lambda g, ans, x: g / (x * math.log(2)))
-log10 = _unary("log10", lambda g, ans, x: g / (x * math.log(10)))
-sqrt = _unary("sqrt", lambda g, ans, x: g / (ans * 2))
-square = _unary("square", lambda g, ans, x: g * (x * 2))
-reciprocal = _unary("reciprocal", lambda g, ans, x: -g * ans * ans)
-sin = _unary("sin", lambda g, ans, x: g * cos(x))
-cos = _unary("cos", lambda g, ans, x: -g * sin(x))
-tan = _unary("tan", lambda g, ans, x: g * (ans * ans + 1))
-asin = _unary("asin", lambda g, ans, x: g / sqrt(1 - x * x))
-acos = _unary("acos", lambda g, ans, x: -g / sqrt(1 - x * x))
-atan = _unary("atan", lambda g, ans, x: g / (x * x + 1))
-sinh = _unary("sinh", lambda g, ans, x: g * cosh(x))
-cosh = _unary("cosh", lambda g, ans, x: g * sinh(x))
-tanh = _unary("tanh", lambda g, ans, x: g * (1 - ans * ans))
-asinh = _unary("asinh", lambda g, ans, x: g / sqrt(x * x + 1))
-acosh = _unary("acosh", lambda g, ans, x: g / sqrt(x * x - 1))
-atanh = _unary("atanh", lambda g, ans, x: g / (1 - x * x))
-abs = _unary("abs", lambda g, ans, x: where(data(x) >= 0, g, -g))  # abs'(0) = +1, as Tracker
-sign = _unary("sign", lambda g, ans, x: None)
-real = _unary("real", lambda g, ans, x: g)
-conj = _unary("conj", lambda g, ans, x: g)
+exp = _unary("exp", lambda g, ans, x: g * ans, "ans")
+expm1 = _unary("expm1", lambda g, ans, x: g * (ans + 1), "ans")
+log = _unary("log", lambda g, ans, x: g / x, "x")
+log1p = _unary("log1p", lambda g, ans, x: g / (x + 1), "x")
+log2 = _unary("log2", lambda g, ans, x: g / (x * math.log(2)), "x")
+log10 = _unary("log10", lambda g, ans, x: g / (x * math.log(10)), "x")
+sqrt = _unary("sqrt", lambda g, ans, x: g / (ans * 2), "ans")
+square = _unary("square", lambda g, ans, x: g * (x * 2), "x")
+reciprocal = _unary("reciprocal", lambda g, ans, x: -g * ans * ans, "ans")
+sin = _unary("sin", lambda g, ans, x: g * cos(x), "x")
+cos = _unary("cos", lambda g, ans, x: -g * sin(x), "x")
+tan = _unary("tan", lambda g, ans, x: g * (ans * ans + 1), "ans")
+asin = _unary("asin", lambda g, ans, x: g / sqrt(1 - x * x), "x")
+acos = _unary("acos", lambda g, ans, x: -g / sqrt(1 - x * x), "x")
+atan = _unary("atan", lambda g, ans, x: g / (x * x + 1), "x")
+sinh = _unary("sinh", lambda g, ans, x: g * cosh(x), "x")
+cosh = _unary("cosh", lambda g, ans, x: g * sinh(x), "x")
+tanh = _unary("tanh", lambda g, ans, x: g * (1 - ans * ans), "ans")
+asinh = _unary("asinh", lambda g, ans, x: g / sqrt(x * x + 1), "x")
+acosh = _unary("acosh", lambda g, ans, x: g / sqrt(x * x - 1), "x")
+atanh = _unary("atanh", lambda g, ans, x: g / (1 - x * x), "x")
+# abs'(0) = +1, as Tracker
+abs = _unary("abs", lambda g, ans, x: where(data(x) >= 0, g, -g), "x")
+sign = _unary("sign", lambda g, ans, x: None, "")
+real = _unary("real", lambda g, ans, x: g, "")
+conj = _unary("conj", lambda g, ans, x: g, "")
 
 # --- binary functions
 # Ties of maximum/minimum send the gradient to the second argument, as Tracker does.
@@ -190,36 +203,42 @@ maximum = _binary(
     _function("maximum"),
     lambda g, ans, x, y: mask(data(x) > data(y), g),
     lambda g, ans, x, y: mask(data(x) <= data(y), g),
+    "x y",
 )
 minimum = _binary(
     "minimum",
     _function("minimum"),
     lambda g, ans, x, y: mask(data(x) < data(y), g),
     lambda g, ans, x, y: mask(data(x) >= data(y), g),
+    "x y",
 )
 atan2 = _binary(
     "atan2",
     _function("atan2"),
     lambda g, ans, y, x: g * x / add(x * x, y * y),
     lambda g, ans, y, x: -g * y / add(x * x, y * y),
+    "x y",
 )
 hypot = _binary(
     "hypot",
     _function("hypot"),
     lambda g, ans, x, y: g * x / ans,
     lambda g, ans, x, y: g * y / ans,
+    ("x ans", "y ans"),
 )
 logaddexp = _binary(
     "logaddexp",
     _function("logaddexp"),
     lambda g, ans, x, y: g * exp(subtract(x, ans)),
     lambda g, ans, x, y: g * exp(subtract(y, ans)),
+    ("x ans", "y ans"),
 )
 copysign = _binary(
     "copysign",
     _function("copysign"),
     lambda g, ans, x, y: where(_plain_signbit(x) == _plain_signbit(ans), g, -g),
     lambda g, ans, x, y: None,
+    ("x ans", ""),
 )
 
 
@@ -236,6 +255,7 @@ where = Primitive(
         lambda g, ans, c, x, y: where(c, g, zeros_like(g)),
         lambda g, ans, c, x, y: where(c, zeros_like(g), g),
     ),
+    saves="",  # the condition is a plain boolean array, kept as it was given
 )
 
 
@@ -256,6 +276,7 @@ _clip = Primitive(
         lambda g, ans, x, lo, hi: mask(data(x) < data(lo), g),
         lambda g, ans, x, lo, hi: mask(data(x) > data(hi), g),
     ),
+    saves=("x lo hi", "x lo", "x hi"),
 )
 
 

@@ -40,7 +40,8 @@ import operator
 from collections import namedtuple
 
 from ..backend import device_of, namespace_of
-from ..tracked import Primitive, TrackedArray, data
+from ..primitive import Primitive, tracking
+from ..tracked import TrackedArray, data
 from . import decompositions
 from .decompositions import *  # noqa: F403 (re-exported: part of the extension)
 from .decompositions import svdvals
@@ -117,8 +118,8 @@ def vecdot(x1, x2, /, *, axis=-1):
             f"vecdot: axis {axis} has size {x1.shape[axis]} in x1 and {x2.shape[axis]} in x2; "
             f"it must be the same in both (it is not broadcast)"
         )
-    if x1 is x2 and x1.ndim == 1 and isinstance(x1, TrackedArray):
-        return sumabs2_of(x1, x1._xp.vecdot(x1.data, x1.data))
+    if x1 is x2 and x1.ndim == 1 and isinstance(x1, TrackedArray) and tracking():
+        return sumabs2_of(x1._node, x1.data, x1._xp, x1._xp.vecdot(x1.data, x1.data))
     return _vecdot(x1, x2, axis=axis)
 
 
@@ -135,6 +136,7 @@ _vecdot = Primitive(
     "vecdot",
     lambda xp, x1, x2, axis=-1: xp.vecdot(x1, x2, axis=axis),
     (_vecdot_vjp(1), _vecdot_vjp(0)),
+    saves=("x2", "x1"),
 )
 
 
@@ -216,6 +218,7 @@ det = Primitive(
     "det",
     lambda xp, x: xp.linalg.det(x),
     (lambda g, ans, x: multiply(_as_matrix(g * ans), _T(inv(x))),),
+    saves="x ans",
     doc="The determinant of each matrix in `x`.",
 )
 
@@ -229,6 +232,7 @@ _slogdet = Primitive(
     "slogdet",
     _slogdet_forward,
     (lambda g, ans, x: multiply(_as_matrix(g[..., 1]), _T(inv(x))),),
+    saves="x",
 )
 
 
@@ -295,7 +299,7 @@ def _norm2_vjp(g, ans, x, axis=None, keepdims=False):
     return multiply(expand(g / safe, x, axis, keepdims), x)
 
 
-_norm2 = Primitive("vector_norm", _norm2_forward, (_norm2_vjp,))
+_norm2 = Primitive("vector_norm", _norm2_forward, (_norm2_vjp,), saves="x ans")
 
 
 def _norm0_forward(xp, x, axis=None, keepdims=False):

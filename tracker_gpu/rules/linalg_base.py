@@ -6,7 +6,8 @@ Both of those modules build on this one, which imports neither, so the imports g
 """
 
 from ..backend import device_of, namespace_of
-from ..tracked import Primitive, TrackedArray, data
+from ..primitive import Primitive
+from ..tracked import TrackedArray, data
 from .elementwise import multiply
 from .shape import expand_dims, squeeze
 
@@ -36,6 +37,7 @@ matrix_transpose = Primitive(
     "matrix_transpose",
     lambda xp, x: xp.matrix_transpose(x),
     (lambda g, ans, x: matrix_transpose(g),),
+    saves="",
 )
 
 
@@ -55,7 +57,9 @@ def _matmul_vjp_y(g, ans, x, y):
     return matmul(matrix_transpose(x), g)
 
 
-matmul = Primitive("matmul", lambda xp, x, y: x @ y, (_matmul_vjp_x, _matmul_vjp_y))
+matmul = Primitive(
+    "matmul", lambda xp, x, y: x @ y, (_matmul_vjp_x, _matmul_vjp_y), saves=("y", "x")
+)
 
 
 # --- solve and inverse
@@ -83,6 +87,7 @@ solve = Primitive(
     "solve",
     _solve_forward,
     (_solve_vjp_a, lambda g, ans, a, b: _solve_adjoint(g, a, b.ndim == 1)),
+    saves=("ans a", "a"),
     doc="Solve `x1 @ out = x2` for square `x1` (..., M, M); `x2` is a vector (M,) or a "
     "batch of matrices (..., M, K).",
 )

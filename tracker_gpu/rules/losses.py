@@ -25,7 +25,8 @@ import numpy as np
 
 from ..backend import SCALARS, device_of, namespace_of
 from ..checks import checking
-from ..tracked import Primitive, TrackedArray, data
+from ..primitive import Primitive
+from ..tracked import TrackedArray, data
 from .elementwise import add, astype, log, logaddexp, multiply, negative, subtract
 from .nn import logsoftmax, softmax
 from .reductions import mean
@@ -181,6 +182,7 @@ mse_primitive = Primitive(
         ),
     ),
     doc="The mean (or sum) of squared errors, one primitive.",
+    saves="yhat y",
 )
 
 
@@ -248,6 +250,7 @@ logitcrossentropy_primitive = Primitive(
     "logitcrossentropy",
     _lce_forward,
     (_lce_vjp_logits, _lce_vjp_targets),
+    saves=("logits targets", "logits"),
     doc="""Softmax cross-entropy of logits against targets shaped like them, one primitive.
 
     Keywords: `axis` (the classes), `agg` ("mean" over samples, or "sum"), `normalized` (the

@@ -19,7 +19,8 @@ import numpy as np
 
 from .. import backend
 from ..backend import device_of, namespace_of
-from ..tracked import Primitive, TrackedArray, data
+from ..primitive import Primitive
+from ..tracked import TrackedArray, data
 from .elementwise import multiply, subtract
 from .shape import broadcast_to, concat, expand_dims, flip, getitem, permute_dims, reshape
 
@@ -118,7 +119,7 @@ def _cumulative_sum(x, *, axis, dtype=None, include_initial=False):
 
 
 _cumulative_sum_primitive = Primitive(
-    "cumulative_sum", _cumulative_sum_forward, (_cumulative_sum_vjp,)
+    "cumulative_sum", _cumulative_sum_forward, (_cumulative_sum_vjp,), saves=""
 )
 
 
@@ -164,7 +165,10 @@ def _linear_scan_vjp_a(g, ans, a, b, *, axis, reverse):
 
 
 _linear_scan = Primitive(
-    "linear_scan", _linear_scan_forward, (_linear_scan_vjp_a, _linear_scan_vjp_b)
+    "linear_scan",
+    _linear_scan_forward,
+    (_linear_scan_vjp_a, _linear_scan_vjp_b),
+    saves=("a ans", "a"),
 )
 
 
@@ -191,7 +195,7 @@ def _cumulative_prod(x, *, axis, dtype=None, include_initial=False):
 
 
 _cumulative_prod_primitive = Primitive(
-    "cumulative_prod", _cumulative_prod_forward, (_cumulative_prod_vjp,)
+    "cumulative_prod", _cumulative_prod_forward, (_cumulative_prod_vjp,), saves="x"
 )
 
 

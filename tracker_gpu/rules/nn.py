@@ -8,7 +8,8 @@ softmax and logsoftmax run as fused kernels both ways (`cuda.rows`).
 array([0.5, 0.5])
 """
 
-from ..tracked import Primitive, data
+from ..primitive import Primitive
+from ..tracked import data
 from .elementwise import exp, mask
 from .reductions import expand
 from .reductions import sum as _sum
@@ -23,11 +24,13 @@ sigmoid = Primitive(
     "sigmoid",
     _sigmoid_forward,
     (lambda g, ans, x: g * ans * (1 - ans),),
+    saves="ans",
 )
 relu = Primitive(
     "relu",
     lambda xp, x: xp.where(x > 0, x, xp.zeros_like(x)),
     (lambda g, ans, x: mask(data(ans) > 0, g),),
+    saves="ans",
 )
 
 
@@ -45,11 +48,13 @@ softmax = Primitive(
     "softmax",
     _softmax_forward,
     (lambda g, ans, x, axis=-1: ans * (g - _sum(g * ans, axis=axis, keepdims=True)),),
+    saves="ans",
 )
 logsoftmax = Primitive(
     "logsoftmax",
     _logsoftmax_forward,
     (lambda g, ans, x, axis=-1: g - exp(ans) * _sum(g, axis=axis, keepdims=True),),
+    saves="ans",
 )
 
 
@@ -72,4 +77,5 @@ logsumexp = Primitive(
             expand(g, x, axis, keepdims) * exp(x - expand(ans, x, axis, keepdims))
         ),
     ),
+    saves="x ans",
 )

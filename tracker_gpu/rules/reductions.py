@@ -13,7 +13,9 @@ array([0., 6., 0.])
 import builtins
 
 from ..backend import namespace_of
-from ..tracked import Primitive, TrackedArray, data, new_node, tracking
+from ..primitive import Primitive, record, tracking
+from ..tape import Node
+from ..tracked import TrackedArray, data
 from .elementwise import mask, multiply, pow, sqrt, square, where
 from .shape import broadcast_to, permute_dims, reshape
 
@@ -53,6 +55,7 @@ _sum = Primitive(
     "sum",
     _reduction("sum"),
     (lambda g, ans, x, axis=None, keepdims=False, dtype=None: expand(g, x, axis, keepdims),),
+    saves="",
 )
 
 
@@ -60,10 +63,10 @@ def sum(x, /, *, axis=None, dtype=None, keepdims=False):
     """The sum over `axis`. The sum of a square recorded on the tape (`x**2`, `square(x)`,
     `x * x`) is recorded as `sumabs2(x)`, whose pullback is one fused kernel on the GPU; its
     value is the plain sum of the square, bit for bit."""
-    if axis is None and dtype is None and not keepdims:
+    if axis is None and dtype is None and not keepdims and tracking():
         base = squared_base(x)
         if base is not None:
-            return sumabs2_of(base, x._xp.sum(x.data))
+            return sumabs2_of(*base, x._xp, x._xp.sum(x.data))
     return _sum(x, axis=axis, dtype=dtype, keepdims=keepdims)
 
 
@@ -74,28 +77,30 @@ def _sumabs2_forward(xp, x):
 
 # Julia's sum(abs2, x), computed as the dot product of x with itself (as `x @ x` would be):
 # one node, and on the GPU one fused kernel for its pullback.
-sumabs2 = Primitive("sumabs2", _sumabs2_forward, (lambda g, ans, x: x * (g * 2),))
+sumabs2 = Primitive("sumabs2", _sumabs2_forward, (lambda g, ans, x: x * (g * 2),), saves="x")
 
 
-def sumabs2_of(x, value):
-    """A `sumabs2` node of the tracked `x` whose value was computed another way (the plain
-    expression it stands for), so that it equals that expression's value."""
-    if not tracking():
-        return value
-    return new_node(value, x._xp, sumabs2, (x,), {})
+def sumabs2_of(node, x, xp, value):
+    """A `sumabs2` node over `node` (whose value is `x`) with the value `value`, computed as
+    the plain expression it stands for computes it."""
+    return record(value, xp, sumabs2, (node,), {}, [None, x])
 
 
 def squared_base(y):
-    """`x` when the tracked `y` was recorded as `x**2`, `square(x)` or `x * x`; else None."""
+    """`(node, value)` of `x` when the tracked `y` was recorded as `x**2`, `square(x)` or
+    `x * x` (each of which saved `x`), else None."""
     if not isinstance(y, TrackedArray):
         return None
-    rule, args = y._rule, y._args
+    node = y._node
+    rule, args = node.rule, node.args
     squared = (
         rule is square
         or (rule is multiply and args[0] is args[1])
         or (rule is pow and type(args[1]) in (int, float) and args[1] == 2)
     )
-    return args[0] if squared and isinstance(args[0], TrackedArray) else None
+    if not squared or type(args[0]) is not Node or node.saved is None:
+        return None
+    return args[0], node.saved[1]
 
 
 mean = Primitive(
@@ -106,6 +111,7 @@ mean = Primitive(
             expand(g, x, axis, keepdims) / _count(x.shape, axis)
         ),
     ),
+    saves="",
 )
 
 
@@ -114,7 +120,7 @@ def _prod_vjp(g, ans, x, axis=None, keepdims=False, dtype=None):
     return expand(g, x, axis, keepdims) * _others_along(x, axis)
 
 
-prod = Primitive("prod", _reduction("prod"), (_prod_vjp,))
+prod = Primitive("prod", _reduction("prod"), (_prod_vjp,), saves="x")
 
 
 def _others_along(x, axis):
@@ -166,7 +172,7 @@ def _device(x):
     return device_of(data(x))
 
 
-_others = Primitive("prod_others", _others_forward, (_others_vjp,))
+_others = Primitive("prod_others", _others_forward, (_others_vjp,), saves="x")
 
 
 # --- max and min: the gradient goes to the first extremum
@@ -194,8 +200,8 @@ def _first_extremum(arg, x, axis):
     return xp.permute_dims(hit, inverse)
 
 
-max = Primitive("max", _reduction("max"), (_extremum_vjp("argmax"),))
-min = Primitive("min", _reduction("min"), (_extremum_vjp("argmin"),))
+max = Primitive("max", _reduction("max"), (_extremum_vjp("argmax"),), saves="x")
+min = Primitive("min", _reduction("min"), (_extremum_vjp("argmin"),), saves="x")
 
 
 # --- composites: differentiable through the rules above

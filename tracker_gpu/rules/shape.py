@@ -11,7 +11,8 @@ import numpy as np
 
 from .. import backend
 from ..backend import device_of, namespace_of
-from ..tracked import ByPosition, Primitive, TrackedArray
+from ..primitive import ByPosition, Primitive
+from ..tracked import TrackedArray
 
 
 def _method(name):
@@ -21,13 +22,18 @@ def _method(name):
     return forward
 
 
+# Shapes, joins and indexing read only the shapes of their arguments: their nodes save nothing.
 reshape = Primitive(
-    "reshape", _method("reshape"), (lambda g, ans, x, shape, **kw: reshape(g, x.shape), None)
+    "reshape",
+    _method("reshape"),
+    (lambda g, ans, x, shape, **kw: reshape(g, x.shape), None),
+    saves="",
 )
 permute_dims = Primitive(
     "permute_dims",
     _method("permute_dims"),
     (lambda g, ans, x, axes: permute_dims(g, _inverse(axes, len(x.shape))), None),
+    saves="",
 )
 
 
@@ -37,13 +43,18 @@ def _inverse(axes, ndim):
 
 
 expand_dims = Primitive(
-    "expand_dims", _method("expand_dims"), (lambda g, ans, x, **kw: reshape(g, x.shape),)
+    "expand_dims",
+    _method("expand_dims"),
+    (lambda g, ans, x, **kw: reshape(g, x.shape),),
+    saves="",
 )
-squeeze = Primitive("squeeze", _method("squeeze"), (lambda g, ans, x, **kw: reshape(g, x.shape),))
-flip = Primitive("flip", _method("flip"), (lambda g, ans, x, **kw: flip(g, **kw),))
+squeeze = Primitive(
+    "squeeze", _method("squeeze"), (lambda g, ans, x, **kw: reshape(g, x.shape),), saves=""
+)
+flip = Primitive("flip", _method("flip"), (lambda g, ans, x, **kw: flip(g, **kw),), saves="")
 # The gradient of broadcast_to is summed back to the argument's shape by the fitting step.
 broadcast_to = Primitive(
-    "broadcast_to", _method("broadcast_to"), (lambda g, ans, x, shape: g, None)
+    "broadcast_to", _method("broadcast_to"), (lambda g, ans, x, shape: g, None), saves=""
 )
 
 
@@ -82,7 +93,7 @@ def _concat_vjp(i, g, ans, *arrays, axis=0):
     return g[key]
 
 
-_concat = Primitive("concat", _concat_forward, ByPosition(_concat_vjp))
+_concat = Primitive("concat", _concat_forward, ByPosition(_concat_vjp), saves="")
 
 
 def concat(arrays, /, *, axis=0):
@@ -99,7 +110,7 @@ def _stack_vjp(i, g, ans, *arrays, axis=0):
     return g[(slice(None),) * axis + (i, Ellipsis)]
 
 
-_stack = Primitive("stack", _stack_forward, ByPosition(_stack_vjp))
+_stack = Primitive("stack", _stack_forward, ByPosition(_stack_vjp), saves="")
 
 
 def stack(arrays, /, *, axis=0):
@@ -139,12 +150,16 @@ def _without_new_axes(xp, key, g, z):
 
 
 _getitem = Primitive(
-    "getitem", _getitem_forward, (lambda g, ans, x, key: _index_adjoint(g, x.shape, key), None)
+    "getitem",
+    _getitem_forward,
+    (lambda g, ans, x, key: _index_adjoint(g, x.shape, key), None),
+    saves="",
 )
 _index_adjoint = Primitive(
     "index_adjoint",
     _index_adjoint_forward,
     (lambda g, ans, gx, shape, key: _getitem(g, key), None, None),
+    saves="",
 )
 
 
@@ -191,18 +206,24 @@ def _has_integer_array(key):
     return False
 
 
-# --- devices
-def _to_device_forward(xp, x, device):
+# --- devices: the source device is an argument, so the pullback needs no value to send g back
+def _to_device_forward(xp, x, device, source):
     import array_api_compat
 
     return array_api_compat.to_device(x, device)
 
 
-to_device = Primitive(
+_to_device = Primitive(
     "to_device",
     _to_device_forward,
-    (lambda g, ans, x, device: to_device(g, _device(x)), None),
+    (lambda g, ans, x, device, source: to_device(g, source), None, None),
+    saves="",
 )
+
+
+def to_device(x, device, /, *, stream=None):
+    """`x` on `device`, a tracked op: the gradient flows back to `x`'s device."""
+    return _to_device(x, device, _device(x))
 
 
 def _device(x):

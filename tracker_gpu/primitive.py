@@ -1,0 +1,396 @@
+"""How an operation on tracked arrays is recorded, what its node keeps, and its pullback.
+
+A `Primitive` is a forward `f(xp, *args, **kw)` and one vector-Jacobian product per positional
+argument, `vjp(g, ans, *args, **kw)` (`None` for an argument with no gradient). The vjps are
+written with this package's functions and operators, which accept plain and tracked arrays alike:
+a first-order pass calls them on plain arrays (fast), a nested pass on tracked ones (so the
+gradient is itself differentiable). Broadcasting is undone in one place, `_fit`.
+
+Each primitive declares what its vjps read (`saves`), and its node keeps exactly that of the
+output and of its tracked arguments: `multiply` saves its inputs, `exp` its output, `add`, `sum`
+and reshapes nothing. A value a vjp does not read reaches it as a stand-in (its node) with the
+value's shape and dtype only. Constants (numbers, plain arrays, keys) stay with the node as
+they were given.
+
+>>> import numpy as np, tracker_gpu as tg
+>>> y = tg.exp(tg.param(np.array([0.0, 1.0])))
+>>> tg.sum(y * 2.0)._node.saved is None  # the sum saves nothing; y * 2.0 saves only 2.0
+True
+"""
+
+import functools
+import inspect
+import threading
+
+import numpy as np
+
+from . import backend
+from .backend import SCALARS, namespace_of
+from .cuda import dispatch
+from .tape import Node
+
+__all__ = ["Primitive", "ByPosition", "rule", "record", "tracking", "NOT_TRACKING"]
+
+# Threads inside a `notrack()` block: their operations record nothing.
+NOT_TRACKING = set()
+
+
+def tracking():
+    """Whether operations on tracked arrays record in this thread (not inside `notrack()`)."""
+    return not (NOT_TRACKING and threading.get_ident() in NOT_TRACKING)
+
+
+class Primitive:
+    """A differentiable operation: forward `f(xp, *args, **kw)` and a vjp per argument.
+
+    `saves` says what the vjps read besides the gradient: for each vjp, the names it reads
+    among "ans" (the output) and the forward's parameters, as one string (`"ans"`, `"x y"`,
+    `""` for nothing but shapes); a single string applies to every vjp. `None` (the default)
+    saves the output and every tracked argument.
+
+    `fused` is a fast path for first-order passes (by default the one `cuda.dispatch` has
+    registered under `name`): `fused(ans, args, values, kw, g, pending)` returns the list of
+    gradients (`tape.Total` where it added into the pending gradient itself, in one fused
+    kernel, say) or None to fall back to the vjps. Nested passes always take the vjps, so
+    that they stay differentiable. A fused forward registered under `name` likewise runs first
+    and may decline.
+    """
+
+    def __init__(self, name, forward, vjps, doc=None, fused=None, saves=None):
+        self.name = self.__name__ = self.__qualname__ = name
+        self.__signature__ = _signature_without_namespace(forward)
+        fused_forward = dispatch.FORWARDS.get(name)
+        self.forward = forward if fused_forward is None else _fused_first(fused_forward, forward)
+        self.vjps = vjps
+        self.fused = fused if fused is not None else dispatch.PULLBACKS.get(name)
+        self.__doc__ = doc
+        self._reads = _reads(saves, forward, vjps)
+        self._plans = {}
+
+    def __call__(self, *args, **kw):
+        if len(args) == 1 and type(args[0]) is TrackedArray and not NOT_TRACKING:
+            return _record_one(self, args[0], kw)  # the hot path: nothing to check
+        for a in args:
+            if type(a) is TrackedArray:
+                return _record(self, args, kw)
+        xp = _namespace_of_plain(args)
+        if xp is None:  # Python numbers in, a Python number out
+            _check_number(self.name, args)
+            return _as_number(self.forward(np, *args, **kw))
+        return self.forward(xp, *args, **kw)
+
+    def keeps(self, tracked_mask):
+        """Which of `(output, *args)` a node keeps (positions, 0 for the output) when the
+        arguments whose bits are set in `tracked_mask` are tracked."""
+        plan = self._plans.get(tracked_mask)
+        if plan is None:
+            plan = self._plans[tracked_mask] = _plan(self._reads, tracked_mask)
+        return plan
+
+    def pullback(self, node, args, kw, saved, g, nested, pending=None):
+        if nested:
+            ans, values = tracked_values(node, args, saved, g)
+        else:
+            if saved is None:
+                ans, values = node, args
+            else:
+                ans, values = saved[0], saved[1:]
+                if ans is None:
+                    ans = node
+            if self.fused is not None and type(g) not in dispatch.SKIPPED_TYPES:
+                grads = self.fused(ans, args, values, kw, g, pending)
+                if grads is not None:
+                    return grads
+        grads = []
+        for a, vjp in zip(args, self.vjps):
+            if vjp is None or type(a) is not Node:
+                grads.append(None)
+                continue
+            ga = vjp(g, ans, *values, **kw) if kw else vjp(g, ans, *values)
+            if ga is not None and (ga.shape != a.shape or ga.dtype != a.dtype):
+                ga = _fit(ga, a, self.name)
+            grads.append(ga)
+        return grads
+
+    def __repr__(self):
+        return f"<tracked primitive {self.name}>"
+
+
+class ByPosition:
+    """The vjps of a variadic primitive: `vjp(i, g, ans, *args, **kw)` for argument `i`."""
+
+    def __init__(self, vjp):
+        self.vjp = vjp
+
+    def __iter__(self):
+        i = 0
+        while True:
+            yield functools.partial(self.vjp, i)
+            i += 1
+
+
+# --- what a node saves
+EVERYTHING = None
+
+
+def _reads(saves, forward, vjps):
+    """`saves` as a tuple of frozensets of positions in `(output, *args)` per vjp (one set for
+    all when a single string is given), or EVERYTHING."""
+    if saves is None:
+        return EVERYTHING
+    names = [p.name for p in list(inspect.signature(forward).parameters.values())[1:]]
+
+    def positions(text):
+        return frozenset(0 if word == "ans" else names.index(word) + 1 for word in text.split())
+
+    if isinstance(saves, str):
+        return positions(saves)
+    if len(saves) != len(vjps):
+        raise ValueError(f"saves names what {len(saves)} vjps read, for {len(vjps)} vjps")
+    return tuple(positions(text) for text in saves)
+
+
+def _plan(reads, tracked_mask):
+    tracked = [i + 1 for i in range(tracked_mask.bit_length()) if tracked_mask >> i & 1]
+    if reads is EVERYTHING:
+        return (0, *tracked)
+    if isinstance(reads, frozenset):
+        wanted = reads if tracked else frozenset()
+    else:
+        wanted = frozenset().union(*(reads[i - 1] for i in tracked if i - 1 < len(reads)))
+    return tuple(k for k in sorted(wanted) if k == 0 or k in tracked)
+
+
+def saved_values(keep, value, values, args):
+    """What a node keeps, as its pullback will read it: aligned with `(output, *args)`, the
+    kept values, and the node's own arguments elsewhere (a parent's node stands in for a value
+    that was not kept; constants are themselves); None when nothing is kept."""
+    if not keep:
+        return None
+    saved = [None, *args]
+    for k in keep:
+        saved[k] = value if k == 0 else values[k - 1]
+    return saved
+
+
+def resolve(node, args, saved):
+    """`(ans, values)` for a first-order pullback: the saved values, and stand-ins (nodes) for
+    the values that were not saved; constants as they were given."""
+    if saved is None:
+        return node, args
+    ans = saved[0]
+    return (node if ans is None else ans), saved[1:]
+
+
+def tracked_values(node, args, saved, g):
+    """`(ans, values)` for a nested pullback: the output and the tracked arguments as tracked
+    arrays linked to their nodes, so that what the vjps compute is recorded too."""
+    ans, values = resolve(node, args, saved)
+    xp = g._xp if type(g) is TrackedArray else namespace_of(g)
+    ans = TrackedArray(ans, xp, node)
+    return ans, [TrackedArray(v, xp, a) if type(a) is Node else v for a, v in zip(args, values)]
+
+
+# --- recording
+def _record(prim, args, kw):
+    xp = None
+    values, parents = [], []
+    plain_arrays = False
+    mask, bit = 0, 1
+    for a in args:
+        if type(a) is TrackedArray:
+            if xp is None:
+                xp = a._xp
+            elif a._xp is not xp:
+                backend.check_same_library(xp, a.data)
+            values.append(a.data)
+            parents.append(a._node)
+            mask |= bit
+        else:
+            plain_arrays = plain_arrays or type(a) not in SCALARS
+            values.append(a)
+            parents.append(a)
+        bit <<= 1
+    if plain_arrays:
+        _check_plain_operands(xp, values)
+    if len(values) > 1 and xp is not np:
+        backend.check_same_device([v for v in values if backend.is_array(v)])
+    if NOT_TRACKING and threading.get_ident() in NOT_TRACKING:
+        return prim.forward(xp, *values, **kw)
+    value = prim.forward(xp, *values, **kw)
+    keep = prim._plans.get(mask)
+    if keep is None:
+        keep = prim.keeps(mask)
+    saved = saved_values(keep, value, values, parents) if keep else None
+    return record(value, xp, prim, tuple(parents), kw, saved)
+
+
+def _record_one(prim, x, kw):
+    value = prim.forward(x._xp, x.data, **kw)
+    keep = prim._plans.get(1)
+    if keep is None:
+        keep = prim.keeps(1)
+    args = (x._node,)
+    saved = saved_values(keep, value, (x.data,), args) if keep else None
+    return record(value, x._xp, prim, args, kw, saved)
+
+
+_new = object.__new__
+
+
+def record(value, xp, rule, args, ctx, saved=None):
+    """A tracked array of `value`, made by `rule` from `args` (parents' nodes and constants),
+    its node keeping `saved` (aligned with `(value, *args)`, or None)."""
+    node = _new(Node)
+    node.rule, node.args, node.ctx, node.saved = rule, args, ctx, saved
+    node.shape, node.dtype, node._n, node._g = value.shape, value.dtype, 0, None
+    out = _new(TrackedArray)
+    out.data, out._node, out._xp = value, node, xp
+    return out
+
+
+def _signature_without_namespace(forward):
+    """The forward's signature without its first parameter (the namespace `xp`)."""
+    try:
+        parameters = list(inspect.signature(forward).parameters.values())[1:]
+        return inspect.Signature(parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _fused_first(fused, forward):
+    """`forward`, with the fused forward tried first (it returns None where it does not apply)."""
+
+    def forward_fused_first(xp, *args, **kw):
+        value = fused(*args, **kw)
+        return forward(xp, *args, **kw) if value is None else value
+
+    return forward_fused_first
+
+
+def _namespace_of_plain(args):
+    for a in args:
+        if backend.is_array(a):
+            return namespace_of(a)
+    return None
+
+
+def _check_number(name, args):
+    if args and type(args[0]) not in SCALARS:
+        raise TypeError(
+            f"{name} expects an array (or a Python number), got {type(args[0]).__name__}; "
+            "convert it with the array library's asarray first"
+        )
+
+
+def _as_number(y):
+    return y.item() if isinstance(y, (np.ndarray, np.generic)) and y.ndim == 0 else y
+
+
+def _check_plain_operands(xp, values):
+    for v in values:
+        if backend.is_array(v):
+            backend.check_same_library(xp, v)
+
+
+def _fit(ga, a, name):
+    """Sum a gradient down to the shape of its argument (a node), and cast it to its dtype."""
+    from .rules.elementwise import astype
+    from .rules.shape import unbroadcast
+
+    shape = a.shape
+    if ga.shape != shape:
+        ga = unbroadcast(ga, shape, name)
+    if ga.dtype != a.dtype:
+        ga = astype(ga, a.dtype)
+    return ga
+
+
+# --- custom rules: Tracker's `track` + `@grad`
+class _CustomRule:
+    """A user's rule: the node keeps the pullback (and what it closes over) and the tracked
+    arguments, which a nested pass runs the forward on again."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.name = getattr(fn, "__name__", "custom rule")
+
+    def pullback(self, node, args, ctx, saved, g, nested, pending=None):
+        pb, kw = ctx
+        _, values = resolve(node, args, saved)
+        if nested:  # re-run the forward on tracked arguments, so the pullback is recorded too
+            _, values = tracked_values(node, args, saved, g)
+            _, pb = self.fn(*values, **kw)
+        grads = pb(g)
+        if not isinstance(grads, tuple) or len(grads) != len(args):
+            raise ValueError(
+                f"the pullback of custom rule {self.name!r} must return a tuple with one "
+                f"gradient (or None) per positional argument: {len(args)}, got {grads!r:.80}"
+            )
+        return [
+            None if ga is None or type(a) is not Node else self._checked(ga, a, data(v))
+            for a, v, ga in zip(args, values, grads)
+        ]
+
+    def _checked(self, ga, node, value):
+        """A user's gradient must be of the argument's library and on its device."""
+        plain = data(ga)
+        backend.check_same_library(namespace_of(value), plain)
+        device = backend.device_of(value)
+        if backend.device_of(plain) != device:
+            raise ValueError(
+                f"the pullback of custom rule {self.name!r} returned a gradient on device "
+                f"{backend.device_of(plain)} for an argument on device {device}; create it "
+                f"on the argument's device"
+            )
+        return _fit(ga, node, self.name)
+
+
+def rule(fn):
+    """Turn `fn(*args) -> (y, pullback)` into a tracked operation (Tracker's `@grad`).
+
+    `fn` receives plain arrays and returns the plain result and a pullback that maps the
+    gradient of the result to a tuple with one gradient (or `None`) per positional argument.
+    Write the pullback with tracker_gpu functions and it is differentiable again (`nest=True`).
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> @tg.rule
+    ... def cube(x):
+    ...     return x**3, lambda g: (g * 3 * x**2,)
+    >>> tg.gradient(lambda x: tg.sum(cube(x)), np.array([1.0, 2.0]))[0]
+    array([ 3., 12.])
+    """
+    custom = _CustomRule(fn)
+
+    @functools.wraps(fn)
+    def tracked_fn(*args, **kw):
+        if not any(isinstance(a, TrackedArray) for a in args):
+            return fn(*args, **kw)[0]
+        xp = next(a._xp for a in args if isinstance(a, TrackedArray))
+        values = [data(a) for a in args]
+        returned = fn(*values, **kw)
+        if not (isinstance(returned, tuple) and len(returned) == 2 and callable(returned[1])):
+            raise TypeError(
+                f"custom rule {custom.name!r} must return (value, pullback), got "
+                f"{type(returned).__name__}"
+            )
+        y, pb = returned
+        if isinstance(y, TrackedArray):
+            raise TypeError(
+                f"custom rule {custom.name!r} must return a plain array, not a tracked one"
+            )
+        return record_saving_arguments(y, xp, custom, args, (pb, kw))
+
+    return tracked_fn
+
+
+def record_saving_arguments(value, xp, rule, args, ctx):
+    """A tracked array of `value` whose node keeps every tracked argument's data (for a rule
+    that runs a forward again: a custom rule's nested pass, a checkpoint)."""
+    saved = [None] + [a.data if type(a) is TrackedArray else a for a in args]
+    parents = tuple(a._node if type(a) is TrackedArray else a for a in args)
+    return record(value, xp, rule, parents, ctx, saved)
+
+
+# The tracked array and the rules are defined in terms of each other: resolved once both exist.
+from .tracked import TrackedArray, data  # noqa: E402
