@@ -146,10 +146,8 @@ def test_memory(tmp_path):
     assert set(rows) == {"wide", "chain", "mlp step", "residual", "residual, checkpoint"}
     for row in rows.values():
         assert row["peaks"]["numpy"] > 0 and row["peaks"]["tracker_gpu"] > 0
-    assert {t["target"].split(":")[0] for t in document["targets"]} >= {
-        "wide",
-        "MLP step",
-        "residual",
-        "checkpoint",
-    }
+    expected = {"MLP step", "residual", "checkpoint"}
+    if isinstance(rows["wide"]["peaks"].get("autograd"), (int, float)):
+        expected.add("wide")  # compared with autograd only where autograd is installed
+    assert {t["target"].split(":")[0] for t in document["targets"]} >= expected
     assert "peak extra memory in MB" in out

@@ -15,10 +15,10 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import backend
+from . import backend, recording
 from .backend import SCALARS
 from .checks import checking
-from .primitive import record
+from .primitive import record, traced_data
 from .pytree import is_container, tree_leaves, tree_map
 from .tape import BackError, walk
 from .tracked import TrackedArray, data, identity, leaf
@@ -145,9 +145,10 @@ def withgradient(f, *args, nest=False):
     args, inputs, tracked_args = track_inputs(args, nest)
     val = f(*tracked_args)
     loss = val[0] if isinstance(val, tuple) else val
-    found = _backprop(loss, inputs.values(), nest)
+    found = backprop(loss, inputs.values(), nest)
+    plain = not nest and recording.current() is None  # a recording keeps the values traced
     return WithGradient(
-        val if nest else untracked(val), gradients_in_place(args, inputs, found, nest)
+        untracked(val) if plain else val, gradients_in_place(args, inputs, found, nest)
     )
 
 
@@ -175,18 +176,19 @@ def track_inputs(args, nest):
     float given as an argument itself. Integer and boolean arrays are data (labels, indices,
     masks) wherever they are, and numbers inside a structure are constants (a layer's eps).
     """
-    args = tuple(_top_level(a, position) for position, a in enumerate(args))
+    args = tuple(top_level(a, position) for position, a in enumerate(args))
     inputs = {}
     return args, inputs, tuple(_track(a, inputs, nest) for a in args)
 
 
 def gradients_in_place(args, inputs, found, nest):
     """The arguments' structure with each parameter's gradient (from `found`) in its place."""
-    hand_out = None if nest else HandOut(made.data for made in inputs.values())
+    plain = not nest and recording.current() is None  # a recording keeps the gradients traced
+    hand_out = HandOut(made.data for made in inputs.values()) if plain else None
     return tuple(tree_map(lambda x: _grad_of(x, inputs, found, hand_out), a) for a in args)
 
 
-def _top_level(x, position):
+def top_level(x, position):
     """A top-level float becomes a 0-d float64 array, a parameter; the surprising cases warn."""
     if type(x) is float:
         return np.asarray(x)
@@ -213,22 +215,36 @@ def _warn(message):
 
 
 def _track(tree, inputs, nest):
+    traced = {} if recording.current() is not None else None
+
     def track(x):
         key = id(x)
         if key not in inputs:
-            made = _input(x, nest)
+            made = _input(x, nest, traced is not None)
             if made is None:
-                return x
+                return x if traced is None else _traced_data(x, traced)
             inputs[key] = made
         return inputs[key]
 
     return tree_map(track, tree)
 
 
-def _input(x, nest):
+def _traced_data(x, traced):
+    """While tg.compile records, an integer or boolean array argument reaches `f` as a traced
+    array (data, with no gradient), so that what is computed from it is replayed from the new
+    argument; anything else, as it is."""
+    if isinstance(x, TrackedArray) or not backend.is_array(x):
+        return x
+    if id(x) not in traced:
+        traced[id(x)] = traced_data(x, backend.namespace_of(x))
+        recording.current().leaf(traced[id(x)])
+    return traced[id(x)]
+
+
+def _input(x, nest, recorded=False):
     """The tracked input standing for a user's value, or None if it is not a parameter."""
-    if isinstance(x, TrackedArray):
-        return identity(x) if nest else leaf(x.data)
+    if isinstance(x, TrackedArray):  # linked to its graph when nested, or recorded
+        return identity(x) if nest or recorded else leaf(x.data)
     if not backend.is_array(x):
         return None
     xp = backend.namespace_of(x)
@@ -239,7 +255,7 @@ def _input(x, nest):
     return None  # integers and booleans: data, passed to f as they are
 
 
-def _backprop(loss, inputs, nest):
+def backprop(loss, inputs, nest):
     """{id(input): gradient} for the inputs the scalar `loss` depends on."""
     _check_loss_is_scalar(loss)
     if not isinstance(loss, TrackedArray):
@@ -394,7 +410,7 @@ class Grads:
 def _implicit(f, params, nest):
     val = f()
     loss = val[0] if isinstance(val, tuple) else val
-    found = _backprop(loss, list(params), nest)
+    found = backprop(loss, list(params), nest)
     if nest:
         return WithGradient(val, Grads(params, found))
     hand_out = HandOut(p.data for p in params)

@@ -8,6 +8,8 @@ that state, then puts it back where it was, as PyTorch's checkpoint does with it
 A generator whose state cannot be read and restored is refused inside a checkpointed block.
 
 >>> import numpy as np
+
+from . import backend, recording
 >>> rng = np.random.default_rng(0)
 >>> with noted() as states:
 ...     first = uniform(rng, (2,))
@@ -22,17 +24,35 @@ import threading
 
 import numpy as np
 
-__all__ = ["uniform", "noted", "replayed"]
+from . import backend, recording
+
+__all__ = ["uniform", "draw", "noted", "replayed"]
 
 _local = threading.local()
 
 
-def uniform(rng, shape):
-    """`rng.random(shape)`: uniform draws in [0, 1), noted for the checkpointed blocks running."""
+def uniform(rng, shape, like=None):
+    """`rng.random(shape)`: uniform draws in [0, 1), in the library and on the device of `like`
+    (a plain array) if given; noted for the checkpointed blocks running, and, while tg.compile
+    records, a traced draw that every replay makes anew."""
     for states in getattr(_local, "blocks", ()):
         if id(rng) not in states:
             states[id(rng)] = (rng, _state(rng))
-    return rng.random(shape)
+    recorder = recording.current()
+    if recorder is not None:
+        return recorder.draw(rng, shape, like)
+    return draw(rng, shape, like)
+
+
+def draw(rng, shape, like=None):
+    """`rng.random(shape)`, moved to the library and device of `like` if it is another's."""
+    u = rng.random(shape)
+    if like is None:
+        return u
+    xp = backend.namespace_of(like)
+    if backend.namespace_of(u) is xp:
+        return u
+    return xp.asarray(u, device=backend.device_of(like))
 
 
 @contextlib.contextmanager

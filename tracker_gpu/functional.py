@@ -10,7 +10,7 @@ checkpoint, and ways to stop tracking (stop_gradient, notrack).
 import contextlib
 import threading
 
-from . import draws, primitive, tracked
+from . import draws, primitive, recording, tracked
 from .api import given_seed, gradient, gradients_in_place, track_inputs
 from .backend import namespace_of
 from .primitive import Primitive, record_saving_arguments, resolve, tracked_values
@@ -163,10 +163,22 @@ def checkpoint(f, *args, **kw):
     """
     if not any(isinstance(a, TrackedArray) for a in args):
         return f(*args, **kw)
-    with draws.noted() as states:
-        y = data(f(*(leaf(a.data) if isinstance(a, TrackedArray) else a for a in args), **kw))
+    forward = _checkpoint_forward(f, kw, [isinstance(a, TrackedArray) for a in args])
+    y, states = forward(*(data(a) for a in args))
     xp = next(a._xp for a in args if isinstance(a, TrackedArray))
-    return record_saving_arguments(y, xp, _Checkpoint(f, kw), args, states)
+    return record_saving_arguments(y, xp, _Checkpoint(f, kw), args, states, forward)
+
+
+def _checkpoint_forward(f, kw, tracked):
+    """`f`'s value on tracked leaves of the values of the tracked arguments, and the states of
+    the generators it drew from; tg.compile replays it as a whole, recording nothing inside."""
+
+    def forward(*values):
+        inputs = [leaf(v) if t else v for v, t in zip(values, tracked)]
+        with recording.paused(), draws.noted() as states:
+            return data(f(*inputs, **kw)), states
+
+    return forward
 
 
 # --- not tracking

@@ -24,10 +24,11 @@ import threading
 
 import numpy as np
 
-from . import backend
+from . import backend, recording
 from .backend import SCALARS, namespace_of
 from .cuda import dispatch
-from .tape import Node
+from .recording import ACTIVE
+from .tape import Node, leaf_node
 
 __all__ = ["Primitive", "ByPosition", "rule", "record", "tracking", "NOT_TRACKING"]
 
@@ -56,8 +57,9 @@ class Primitive:
     and may decline.
     """
 
-    def __init__(self, name, forward, vjps, doc=None, fused=None, saves=None):
+    def __init__(self, name, forward, vjps, doc=None, fused=None, saves=None, differentiable=True):
         self.name = self.__name__ = self.__qualname__ = name
+        self.differentiable = differentiable
         self.__signature__ = _signature_without_namespace(forward)
         fused_forward = dispatch.FORWARDS.get(name)
         self.forward = forward if fused_forward is None else _fused_first(fused_forward, forward)
@@ -68,7 +70,7 @@ class Primitive:
         self._plans = {}
 
     def __call__(self, *args, **kw):
-        if len(args) == 1 and type(args[0]) is TrackedArray and not NOT_TRACKING:
+        if len(args) == 1 and type(args[0]) is TrackedArray and not (NOT_TRACKING or ACTIVE):
             return _record_one(self, args[0], kw)  # the hot path: nothing to check
         for a in args:
             if type(a) is TrackedArray:
@@ -217,12 +219,42 @@ def _record(prim, args, kw):
         backend.check_same_device([v for v in values if backend.is_array(v)])
     if NOT_TRACKING and threading.get_ident() in NOT_TRACKING:
         return prim.forward(xp, *values, **kw)
+    if ACTIVE and recording.current() is not None:
+        return _record_traced(prim, args, kw, xp, values)
     value = prim.forward(xp, *values, **kw)
     keep = prim._plans.get(mask)
     if keep is None:
         keep = prim.keeps(mask)
     saved = saved_values(keep, value, values, parents) if keep else None
     return record(value, xp, prim, tuple(parents), kw, saved)
+
+
+def _record_traced(prim, args, kw, xp, values):
+    """`_record` while tg.compile records: data (a traced value with no gradient: see
+    `recording.DATA`) reaches the node as the constant it stands for, and what a rule with no
+    gradient, or one of data alone, computes is data too."""
+    parents, mask = [], 0
+    for i, (a, v) in enumerate(zip(args, values)):
+        tracked = type(a) is TrackedArray and not recording.is_data(a._node)
+        parents.append(a._node if tracked else v)
+        mask |= tracked << i
+    value = prim.forward(xp, *values, **kw)
+    if not mask or not prim.differentiable:
+        return traced_data(value, xp, (prim.forward, args, kw, False))
+    keep = prim.keeps(mask)
+    saved = saved_values(keep, value, values, parents) if keep else None
+    return record(value, xp, prim, tuple(parents), kw, saved)
+
+
+def traced_data(value, xp, how=None):
+    """A data node's tracked array of `value` (see `recording.DATA`), shown to the recorder with
+    how a replay computes it (None: the recorder places it itself)."""
+    node = leaf_node(value.shape, value.dtype)
+    node.grad = recording.DATA
+    out = TrackedArray(value, xp, node)
+    if how is not None:
+        recording.current().node(out, how)
+    return out
 
 
 def _record_one(prim, x, kw):
@@ -238,14 +270,24 @@ def _record_one(prim, x, kw):
 _new = object.__new__
 
 
-def record(value, xp, rule, args, ctx, saved=None):
+def record(value, xp, rule, args, ctx, saved=None, replay=None):
     """A tracked array of `value`, made by `rule` from `args` (parents' nodes and constants),
-    its node keeping `saved` (aligned with `(value, *args)`, or None)."""
+    its node keeping `saved` (aligned with `(value, *args)`, or None).
+
+    While `tg.compile` records, the recorder sees the node, and `replay` says how a replay
+    computes the value: `(function, inputs, keywords, makes_context)`, where
+    `function(xp, *values, **keywords)` gives the value (or `(value, ctx)` if `makes_context`)
+    from the values of `inputs` (nodes and constants). By default, the rule's forward on `args`.
+    """
     node = _new(Node)
     node.rule, node.args, node.ctx, node.saved = rule, args, ctx, saved
     node.shape, node.dtype, node._n, node._g = value.shape, value.dtype, 0, None
     out = _new(TrackedArray)
     out.data, out._node, out._xp = value, node, xp
+    if ACTIVE:
+        recorder = recording.current()
+        if recorder is not None:
+            recorder.node(out, replay or (rule.forward, args, ctx, False))
     return out
 
 
@@ -332,6 +374,15 @@ class _CustomRule:
             for a, v, ga in zip(args, values, grads)
         ]
 
+    def replay(self, kw):
+        """`(value, ctx)` of the rule on plain values, for tg.compile's replay."""
+
+        def again(*values):
+            y, pb = self.fn(*values, **kw)
+            return y, (pb, kw)
+
+        return again
+
     def _checked(self, ga, node, value):
         """A user's gradient must be of the argument's library and on its device."""
         plain = data(ga)
@@ -379,17 +430,19 @@ def rule(fn):
             raise TypeError(
                 f"custom rule {custom.name!r} must return a plain array, not a tracked one"
             )
-        return record_saving_arguments(y, xp, custom, args, (pb, kw))
+        return record_saving_arguments(y, xp, custom, args, (pb, kw), custom.replay(kw))
 
     return tracked_fn
 
 
-def record_saving_arguments(value, xp, rule, args, ctx):
+def record_saving_arguments(value, xp, rule, args, ctx, replay):
     """A tracked array of `value` whose node keeps every tracked argument's data (for a rule
-    that runs a forward again: a custom rule's nested pass, a checkpoint)."""
+    that runs a forward again: a custom rule's nested pass, a checkpoint); `replay(*values)`
+    gives `(value, ctx)` again, for tg.compile."""
     saved = [None] + [a.data if type(a) is TrackedArray else a for a in args]
     parents = tuple(a._node if type(a) is TrackedArray else a for a in args)
-    return record(value, xp, rule, parents, ctx, saved)
+    how = (lambda xp, *values: replay(*values), parents, {}, True)
+    return record(value, xp, rule, parents, ctx, saved, how)
 
 
 # The tracked array and the rules are defined in terms of each other: resolved once both exist.

@@ -22,7 +22,19 @@ that share only leaves may.
 
 import math
 
-__all__ = ["Node", "leaf_node", "SPENT", "BackError", "PullbackError", "Pending", "Total", "walk"]
+from . import recording
+
+__all__ = [
+    "Node",
+    "leaf_node",
+    "SPENT",
+    "BackError",
+    "PullbackError",
+    "Pending",
+    "Total",
+    "walk",
+    "run",
+]
 
 
 class BackError(RuntimeError):
@@ -165,6 +177,15 @@ def walk(root, seed, *, once=True, nested=False, stop=()):
     by no gradient are left out. With `once`, each interior node frees its rule and arguments as
     soon as it has passed its gradient on.
     """
+    if not nested:
+        recorder = recording.current()
+        if recorder is not None:  # tg.compile records this pass, to replay it
+            return recorder.walk(root, seed, stop)
+    return run(root, seed, once=once, nested=nested, stop=stop)
+
+
+def run(root, seed, *, once=True, nested=False, stop=()):
+    """`walk` itself, unseen by a recording."""
     stop = {id(node) for node in stop}
     if _terminal(root, stop):
         return [(root, seed)]
@@ -176,7 +197,33 @@ def walk(root, seed, *, once=True, nested=False, stop=()):
         raise
 
 
-def _pull_back(root, seed, once, nested, stop):
+def counts(root, stop=()):
+    """`[(node, n)]`: for each interior node reachable from `root`, the gradients it will
+    receive in a walk (what a walk counts first; tg.compile counts once and replays)."""
+    stop = {id(node) for node in stop}
+    if _terminal(root, stop):
+        return []
+    counted = _count_references(root, stop)
+    found = [(node, node._n) for node in counted]
+    _reset(counted)
+    return found
+
+
+def replay(root, seed, stop, counted):
+    """A walk whose counts are known (`counts(root, stop)`): the counting pass is skipped. The
+    graph is kept (as by once=False) but each node's saved values are released as soon as its
+    pullback has run. tg.compile's replay of a recorded pass."""
+    stop = {id(node) for node in stop}
+    for node, n in counted:
+        node._n = n
+    try:
+        return _pull_back(root, seed, False, False, stop, release=True)
+    except BaseException:
+        _reset([node for node, _ in counted])
+        raise
+
+
+def _pull_back(root, seed, once, nested, stop, release=False):
     pending = Pending(stop)
     owned = pending.owned
     root._g = seed
@@ -189,6 +236,8 @@ def _pull_back(root, seed, once, nested, stop):
         rule, args, ctx, saved = node.rule, node.args, node.ctx, node.saved
         if once:
             node.rule, node.args, node.ctx, node.saved = SPENT, None, None, None
+        elif release:
+            node.saved = None
         grads = (None,) * len(args)
         if g is not None:
             try:

@@ -8,8 +8,9 @@ plays the role of Tracker's `TrackedReal`. Here too is Tracker's API on tracked 
 
 import numpy as np
 
-from . import backend
+from . import backend, recording
 from .backend import SCALARS, namespace_of
+from .recording import ACTIVE
 from .tape import leaf_node
 
 __all__ = [
@@ -43,6 +44,10 @@ class TrackedArray:
         self.data = value
         self._xp = xp
         self._node = leaf_node(value.shape, value.dtype) if node is None else node
+        if ACTIVE and node is None:
+            recorder = recording.current()
+            if recorder is not None:
+                recorder.leaf(self)
 
     # --- attributes of the Array API array object
     shape = property(lambda self: self.data.shape)
@@ -125,41 +130,46 @@ class TrackedArray:
             "tg.concat([...]), or assign into tg.data(x) outside differentiation"
         )
 
-    # --- comparisons: plain boolean arrays, as in Tracker
+    # --- comparisons: plain boolean arrays, as in Tracker (traced ones while tg.compile records)
     def __lt__(self, other):
-        return self.data < data(other)
+        return _traced("less", self, other) if ACTIVE else self.data < data(other)
 
     def __le__(self, other):
-        return self.data <= data(other)
+        return _traced("less_equal", self, other) if ACTIVE else self.data <= data(other)
 
     def __gt__(self, other):
-        return self.data > data(other)
+        return _traced("greater", self, other) if ACTIVE else self.data > data(other)
 
     def __ge__(self, other):
-        return self.data >= data(other)
+        return _traced("greater_equal", self, other) if ACTIVE else self.data >= data(other)
 
     def __eq__(self, other):
-        return self.data == data(other)
+        return _traced("equal", self, other) if ACTIVE else self.data == data(other)
 
     def __ne__(self, other):
-        return self.data != data(other)
+        return _traced("not_equal", self, other) if ACTIVE else self.data != data(other)
 
     __hash__ = None
 
-    # --- Python conversions
+    # --- Python conversions (refused while tg.compile records: the value would be fixed)
     def __float__(self):
+        _refuse_while_recording("float(x)")
         return float(self.data)
 
     def __int__(self):
+        _refuse_while_recording("int(x)")
         return int(self.data)
 
     def __bool__(self):
+        _refuse_while_recording("bool(x), or a comparison used as a condition (if x > 0:)")
         return bool(self.data)
 
     def __complex__(self):
+        _refuse_while_recording("complex(x)")
         return complex(self.data)
 
     def __index__(self):
+        _refuse_while_recording("x used as an index (__index__)")
         raise TypeError("a TrackedArray holds floats and cannot be used as an index")
 
     def __len__(self):
@@ -207,6 +217,18 @@ def numpy_function_error(name):
 
 
 # --- Tracker's API on tracked values
+
+
+def _traced(name, x, other):
+    """A comparison: plain booleans, or traced ones (recorded) while tg.compile records."""
+    from .rules.elementwise import PLAIN_FUNCTIONS
+
+    return PLAIN_FUNCTIONS[name](x, other)
+
+
+def _refuse_while_recording(operation):
+    if ACTIVE and recording.current() is not None:
+        recording.refuse(operation)
 
 
 def param(x):
@@ -346,7 +368,7 @@ def _operators(prim):
     left, right = prim.keeps(0b01), prim.keeps(0b10)  # what x op 2.0 and 2.0 op x keep
 
     def operator(self, other):
-        if type(other) in SCALARS and not NOT_TRACKING:
+        if type(other) in SCALARS and not (NOT_TRACKING or ACTIVE):
             x = self.data
             value = prim.forward(self._xp, x, other)
             args = (self._node, other)
@@ -355,7 +377,7 @@ def _operators(prim):
         return prim(self, other)
 
     def reflected(self, other):
-        if type(other) in SCALARS and not NOT_TRACKING:
+        if type(other) in SCALARS and not (NOT_TRACKING or ACTIVE):
             x = self.data
             value = prim.forward(self._xp, other, x)
             args = (other, self._node)

@@ -192,10 +192,8 @@ class Dropout(Layer):
         xp = namespace_of(plain)
         if self.p == 1:
             return multiply(x, xp.zeros_like(plain))
-        u = draws.uniform(self.rng, tuple(plain.shape))
-        if namespace_of(u) is not xp:
-            u = xp.asarray(u, device=device_of(plain))
-        keep = xp.astype(u >= self.p, plain.dtype)
+        u = draws.uniform(self.rng, tuple(plain.shape), like=plain)
+        keep = astype(u >= self.p, plain.dtype)  # traced while tg.compile records: redrawn
         return multiply(x, keep * (1.0 / (1.0 - self.p)))
 
     def __repr__(self):

@@ -11,8 +11,10 @@ array([1.])
 
 import math
 
+from .. import recording
 from ..backend import SCALARS, device_of, namespace_of
-from ..primitive import Primitive
+from ..primitive import ByPosition, Primitive
+from ..recording import ACTIVE
 from ..tracked import data
 
 __all__ = [
@@ -291,12 +293,22 @@ def clip(x, /, min=None, max=None):
     return _clip(x, min, max)
 
 
-# --- non-differentiable elementwise functions: plain arrays out
+# --- non-differentiable elementwise functions: plain arrays out (traced ones, with no gradient,
+# while tg.compile records, so that a replay computes them from its own inputs)
 def _plain(name):
-    def plain_function(*args, **kw):
-        values = [data(a) for a in args]
-        xp = namespace_of(next(v for v in values if type(v) not in SCALARS))
+    def forward(xp, *values, **kw):
         return getattr(xp, name)(*_as_arrays(xp, *values), **kw)
+
+    no_gradient = ByPosition(lambda i, *a, **k: None)
+    traced = Primitive(name, forward, no_gradient, saves="", differentiable=False)
+
+    def plain_function(*args, **kw):
+        if ACTIVE and recording.current() is not None:
+            return traced(*args, **kw)
+        values = [data(a) for a in args]
+        return forward(
+            namespace_of(next(v for v in values if type(v) not in SCALARS)), *values, **kw
+        )
 
     plain_function.__name__ = name
     plain_function.__doc__ = f"The standard's `{name}` on plain values; not differentiable."

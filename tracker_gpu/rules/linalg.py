@@ -119,7 +119,8 @@ def vecdot(x1, x2, /, *, axis=-1):
             f"it must be the same in both (it is not broadcast)"
         )
     if x1 is x2 and x1.ndim == 1 and isinstance(x1, TrackedArray) and tracking():
-        return sumabs2_of(x1._node, x1.data, x1._xp, x1._xp.vecdot(x1.data, x1.data))
+        value, how = x1._xp.vecdot(x1.data, x1.data), (_vecdot.forward, (x1._node,) * 2, {}, False)
+        return sumabs2_of(x1._node, x1.data, x1._xp, value, how)
     return _vecdot(x1, x2, axis=axis)
 
 

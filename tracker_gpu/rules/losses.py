@@ -118,25 +118,34 @@ def _device(x):
 
 
 def _onehot(name, xp, labels, scores, axis):
-    """Plain one-hot targets shaped like `scores`, from integer class `labels`. A label out of
-    range would leave its row all zeros: it raises where that check costs no synchronisation
-    with the device (`tg.sync_checks`), else its row is made nan, so the loss is nan."""
-    classes = scores.shape[axis]
-    positions = xp.arange(classes, device=_device(scores))
+    """One-hot targets shaped like `scores`, from integer class `labels` (plain; traced while
+    tg.compile records, so that a replay makes them from its own labels). A label out of range
+    would leave its row all zeros: it raises where that check costs no synchronisation with the
+    device (`tg.sync_checks`), else its row is made nan, so the loss is nan."""
+    like = dict(classes=scores.shape[axis], ndim=scores.ndim, dtype=scores.dtype)
+    return _onehot_primitive(labels, name=name, axis=axis, device=_device(scores),
+                             check=checking(scores), **like)  # fmt: skip
+
+
+def _onehot_forward(xp, labels, *, name, classes, axis, ndim, dtype, device, check):
+    positions = xp.arange(classes, device=device)
     if labels.dtype != positions.dtype:
         labels = xp.astype(labels, positions.dtype)
-    if axis == scores.ndim - 1:
+    if axis == ndim - 1:
         hits = labels[..., None] == positions
     else:
-        shape = tuple(classes if d == axis else 1 for d in range(scores.ndim))
+        shape = tuple(classes if d == axis else 1 for d in range(ndim))
         hits = xp.expand_dims(labels, axis=axis) == xp.reshape(positions, shape)
     valid = xp.any(hits, axis=axis, keepdims=True)
-    if checking(scores):
+    if check:
         if not bool(xp.all(valid)):  # one reduction and one sync
             raise _range_error(name, xp, labels, classes)
-        return xp.astype(hits, scores.dtype)
-    nan = xp.asarray(math.nan, dtype=scores.dtype, device=_device(scores))
-    return xp.where(valid, xp.astype(hits, scores.dtype), nan)
+        return xp.astype(hits, dtype)
+    nan = xp.asarray(math.nan, dtype=dtype, device=device)
+    return xp.where(valid, xp.astype(hits, dtype), nan)
+
+
+_onehot_primitive = Primitive("onehot", _onehot_forward, (None,), saves="", differentiable=False)
 
 
 def _targets(name, scores, labels, axis):

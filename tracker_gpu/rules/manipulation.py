@@ -17,9 +17,9 @@ import builtins
 import array_api_compat
 import numpy as np
 
-from .. import backend
+from .. import backend, recording
 from ..backend import device_of, namespace_of
-from ..primitive import Primitive
+from ..primitive import ByPosition, Primitive
 from ..tracked import TrackedArray, data
 from .elementwise import multiply, subtract
 from .shape import broadcast_to, concat, expand_dims, flip, getitem, permute_dims, reshape
@@ -208,7 +208,7 @@ def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
 # --- indexing: integer-array keys over every axis, so that the core's getitem (and its
 # accumulating adjoint) does the work on every library, array-api-strict included
 def _check_indices(indices, name):
-    if isinstance(indices, TrackedArray):
+    if isinstance(indices, TrackedArray) and recording.current() is None:
         raise TypeError(f"{name}: indices must be a plain integer array, not a tracked one")
     return indices
 
@@ -238,9 +238,8 @@ def take(x, indices, /, *, axis=None):
     axis = _axis(axis, x.ndim, "take")
     if indices.ndim != 1:
         raise ValueError(f"take needs 1-d indices, got {indices.ndim} dimensions")
-    xp = _plain_namespace(x)
     shape = tuple(indices.shape[0] if d == axis else 1 for d in range(x.ndim))
-    return getitem(x, _open_mesh(x, axis, xp.reshape(indices, shape)))
+    return getitem(x, _open_mesh(x, axis, reshape(indices, shape)))
 
 
 def take_along_axis(x, indices, /, *, axis=-1):
@@ -409,13 +408,27 @@ def sort(x, /, *, axis=-1, descending=False, stable=True):
     return take_along_axis(x, order, axis=axis)
 
 
-# --- not differentiable: plain arrays in (tracked arguments are unwrapped), plain arrays out
-def _plain(name):
+# --- not differentiable: plain arrays in (tracked arguments are unwrapped), plain arrays out;
+# while tg.compile records, traced ones (recorded, with no gradient), or refused where the
+# result's shape depends on the data
+def _plain(name, shaped_by_data=False):
+    def forward(xp, *args, **kw):
+        return getattr(xp, name)(*args, **kw)
+
+    no_gradient = ByPosition(lambda i, *a, **k: None)
+    traced = Primitive(name, forward, no_gradient, saves="", differentiable=False)
+
     def plain_function(*args, **kw):
+        if recording.current() is not None and builtins.any(
+            isinstance(a, TrackedArray) for a in args
+        ):
+            if shaped_by_data:
+                recording.refuse(f"{name}(x) of a traced array (its shape depends on the data)")
+            return traced(*args, **kw)
         args = [data(a) for a in args]
         kw = {k: data(v) for k, v in kw.items()}
         xp = array_api_compat.array_namespace(*(a for a in args if backend.is_array(a)))
-        return getattr(xp, name)(*args, **kw)
+        return forward(xp, *args, **kw)
 
     plain_function.__name__ = plain_function.__qualname__ = name
     plain_function.__doc__ = f"The standard's `{name}` on plain values; not differentiable."
@@ -425,13 +438,13 @@ def _plain(name):
 argsort = _plain("argsort")
 argmax = _plain("argmax")
 argmin = _plain("argmin")
-nonzero = _plain("nonzero")
+nonzero = _plain("nonzero", shaped_by_data=True)
 searchsorted = _plain("searchsorted")
 count_nonzero = _plain("count_nonzero")
-unique_values = _plain("unique_values")
-unique_counts = _plain("unique_counts")
-unique_inverse = _plain("unique_inverse")
-unique_all = _plain("unique_all")
+unique_values = _plain("unique_values", shaped_by_data=True)
+unique_counts = _plain("unique_counts", shaped_by_data=True)
+unique_inverse = _plain("unique_inverse", shaped_by_data=True)
+unique_all = _plain("unique_all", shaped_by_data=True)
 isin = _plain("isin")
 all = _plain("all")
 any = _plain("any")

@@ -66,7 +66,8 @@ def sum(x, /, *, axis=None, dtype=None, keepdims=False):
     if axis is None and dtype is None and not keepdims and tracking():
         base = squared_base(x)
         if base is not None:
-            return sumabs2_of(*base, x._xp, x._xp.sum(x.data))
+            how = (_sum.forward, (x._node,), {}, False)  # what a tg.compile replay computes
+            return sumabs2_of(*base, x._xp, x._xp.sum(x.data), how)
     return _sum(x, axis=axis, dtype=dtype, keepdims=keepdims)
 
 
@@ -80,10 +81,10 @@ def _sumabs2_forward(xp, x):
 sumabs2 = Primitive("sumabs2", _sumabs2_forward, (lambda g, ans, x: x * (g * 2),), saves="x")
 
 
-def sumabs2_of(node, x, xp, value):
+def sumabs2_of(node, x, xp, value, how):
     """A `sumabs2` node over `node` (whose value is `x`) with the value `value`, computed as
-    the plain expression it stands for computes it."""
-    return record(value, xp, sumabs2, (node,), {}, [None, x])
+    the plain expression it stands for computes it (and so by tg.compile's replay: `how`)."""
+    return record(value, xp, sumabs2, (node,), {}, [None, x], how)
 
 
 def squared_base(y):

@@ -9,10 +9,10 @@ import builtins
 
 import numpy as np
 
-from .. import backend
+from .. import backend, recording
 from ..backend import device_of, namespace_of
 from ..primitive import ByPosition, Primitive
-from ..tracked import TrackedArray
+from ..tracked import TrackedArray, data
 
 
 def _method(name):
@@ -166,7 +166,46 @@ _index_adjoint = Primitive(
 def getitem(x, key):
     """`x[key]`, with integers, slices, None, ..., integer arrays and boolean masks."""
     xp = x._xp if isinstance(x, TrackedArray) else namespace_of(x)
+    if recording.current() is not None and _traced_parts(key):
+        return _traced_getitem(x, key)
     return _getitem(x, _normalize_key(xp, x, key))
+
+
+# --- integer arrays traced by tg.compile in a key: arguments of the node, read at each replay
+def _traced_parts(key):
+    return [k for k in (key if isinstance(key, tuple) else (key,)) if isinstance(k, TrackedArray)]
+
+
+def _traced_getitem(x, key):
+    parts = key if isinstance(key, tuple) else (key,)
+    traced = _traced_parts(key)
+    if any(namespace_of(k.data).isdtype(k.dtype, "bool") for k in traced):
+        recording.refuse("x[mask] with a traced boolean mask (its shape depends on the data)")
+    where = tuple(i for i, k in enumerate(parts) if isinstance(k, TrackedArray))
+    template = tuple(None if i in where else k for i, k in enumerate(parts))
+    key = _with_trailing_ellipsis(template, len(x.shape))
+    return _getitem_traced(x, *traced, key=key, where=where)
+
+
+def _fill(key, where, indices):
+    parts = list(key)
+    for i, k in zip(where, indices):
+        parts[i] = k
+    return tuple(parts)
+
+
+_getitem_traced = Primitive(
+    "getitem",
+    lambda xp, x, *indices, key, where: x[_fill(key, where, indices)],
+    ByPosition(
+        lambda i, g, ans, x, *indices, key, where: (
+            _index_adjoint(g, x.shape, _fill(key, where, [data(k) for k in indices]))
+            if i == 0
+            else None
+        )
+    ),
+    saves="indices",
+)
 
 
 def _normalize_key(xp, x, key):

@@ -1,0 +1,308 @@
+"""tg.compile: a replay gives what `withgradient` gives, on every backend; new signatures record
+again; what cannot be replayed is refused (or run eagerly); a replay's memory stays flat."""
+
+import gc
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import tracker_gpu as tg
+from tracker_gpu import nn, optim
+from tracker_gpu.compiler import graphs
+from tracker_gpu.cuda import on_host
+
+RNG = np.random.default_rng(0)
+
+
+def _mlp_loss(w1, b1, w2, x, labels):
+    h = tg.tanh(x @ w1 + b1)
+    return nn.logitcrossentropy(h @ w2, labels)
+
+
+def _custom(x):
+    @tg.rule
+    def cube(x):
+        return x**3, lambda g: (g * 3 * x**2,)
+
+    return tg.sum(cube(x) * tg.exp(-x))
+
+
+FUNCTIONS = {
+    "elementwise": (
+        lambda x, y: tg.sum(tg.sin(x) * y + tg.exp(-x) / (y * y + 1.0)),
+        [(3, 4), (3, 4)],
+    ),
+    "broadcast and reductions": (
+        lambda x, y: tg.sum(tg.mean(x - y[:1], axis=0) ** 2) + tg.max(x) * tg.prod(y[0]),
+        [(3, 4), (3, 4)],
+    ),
+    "softmax and matmul": (
+        lambda x, y: tg.sum(tg.softmax(x @ tg.matrix_transpose(y), axis=1) * 2.0),
+        [(3, 4), (3, 4)],
+    ),
+    "linalg": (
+        lambda x, y: tg.linalg.det(x @ tg.matrix_transpose(x) + 4.0 * _eye(x)),
+        [(3, 4), (2,)],
+    ),
+    "getitem and concat": (
+        lambda x, y: tg.sum(tg.concat([x[1:], x[:1] * y[:4]], axis=0) ** 2),
+        [(3, 4), (4,)],
+    ),
+    "custom rule": (lambda x, y: _custom(x) + tg.sum(y), [(3,), (2,)]),
+    "checkpoint": (
+        lambda x, y: tg.sum(tg.checkpoint(lambda a, b: tg.tanh(a) * b, x, y)),
+        [(4,), (4,)],
+    ),
+}
+
+
+def _eye(x):
+    return x.__array_namespace__().eye(x.shape[0], dtype=x.dtype, device=x.device)
+
+
+def _inputs(backend, shapes, seed):
+    rng = np.random.default_rng(seed)
+    return [backend.asarray(rng.uniform(0.5, 1.5, shape)) for shape in shapes]
+
+
+def assert_same(backend, got, expected):
+    """Bit for bit where both are arrays; None where the other is None."""
+    if expected is None or got is None:
+        assert got is None and expected is None
+        return
+    a, b = backend.to_numpy(tg.data(got)), backend.to_numpy(tg.data(expected))
+    assert a.shape == b.shape and a.dtype == b.dtype
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_a_replay_gives_what_withgradient_gives(backend, name):
+    f, shapes = FUNCTIONS[name]
+    step = tg.compile(f)
+    for seed in range(3):  # one recording, two replays with other values
+        args = _inputs(backend, shapes, seed)
+        got, expected = step(*args), tg.withgradient(f, *args)
+        assert_same(backend, got.val, expected.val)
+        for g, e in zip(got.grad, expected.grad):
+            assert_same(backend, g, e)
+        assert not tg.istracked(got.val) and not any(tg.istracked(g) for g in got.grad)
+    assert step.cache_info().misses == 1 and step.cache_info().hits == 2
+
+
+def test_integer_arguments_are_traced_and_replayed(backend):
+    w1, b1, w2 = (backend.asarray(RNG.standard_normal(s)) for s in [(4, 8), (8,), (8, 3)])
+    step = tg.compile(_mlp_loss)
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        x = backend.asarray(rng.standard_normal((5, 4)))
+        labels = backend.asarray(rng.integers(0, 3, 5))
+        got, expected = (
+            step(w1, b1, w2, x, labels),
+            tg.withgradient(_mlp_loss, w1, b1, w2, x, labels),
+        )
+        assert_same(backend, got.val, expected.val)
+        for g, e in zip(got.grad, expected.grad):
+            assert_same(backend, g, e)
+    assert step.cache_info().hits == 2
+
+
+def test_a_new_signature_records_again():
+    step = tg.compile(lambda x: tg.sum(x * x))
+    step(np.ones(3))
+    step(np.ones(3) * 2)
+    step(np.ones(4))  # another shape
+    step(np.ones(3, dtype=np.float32))  # another dtype
+    step({"a": np.ones(3)}["a"])  # the same signature as the first
+    info = step.cache_info()
+    assert (info.misses, info.hits, info.currsize) == (3, 2, 3)
+
+
+def test_the_cache_is_bounded():
+    step = tg.compile(lambda x: tg.sum(x), maxsize=2)
+    for n in (1, 2, 3, 1):
+        step(np.ones(n))
+    assert step.cache_info().currsize == 2 and step.cache_info().misses == 4
+
+
+def test_a_training_step_is_one_program():
+    """`f` takes its own gradient and updates the model: the step returns `f`'s output, and
+    replays give the eager step's losses and parameters."""
+    model = nn.Chain(nn.Dense(4, 6, nn.tanh, rng=np.random.default_rng(1)), nn.Dense(6, 3))
+
+    def train_step(model, state, x, y):
+        loss, (g,) = tg.withgradient(lambda m: nn.logitcrossentropy(m(x), y), model)
+        state, model = optim.update(state, model, g)
+        return loss, state, model
+
+    rule = optim.Descent(0.1)
+    step = tg.compile(train_step)
+    compiled = (model, optim.setup(rule, model))
+    eager = (model, optim.setup(rule, model))
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 3, 8)
+        loss_c, *compiled_ = step(*compiled, x, y)
+        loss_e, *eager_ = train_step(*eager, x, y)
+        compiled, eager = tuple(reversed(compiled_)), tuple(reversed(eager_))
+        assert float(loss_c) == float(loss_e)
+        np.testing.assert_array_equal(compiled[0].layers[0].weight, eager[0].layers[0].weight)
+    assert step.cache_info().hits == 3
+
+
+def test_a_hessian_vector_product_replays(backend):
+    f = lambda x: tg.sum(tg.sin(x) ** 2 * x)  # noqa: E731
+    hvp = tg.compile(lambda x, v: tg.sum(tg.gradient(f, x, nest=True)[0] * v))
+    for seed in range(3):
+        x, v = _inputs(backend, [(4,), (4,)], seed)
+        np.testing.assert_allclose(
+            backend.to_numpy(hvp(x, v).grad[0]), backend.to_numpy(tg.hvp(f, x, v)), rtol=1e-12
+        )
+    assert hvp.cache_info().hits == 2
+
+
+def test_dropout_draws_anew_on_every_replay():
+    rng = np.random.default_rng(5)
+    drop = nn.Dropout(0.5, rng=rng)
+    step = tg.compile(lambda x: tg.sum(drop(x) * x))
+    x = np.linspace(1.0, 2.0, 64)
+    masks = []
+    for _ in range(3):
+        twin = np.random.default_rng()
+        twin.bit_generator.state = rng.bit_generator.state
+        keep = twin.random(64) >= 0.5  # the mask this call must draw
+        val, (g,) = step(x)
+        np.testing.assert_allclose(g, keep * 2 * 2 * x)
+        masks.append(keep)
+    assert not np.array_equal(masks[0], masks[1])
+
+
+REFUSED = {
+    "float(x)": lambda x: tg.sum(x) * float(tg.sum(x)),
+    "a comparison as a condition": lambda x: tg.sum(x) if tg.sum(x) > 0 else -tg.sum(x),
+    "int(x)": lambda x: tg.sum(x) * int(tg.max(x)),
+    "x as an index": lambda x: tg.sum(x) * [1.0, 2.0][tg.astype(x[0], tg.int64)],
+    "a boolean mask": lambda x: tg.sum(x[x > 1.0]),
+    "a shape from the data": lambda x: tg.sum(x) * tg.nonzero(x > 1.0)[0].shape[0],
+}
+MESSAGES = {
+    "float(x)": r"float\(x\)",
+    "a comparison as a condition": r"bool\(x\), or a comparison used as a condition",
+    "int(x)": r"int\(x\)",
+    "x as an index": r"x used as an index",
+    "a boolean mask": r"x\[mask\] with a traced boolean mask",
+    "a shape from the data": r"nonzero\(x\) of a traced array",
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_value_dependent_python_is_refused(case):
+    with pytest.raises(tg.RecordingError, match=MESSAGES[case]):
+        tg.compile(REFUSED[case])(np.array([0.5, 2.0]))
+
+
+def test_a_tracked_array_from_outside_is_refused():
+    w = tg.param(np.ones(2))
+    with pytest.raises(tg.RecordingError, match="did not receive as an argument"):
+        tg.compile(lambda x: tg.sum(x * w))(np.ones(2))
+
+
+@pytest.mark.parametrize("case", ["float(x)", "a comparison as a condition"])
+def test_fallback_runs_eagerly(case):
+    f = REFUSED[case]
+    step = tg.compile(f, fallback=True)
+    for x in (np.array([0.5, 2.0]), np.array([-3.0, 1.0])):
+        got, expected = step(x), tg.withgradient(f, x)
+        assert float(got.val) == float(expected.val)
+        np.testing.assert_array_equal(got.grad[0], expected.grad[0])
+    assert step.cache_info().eager == 1
+
+
+def test_memory_of_replays_stays_flat():
+    step = tg.compile(lambda x, y: tg.sum(tg.tanh(x @ y) ** 2))
+    x, y = RNG.standard_normal((16, 16)), RNG.standard_normal((16, 16))
+    for _ in range(10):
+        step(x, y)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for _ in range(1000):
+            step(x, y)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024, f"{grown} bytes more after 1,000 replays"
+
+
+def test_a_compiled_function_runs_in_several_threads():
+    step = tg.compile(lambda x: tg.sum(tg.sin(x) * x))
+    step(np.ones(8))
+    inputs = [RNG.standard_normal(8) for _ in range(4)]
+    results = {}
+
+    def work(i):
+        for _ in range(50):
+            results[i] = step(inputs[i]).grad[0]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, x in enumerate(inputs):
+        np.testing.assert_allclose(results[i], np.sin(x) + x * np.cos(x))
+
+
+def test_gradients_of_an_array_passed_twice_are_two_buffers():
+    step = tg.compile(lambda a, b: tg.sum(a * b))
+    x = np.array([1.0, 2.0])
+    step(x, x)
+    ga, gb = step(x, x).grad
+    ga *= 0
+    np.testing.assert_array_equal(gb, 2 * x)
+
+
+def test_the_generated_code_is_straight_line():
+    step = tg.compile(lambda x: tg.sum(tg.sin(x * 2.0)))
+    with on_host(False):  # the host's arrays, and no fused path: one generated function
+        step(np.ones(3))
+    (program,) = step._programs.values()
+    assert "XP" in program.source and "for " not in program.source and "FIT" not in program.source
+
+
+# --- CUDA graphs: the plan is checked here; the capture itself runs on a GPU (ci/gpu)
+def test_the_capture_plan(monkeypatch):
+    monkeypatch.setattr(graphs, "is_cupy", lambda a: isinstance(a, np.ndarray))
+    f, shapes = FUNCTIONS["elementwise"]
+    step = tg.compile(f)
+    x, y = _inputs_numpy(shapes)
+    step(x, y)
+    (program,) = step._programs.values()
+    plan = graphs.plan(program, [x, y])
+    assert plan.capturable and plan.inputs == [((3, 4), np.float64)] * 2
+    assert plan.outputs == program.outputs and len(plan.outputs) == 3  # the loss, two gradients
+    buffers = [np.empty(s, d) for s, d in plan.inputs]
+    graphs.copy_into(buffers, [x, y], np)  # a launch reads its inputs from static buffers
+    env = program.interpret(buffers)
+    out = graphs.copy_out(env, plan.outputs, np)
+    expected = tg.withgradient(f, x, y)
+    np.testing.assert_array_equal(out[plan.outputs[0]], expected.val)
+    assert all(out[s] is not env[s] for s in plan.outputs)  # copied: the next launch overwrites
+
+
+def test_a_program_that_draws_on_the_host_is_not_captured(monkeypatch):
+    monkeypatch.setattr(graphs, "is_cupy", lambda a: isinstance(a, np.ndarray))
+    drop = nn.Dropout(0.5, rng=np.random.default_rng(0))
+    step = tg.compile(lambda x: tg.sum(drop(x)))
+    step(np.ones(4))
+    (program,) = step._programs.values()
+    assert "random numbers on the host" in graphs.plan(program, [np.ones(4)]).reasons[0]
+    assert "not a CuPy array" in graphs.plan(program, [np.float64(1.0)]).reasons[-1]
+
+
+def _inputs_numpy(shapes):
+    rng = np.random.default_rng(3)
+    return [rng.uniform(0.5, 1.5, s) for s in shapes]

@@ -1,0 +1,147 @@
+"""`tg.compile`: record a function once per signature, replay it without building a tape.
+
+`step = tg.compile(f)`; `step(*args)` returns what `tg.withgradient(f, *args)` returns. The
+first call with a new signature (`signature.py`: the arguments' structure and each array's
+library, shape, dtype and device) runs `f` and its gradient eagerly while recording them; later
+calls with that signature replay the recording (`program.py`): the forward as a flat list of
+the rules' forwards, the backward as the recorded pullbacks in their recorded order, counted
+once. If `f` takes its own gradient (a training step calling `withgradient` and then
+`optim.update`), `step(*args)` returns `f`'s output: the step is the whole program.
+
+While recording, integer and boolean arrays among the arguments are traced too, so what `f`
+computes from them is replayed from the new ones, and random draws of tracker_gpu's layers
+(`nn.Dropout`) are drawn anew by every replay. What cannot be replayed is refused with an
+error naming the operation (`tg.RecordingError`): a tracked value made a Python number or a
+branch (`float(x)`, `if x > 0:`), used as an index, or a tracked array made outside `f`. With
+`fallback=True` such a signature runs eagerly every time instead.
+
+>>> import numpy as np, tracker_gpu as tg
+>>> step = tg.compile(lambda x: tg.sum(tg.sin(x) * x))
+>>> val, (g,) = step(np.array([0.5, 1.0]))  # records
+>>> val, (g,) = step(np.array([0.0, 2.0]))  # replays
+>>> bool(np.allclose(g, np.sin([0.0, 2.0]) + np.array([0.0, 2.0]) * np.cos([0.0, 2.0])))
+True
+>>> step.cache_info()
+CacheInfo(hits=1, misses=1, maxsize=32, currsize=1, eager=0)
+"""
+
+import functools
+from collections import OrderedDict, namedtuple
+from dataclasses import dataclass
+
+from .. import recording
+from ..api import HandOut, WithGradient, backprop, gradients_in_place, top_level, track_inputs
+from ..pytree import tree_map
+from ..recording import RecordingError
+from ..tracked import TrackedArray
+from .program import Program
+from .recorder import Recorder
+from .signature import arrays_of, signature
+
+__all__ = ["compile", "Compiled", "RecordingError"]
+
+CacheInfo = namedtuple("CacheInfo", "hits misses maxsize currsize eager")
+_EAGER = object()  # a signature that runs eagerly (fallback=True after a refusal)
+
+
+def compile(f, *, fallback=False, maxsize=32, cuda_graphs=True):
+    """`f` recorded once per signature and replayed after (see the module's docstring).
+
+    `fallback=True` runs `f` eagerly for a signature whose recording was refused; `maxsize`
+    bounds the recordings kept (the least recently used goes first); `cuda_graphs=False`
+    replays CuPy programs step by step instead of as CUDA graphs.
+    """
+    if not callable(f):
+        raise TypeError(f"tg.compile needs a function, got {type(f).__name__}")
+    return Compiled(f, fallback, maxsize, cuda_graphs)
+
+
+class Compiled:
+    """A compiled function: call it as `f`; `cache_info()` says what it holds."""
+
+    def __init__(self, f, fallback, maxsize, cuda_graphs):
+        self.f, self.fallback, self.maxsize, self.cuda_graphs = f, fallback, maxsize, cuda_graphs
+        self._programs = OrderedDict()
+        self._hits = self._misses = 0
+        functools.update_wrapper(self, f, updated=())
+
+    def __call__(self, *args):
+        args = tuple(top_level(a, i) for i, a in enumerate(args))
+        key = signature(args)
+        program = self._programs.get(key)
+        if program is None:
+            self._misses += 1
+            return self._record(key, args)
+        self._hits += 1
+        self._programs.move_to_end(key)
+        if program is _EAGER:
+            return _plain(_eager(self.f, args))
+        return _plain(program.run(arrays_of(args)))
+
+    def cache_info(self):
+        eager = sum(p is _EAGER for p in self._programs.values())
+        return CacheInfo(self._hits, self._misses, self.maxsize, len(self._programs), eager)
+
+    def cache_clear(self):
+        self._programs.clear()
+        self._hits = self._misses = 0
+
+    def _record(self, key, args):
+        try:
+            program, result = record(self.f, args, self.cuda_graphs)
+        except RecordingError:
+            if not self.fallback:
+                raise
+            program, result = _EAGER, _eager(self.f, args)
+        self._programs[key] = program
+        while len(self._programs) > self.maxsize:
+            self._programs.popitem(last=False)
+        return _plain(result)
+
+    def __repr__(self):
+        return f"<tg.compile of {getattr(self.f, '__name__', self.f)!r}: {self.cache_info()}>"
+
+
+def record(f, args, cuda_graphs=True):
+    """Run `f` (and its gradient) once, recording: `(program, the result of this run)`."""
+    arrays = arrays_of(args)
+    recorder = Recorder(arrays)
+    with recording.recording(recorder):
+        result = _traced_run(f, args, recorder)
+    program = Program(recorder, result, arrays, cuda_graphs)
+    return program, tree_map(lambda v: v.data if isinstance(v, TrackedArray) else v, result)
+
+
+def _traced_run(f, args, recorder):
+    """`withgradient(f, *args)` with everything traced; `f`'s output if it took its own
+    gradient."""
+    args, inputs, tracked_args = track_inputs(args, nest=False)
+    walks = recorder.walks
+    val = f(*tracked_args)
+    if recorder.walks > walks:
+        return _Own(val)
+    loss = val[0] if isinstance(val, tuple) else val
+    found = backprop(loss, inputs.values(), nest=False)
+    return WithGradient(val, gradients_in_place(args, inputs, found, nest=False))
+
+
+@dataclass
+class _Own:
+    """The output of a function that took its own gradient: returned as it is."""
+
+    val: object
+
+
+def _eager(f, args):
+    from ..api import withgradient
+
+    return withgradient(f, *args)
+
+
+def _plain(result):
+    """The result as a user gets it: plain values; gradients owning their memory."""
+    if isinstance(result, _Own):
+        return result.val
+    hand_out = HandOut()
+    grads = tree_map(lambda g: g if g is None else hand_out(g), result.grad)
+    return WithGradient(result.val, grads)

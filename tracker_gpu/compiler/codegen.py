@@ -1,0 +1,258 @@
+"""A recorded program as one generated Python function, for arrays in host memory.
+
+Each slot is a local variable, `v<slot>` (the arguments are the function's parameters, the
+constants its globals); each step is one line: a rule's forward, or, for the hottest rules, the
+expression itself (`templates.py`). A backward pass becomes straight-line code too, node by node
+in its recorded order: each vjp called directly, its result fitted to its argument's shape and
+added into the argument's gradient `g<slot>`. Values are deleted after their last use, so the
+replay keeps no more than the eager tape. No tape is built, nothing is counted, and the
+interpreter's loop over steps is gone: what remains is close to the same computation written
+by hand.
+"""
+
+from .. import draws
+from ..primitive import Primitive, _fit
+from ..rules.reductions import _sum as _SUM
+from ..tape import Node
+from .recorder import Call, Draw, Walk
+from .templates import TEMPLATES
+
+__all__ = ["generate"]
+
+
+class _Source:
+    """The generated function's lines and the globals they name."""
+
+    def __init__(self, constants):
+        self.lines = []
+        self.names = dict(constants)
+        self.names.update(FIT=_fit, DRAW=draws.draw)
+        self._bound = {}  # id(value) -> name
+
+    def bind(self, prefix, value):
+        """A global name for `value` (one per object)."""
+        name = self._bound.get(id(value))
+        if name is None:
+            name = self._bound[id(value)] = f"{prefix}{len(self.names)}"
+            self.names[name] = value
+        return name
+
+    def emit(self, line, indent=1):
+        self.lines.append("    " * indent + line)
+
+
+def generate(program):
+    """`(run, source)`: the function `run(*arrays)` returning the values of
+    `program.outputs` (slots) as a tuple, and its source."""
+    constants = {f"v{i}": v for i, v in enumerate(program.start) if v is not None}
+    src = _Source(constants)
+    calls = {id(s.node): s for s in program.steps if isinstance(s, Call)}
+    local = set(range(program.inputs)) | set(program.made)  # constants are globals: never del
+    src.lines.append(f"def run({', '.join(f'v{i}' for i in range(program.inputs))}):")
+    last = _last_reads(program, calls)
+    src.release = lambda point: [
+        src.emit(f"del v{slot}", point[2])
+        for slot in last.get(point[:2], ())
+        if slot in local and slot not in program.outputs
+    ]
+    for index, step in enumerate(program.steps):
+        if isinstance(step, Call):
+            _forward(src, step)
+        elif isinstance(step, Draw):
+            rng, like = src.bind("R", step.rng), src.bind("L", step.like)
+            src.emit(f"v{step.out} = DRAW({rng}, {step.shape!r}, {like})")
+        else:
+            _walk(src, index, step, calls, program.slots)
+        src.release((index, None, 1))
+    src.emit(f"return ({''.join(f'v{s}, ' for s in program.outputs)})")
+    source = "\n".join(src.lines) + "\n"
+    namespace = dict(src.names)
+    exec(compile(source, "<tg.compile>", "exec"), namespace)
+    return namespace["run"], source
+
+
+# --- forward
+def _forward(src, step):
+    values = [f"v{i}" for i in step.inputs]
+    template = _template(step.node.rule, step.kw) if _own_forward(step) else None
+    if template is not None:
+        xp = src.bind("XP", step.xp)
+        src.emit(f"v{step.out} = {template.forward(xp, *values)}")
+        return
+    function = src.bind("F", step.function)
+    xp = src.bind("XP", step.xp)
+    kw = f", **{src.bind('K', step.kw)}" if step.kw else ""
+    target = f"v{step.out}, x{step.out}" if step.makes_ctx else f"v{step.out}"
+    src.emit(f"{target} = {function}({xp}{''.join(', ' + v for v in values)}{kw})")
+
+
+def _own_forward(step):
+    """Whether the step runs its rule's own forward (where a template may stand in)."""
+    rule = step.node.rule
+    return isinstance(rule, Primitive) and step.function is rule.forward
+
+
+def _template(rule, kw):
+    template = TEMPLATES.get(rule) if isinstance(rule, Primitive) else None
+    return template if template is not None and template.applies(kw) else None
+
+
+# --- backward
+UNSET, MAYBE, SET = "unset", "maybe", "set"  # what is known of a gradient at a point of the code
+
+
+def _order(step, slots):
+    """A walk's interior nodes in a reverse order of creation: every node's gradient is whole
+    when it is read."""
+    return sorted((node for node, _ in step.counted), key=lambda n: slots[id(n)], reverse=True)
+
+
+def _walk(src, index, step, calls, slots):
+    """A backward pass: every gradient a local `g<slot>`, each node's vjps in turn, and the
+    node's gradient and saved values deleted once read for the last time. Whether a gradient
+    is still None, surely set, or either, is followed through the code, so that a chain of
+    template rules needs no test at all."""
+    order = _order(step, slots)
+    reached = {id(n) for n in order} | {id(n) for n, _ in step.outputs}
+    root = slots[id(step.root)]
+    gradients = {slots[id(n)] for n in order} | {slots[id(n)] for n, _ in step.outputs} | {root}
+    src.emit(" = ".join(f"g{s}" for s in sorted(gradients)) + " = None")
+    src.emit(f"g{root} = v{step.seed}")
+    state = dict.fromkeys(gradients, UNSET)
+    state[root] = SET
+    terminals = {slots[id(n)] for n, _ in step.outputs}
+    for position, node in enumerate(order):
+        call = calls[id(node)]
+        _pullback(src, call, reached, slots, state)
+        if call.out not in terminals:
+            src.emit(f"del g{call.out}")
+        src.release((index, position, 1))
+    for node, slot in step.outputs:
+        src.emit(f"v{slot} = g{slots[id(node)]}")
+
+
+def _pullback(src, call, reached, slots, state):
+    node, k = call.node, call.out
+    if state[k] == UNSET:
+        return  # no gradient ever reaches this node
+    sure = state[k] == SET
+    indent = 1 if sure else 2
+    if not sure:
+        src.emit(f"if g{k} is not None:")
+        src.emit("pass", indent)  # the block's first line, should it stay empty
+    ans, values = _operands(src, call)
+    rule = node.rule
+    if isinstance(rule, Primitive):
+        contributions = _vjps(src, call, ans, values, indent)
+    else:
+        contributions = _rule_pullback(src, call, ans, values, indent)
+    for j, expression, exact in contributions:
+        parent = node.args[j]
+        if id(parent) in reached:
+            slot = slots[id(parent)]
+            before = state[slot]
+            _accumulate(src, expression, parent, slot, rule, exact, before, indent)
+            state[slot] = SET if (sure and exact is not None) or before == SET else MAYBE
+
+
+def _operands(src, call):
+    """The names of the output and the arguments as the vjps read them: the saved values,
+    and the nodes (stand-ins with shape and dtype) or constants for the others."""
+    saved = dict(call.saves)
+    node = call.node
+    ans = f"v{call.out}" if 0 in saved else src.bind("N", node)
+    values = []
+    for position, arg in enumerate(node.args, start=1):
+        if position in saved:
+            values.append(f"v{saved[position]}")
+        else:
+            values.append(src.bind("A", arg))
+    return ans, values
+
+
+def _vjps(src, call, ans, values, indent):
+    """`[(argument, expression, exact)]`: `exact` is None for a vjp called as it is (its
+    result may be None, or need fitting), else whether a template's result needs no fitting."""
+    node = call.node
+    rule = node.rule
+    template = _template(rule, node.ctx)
+    found = []
+    for j, (arg, vjp) in enumerate(zip(node.args, rule.vjps)):
+        if vjp is None or type(arg) is not Node:
+            continue
+        if template is not None and j < len(template.vjps) and template.vjps[j] is not None:
+            xp = src.bind("XP", call.xp)
+            expression = template.vjps[j](xp, f"g{call.out}", ans, *values)
+            found.append((j, expression, _fits(node, arg)))
+        else:
+            kw = f", **{src.bind('K', node.ctx)}" if node.ctx else ""
+            function = src.bind("VJ", vjp)
+            expression = f"{function}(g{call.out}, {ans}{''.join(', ' + v for v in values)}{kw})"
+            found.append((j, expression, None))
+    return found
+
+
+def _fits(node, arg):
+    """Whether a template's contribution (of the output's shape and dtype, or the argument's,
+    for a sum) is already of the argument's shape and dtype: then no fitting is emitted."""
+    dtypes = {node.dtype, arg.dtype}
+    for other in node.args:
+        if type(other) is Node or hasattr(other, "dtype"):
+            dtypes.add(other.dtype)
+    return len(dtypes) == 1 and (arg.shape == node.shape or node.rule is _SUM)
+
+
+def _rule_pullback(src, call, ans, values, indent):
+    """A rule that is not a Primitive (a custom rule, a checkpoint): its own pullback."""
+    node = call.node
+    pullback = src.bind("PB", node.rule.pullback)
+    ctx = f"x{call.out}" if call.makes_ctx else src.bind("CTX", node.ctx)
+    args = src.bind("ARGS", node.args)
+    saved = f"[{ans if ans.startswith('v') else 'None'}, {', '.join(values)}]"
+    src.emit(f"gs = {pullback}({src.bind('N', node)}, {args}, {ctx}, {saved}, g{call.out}, "
+             "False, None)", indent)  # fmt: skip
+    return [(j, f"gs[{j}]", None) for j, arg in enumerate(node.args) if type(arg) is Node]
+
+
+def _accumulate(src, expression, parent, slot, rule, exact, before, indent):
+    """Add a contribution into `g<slot>`: directly where it is known to be an array of the
+    right layout and the gradient's state is known, with the tests otherwise."""
+    if exact:
+        if before == UNSET:
+            src.emit(f"g{slot} = {expression}", indent)
+        elif before == SET:
+            src.emit(f"g{slot} = g{slot} + {expression}", indent)
+        else:
+            src.emit(f"c = {expression}", indent)
+            src.emit(f"g{slot} = c if g{slot} is None else g{slot} + c", indent)
+        return
+    node = src.bind("N", parent)
+    name = src.bind("NAME", getattr(rule, "name", "?"))
+    src.emit(f"c = {expression}", indent)
+    if exact is None:
+        src.emit("if c is not None:", indent)
+        indent += 1
+    src.emit(f"if c.shape != {node}.shape or c.dtype != {node}.dtype:", indent)
+    src.emit(f"c = FIT(c, {node}, {name})", indent + 1)
+    src.emit(f"g{slot} = c if g{slot} is None else g{slot} + c", indent)
+
+
+# --- liveness
+def _last_reads(program, calls):
+    """{(step index, node position in a walk or None): the slots read there for the last time},
+    reading a forward's inputs, a walk's seed, and each node's saved values in its pullback."""
+    last = {}
+    for index, step in enumerate(program.steps):
+        if isinstance(step, Call):
+            for slot in step.inputs:
+                last[slot] = (index, None)
+        elif isinstance(step, Walk):
+            last[step.seed] = (index, None)
+            for position, node in enumerate(_order(step, program.slots)):
+                call = calls[id(node)]
+                for p, slot in call.saves:
+                    last[call.out if p == 0 else slot] = (index, position)
+    found = {}
+    for slot, point in last.items():
+        found.setdefault(point, []).append(slot)
+    return found

@@ -1,0 +1,161 @@
+"""A recorded program, replayed: the steps over an environment of slots, no tape built.
+
+A replay binds the arguments' arrays to the first slots, runs each step (a forward, a draw, a
+backward pass in its recorded order) and reads the result from its slots. For arrays in host
+memory the steps are one generated function (`codegen.py`); for arrays on a GPU, or while the
+fused path runs on the host (`cuda.on_host`), they are interpreted here, each backward pass a
+walk of the recorded nodes with its counts known (`tape.replay`), so that the fused pullbacks
+serve it, and on a GPU the whole replay is one CUDA graph (`graphs.py`).
+"""
+
+import sys
+import threading
+import warnings
+
+from .. import draws, recording
+from ..backend import is_cupy
+from ..cuda.dispatch import on_host_now
+from ..pytree import tree_leaves, tree_map
+from ..tape import replay
+from ..tracked import TrackedArray
+from . import graphs
+from .codegen import generate
+from .recorder import Call, Draw, Walk
+
+__all__ = ["Program"]
+
+
+class _Slot:
+    """Where a value of the result lives."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index):
+        self.index = index
+
+
+class Program:
+    """The steps of a recording and the shape of its result (`result`: the values as recorded,
+    tracked ones standing for their slots). `arrays` are the recording's arguments."""
+
+    def __init__(self, recorder, result, arrays, use_graphs=True):
+        self.inputs = len(arrays)
+        self.steps = recorder.steps
+        self.slots = dict(recorder.slots)  # id(node) -> slot
+        self.made = {s.out for s in self.steps if not isinstance(s, Walk)}
+        self.made |= {slot for s in self.steps if isinstance(s, Walk) for _, slot in s.outputs}
+        values = enumerate(recorder.values)
+        self.start = [None if i < self.inputs or i in self.made else v for i, v in values]
+        self.result = tree_map(lambda v: _slot(recorder, v), result)
+        self.outputs = sorted({v.index for v in tree_leaves(self.result) if isinstance(v, _Slot)})
+        for node in recorder.nodes:  # the recording's values are not the program's
+            node.saved = None
+        self.interpreted = on_host_now() or any(is_cupy(a) for a in arrays)
+        self.graphs = use_graphs and any(is_cupy(a) for a in arrays)
+        self.graph = None
+        self._lock = threading.Lock()
+        self._releases = _last_uses(self.steps, self.outputs)
+        self.source = None
+        if not self.interpreted:
+            self._run, self.source = generate(self)
+
+    def run(self, arrays):
+        """The result for new arguments (their arrays, in the recording's order)."""
+        if not self.interpreted:
+            env = dict(zip(self.outputs, self._run(*arrays)))
+        else:
+            with self._lock:  # the recorded nodes hold this run's pending gradients
+                graph = self._captured(arrays)
+                env = graph.run(arrays) if graph is not None else self.interpret(arrays)
+        return tree_map(lambda v: env[v.index] if isinstance(v, _Slot) else v, self.result)
+
+    def interpret(self, arrays):
+        """The environment after running the steps one by one on `arrays`."""
+        env = list(self.start)
+        env[: self.inputs] = arrays
+        for step, released in zip(self.steps, self._releases):
+            _RUN[type(step)](step, env)
+            for slot in released:
+                env[slot] = None
+        return env
+
+    def _captured(self, arrays):
+        """The CUDA graph of this program (captured at its first replay), or None where it
+        cannot be captured: a host program, or one `graphs.plan` refuses, or a failed capture
+        (then a warning says why, and the program is replayed step by step)."""
+        if self.graph is not None or not self.graphs:
+            return self.graph or None
+        self.graphs = False  # one attempt
+        if not graphs.plan(self, arrays).capturable:
+            return None
+        try:
+            self.graph = graphs.Captured(self, arrays, sys.modules["cupy"])
+        except Exception as error:
+            warnings.warn(
+                f"tg.compile: no CUDA graph ({error}); replaying step by step", stacklevel=4
+            )
+            return None
+        return self.graph
+
+
+def _slot(recorder, value):
+    """A value of the result as the program gives it: a slot for a tracked one."""
+    if not isinstance(value, TrackedArray):
+        return value
+    slot = recorder.slots.get(id(value._node))
+    if slot is None:
+        raise recording.RecordingError(
+            "tg.compile: f returns a tracked array it did not compute from its arguments (made "
+            "outside f); return values computed inside f, or pass the array as an argument"
+        )
+    return _Slot(slot)
+
+
+# --- the interpreter
+def _run_call(step, env):
+    value = step.function(step.xp, *[env[i] for i in step.inputs], **step.kw)
+    node = step.node
+    if step.makes_ctx:
+        value, node.ctx = value
+    env[step.out] = value
+    if step.saves:
+        saved = [None, *node.args]
+        for position, slot in step.saves:
+            saved[position] = value if position == 0 else env[slot]
+        node.saved = saved
+
+
+def _run_draw(step, env):
+    env[step.out] = draws.draw(step.rng, step.shape, step.like)
+
+
+def _run_walk(step, env):
+    seed = env[step.seed]
+    if step.counted:
+        reached = replay(step.root, seed, step.stop, step.counted)
+    else:  # the root is itself a leaf or a stop
+        reached = [(step.root, seed)]
+    found = {id(node): g for node, g in reached}
+    for node, slot in step.outputs:
+        env[slot] = found.get(id(node))
+
+
+_RUN = {Call: _run_call, Draw: _run_draw, Walk: _run_walk}
+
+
+def _last_uses(steps, outputs):
+    """For each step, the slots no later step and no output reads: dropped after it."""
+    last = {}
+    for i, step in enumerate(steps):
+        if isinstance(step, Call):  # its inputs, and the arguments its node saves
+            reads = [*step.inputs, *(slot for position, slot in step.saves if position)]
+        else:
+            reads = [getattr(step, "seed", None)]
+        for slot in reads:
+            last[slot] = i
+    last.pop(None, None)
+    releases = [[] for _ in steps]
+    for slot, i in last.items():
+        if slot not in outputs:
+            releases[i].append(slot)
+    return releases

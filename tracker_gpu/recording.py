@@ -1,0 +1,82 @@
+"""The hook through which `tg.compile` watches a function while it records it.
+
+The core calls `current()` where a recording must see or refuse something: a node made, a leaf
+made, a random draw, a backward walk, a tracked value turned into a Python number or used as a
+condition. When no thread records, `current()` is one test of an empty set, so eager code pays
+nothing more. The recorder itself (what it keeps, how it replays) lives in `tracker_gpu.compile`.
+
+>>> current() is None
+True
+"""
+
+import contextlib
+import threading
+
+__all__ = ["RecordingError", "current", "recording", "paused", "refuse", "DATA", "is_data"]
+
+ACTIVE = set()  # the threads recording now
+_local = threading.local()
+
+
+class RecordingError(TypeError):
+    """What `tg.compile` cannot replay: Python control flow or numbers that depend on the data."""
+
+
+def current():
+    """The recorder of this thread, or None."""
+    if not ACTIVE:
+        return None
+    return getattr(_local, "recorder", None)
+
+
+@contextlib.contextmanager
+def recording(recorder):
+    """Within the block, this thread's operations are shown to `recorder`."""
+    outer = getattr(_local, "recorder", None)
+    _local.recorder = recorder
+    ACTIVE.add(threading.get_ident())
+    try:
+        yield recorder
+    finally:
+        _local.recorder = outer
+        if outer is None:
+            ACTIVE.discard(threading.get_ident())
+
+
+@contextlib.contextmanager
+def paused():
+    """Within the block, nothing is recorded (a checkpoint's own forward pass, which its
+    replay runs again as a whole)."""
+    outer = getattr(_local, "recorder", None)
+    _local.recorder = None
+    try:
+        yield
+    finally:
+        _local.recorder = outer
+
+
+class _Data:
+    """The `grad` of a data node: a traced value that carries no gradient (an integer argument,
+    a random draw, a comparison, a recorded pass's gradient). To the tape it is the constant it
+    stands for; to the recorder, a slot read anew by every replay."""
+
+    def __repr__(self):
+        return "DATA"
+
+
+DATA = _Data()
+
+
+def is_data(node):
+    """Whether `node` stands for data (only while recording can it)."""
+    return getattr(node, "grad", None) is DATA
+
+
+def refuse(operation):
+    """Raise the error for `operation` on a traced value while recording."""
+    raise RecordingError(
+        f"tg.compile cannot replay {operation}: a Python value or branch that depends on the "
+        "data would be fixed at its recorded value. Compute it with tracker_gpu's functions "
+        "(tg.where for a branch), pass the number as an argument, or use "
+        "tg.compile(f, fallback=True) to run f eagerly every time"
+    )
