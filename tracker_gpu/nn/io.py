@@ -8,7 +8,7 @@ the same structure (each array placed like the model's, unless told otherwise) o
 import numpy as np
 
 from ..backend import device_of, is_array, namespace_of
-from ..optim import tree_map_with_path
+from ..optim.tree import tree_map_with_path
 from ..tracked import data
 from .placement import asarray, to_numpy
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import device_of, is_array, namespace_of
-from ..optim import tree_map_with_path
+from ..optim.tree import tree_map_with_path
 from ..rules.elementwise import add, astype, divide, multiply, sqrt, square, subtract
 from ..rules.linalg import matmul
 from ..rules.manipulation import take

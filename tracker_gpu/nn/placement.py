@@ -12,7 +12,7 @@ import numpy as np
 
 from ..backend import device_of, is_array, is_cupy, namespace_of
 from ..creation import DTYPE_NAMES, library_of_device
-from ..optim import tree_map_with_path
+from ..optim.tree import tree_map_with_path
 from ..tracked import data
 
 __all__ = ["LIBRARIES", "asarray", "to_numpy", "place"]
