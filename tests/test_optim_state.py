@@ -191,3 +191,13 @@ def test_a_checkpoint_that_does_not_fit_the_model(tmp_path):
     nn.save(tmp_path / "model.npz", model)
     with pytest.raises(ValueError, match="not a checkpoint"):
         optim.load_checkpoint(tmp_path / "model.npz", model)
+
+
+def test_place_and_load_keep_ties(backend, tmp_path):
+    model = tied_model(backend)
+    placed = nn.place(model, dtype="float32")
+    assert placed["embed"].weight is placed["out"].weight
+    assert placed["out"].weight.dtype == backend.xp.float32
+    nn.save(tmp_path / "tied.npz", model)
+    loaded = nn.load(tmp_path / "tied.npz", tied_model(backend))
+    assert loaded["embed"].weight is loaded["out"].weight
