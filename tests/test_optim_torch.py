@@ -18,19 +18,31 @@ def torch_rules():
     return {
         "Descent": (optim.Descent(0.1), lambda p: t.SGD(p, lr=0.1)),
         "Momentum": (optim.Momentum(0.05, 0.8), lambda p: t.SGD(p, lr=0.05, momentum=0.8)),
-        "Adam": (optim.Adam(0.02, (0.8, 0.99), 1e-6),
-                 lambda p: t.Adam(p, lr=0.02, betas=(0.8, 0.99), eps=1e-6)),
-        "AdamW": (optim.AdamW(0.02, weight_decay=0.1),
-                  lambda p: t.AdamW(p, lr=0.02, weight_decay=0.1)),
-        "RMSProp": (optim.RMSProp(0.01, 0.9, 1e-6),
-                    lambda p: t.RMSprop(p, lr=0.01, alpha=0.9, eps=1e-6)),
-        "RMSProp centred": (optim.RMSProp(0.01, 0.9, 1e-6, centred=True),
-                            lambda p: t.RMSprop(p, lr=0.01, alpha=0.9, eps=1e-6, centered=True)),
-        "AdaGrad": (optim.AdaGrad(0.1, 1e-6),
-                    lambda p: t.Adagrad(p, lr=0.1, eps=1e-6, initial_accumulator_value=1e-6)),
-        "WeightDecay": (optim.OptimiserChain(optim.WeightDecay(0.01), optim.Descent(0.1)),
-                        lambda p: t.SGD(p, lr=0.1, weight_decay=0.01)),
-    }  # fmt: skip
+        "Adam": (
+            optim.Adam(0.02, (0.8, 0.99), 1e-6),
+            lambda p: t.Adam(p, lr=0.02, betas=(0.8, 0.99), eps=1e-6),
+        ),
+        "AdamW": (
+            optim.AdamW(0.02, weight_decay=0.1),
+            lambda p: t.AdamW(p, lr=0.02, weight_decay=0.1),
+        ),
+        "RMSProp": (
+            optim.RMSProp(0.01, 0.9, 1e-6),
+            lambda p: t.RMSprop(p, lr=0.01, alpha=0.9, eps=1e-6),
+        ),
+        "RMSProp centred": (
+            optim.RMSProp(0.01, 0.9, 1e-6, centred=True),
+            lambda p: t.RMSprop(p, lr=0.01, alpha=0.9, eps=1e-6, centered=True),
+        ),
+        "AdaGrad": (
+            optim.AdaGrad(0.1, 1e-6),
+            lambda p: t.Adagrad(p, lr=0.1, eps=1e-6, initial_accumulator_value=1e-6),
+        ),
+        "WeightDecay": (
+            optim.OptimiserChain(optim.WeightDecay(0.01), optim.Descent(0.1)),
+            lambda p: t.SGD(p, lr=0.1, weight_decay=0.01),
+        ),
+    }
 
 
 @pytest.mark.parametrize("name", list(torch_rules()))
@@ -59,14 +71,19 @@ def torch_schedules():
     return {
         "Step": (optim.Step(0.1, decay=0.5, every=3), lambda o: s.StepLR(o, 3, gamma=0.5)),
         "Exp": (optim.Exp(0.1, decay=0.9), lambda o: s.ExponentialLR(o, gamma=0.9)),
-        "Cosine": (optim.Cosine(0.1, steps=10, eta_min=0.01),
-                   lambda o: s.CosineAnnealingLR(o, T_max=10, eta_min=0.01)),
+        "Cosine": (
+            optim.Cosine(0.1, steps=10, eta_min=0.01),
+            lambda o: s.CosineAnnealingLR(o, T_max=10, eta_min=0.01),
+        ),
         "Cosine with warm-up": (
             optim.Cosine(0.1, steps=12, warmup=3, eta_min=0.0),
-            lambda o: s.SequentialLR(o, [s.LinearLR(o, 1 / 3, 1.0, total_iters=2),
-                                         s.CosineAnnealingLR(o, T_max=9)], milestones=[3]),
+            lambda o: s.SequentialLR(
+                o,
+                [s.LinearLR(o, 1 / 3, 1.0, total_iters=2), s.CosineAnnealingLR(o, T_max=9)],
+                milestones=[3],
+            ),
         ),
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("name", list(torch_schedules()))

@@ -56,8 +56,9 @@ def save_checkpoint(path, model, state, **info):
     try:
         text = json.dumps(meta)
     except TypeError as error:
-        raise TypeError(f"save_checkpoint: info must be JSON data (numbers, strings, lists, "
-                        f"dicts): {error}") from None  # fmt: skip
+        raise TypeError(
+            f"save_checkpoint: info must be JSON data (numbers, strings, lists, dicts): {error}"
+        ) from None
     arrays[_META] = np.array(text)
     scratch = f"{path}.{os.getpid()}.partial"
     with open(scratch, "wb") as file:  # written whole, then renamed: never half a checkpoint
@@ -115,8 +116,9 @@ def _encode(value, prefix, arrays):
     if isinstance(value, rules.OptimiserChain):
         return {"type": "OptimiserChain", "rules": [_encode(r, None, arrays) for r in value.rules]}
     if _TYPES.get(type(value).__name__) is type(value):
-        fields = {f.name: _encode(getattr(value, f.name), None, arrays)
-                  for f in dataclasses.fields(value)}  # fmt: skip
+        fields = {
+            f.name: _encode(getattr(value, f.name), None, arrays) for f in dataclasses.fields(value)
+        }
         return {"type": type(value).__name__, "fields": fields}
     raise TypeError(
         f"save_checkpoint: cannot save a {type(value).__name__}: a checkpoint holds the rules and "
@@ -157,10 +159,13 @@ def _fill_model(path, model, entries, arrays):
             return loaded[entry["same_as"]]
         values = arrays[entry["array"]]
         if tuple(values.shape) != tuple(template.shape):
-            raise ValueError(f"load_checkpoint: {key} has shape {tuple(values.shape)} in {path} "
-                             f"but {tuple(template.shape)} in the model")  # fmt: skip
-        loaded[key] = asarray(values, xp=namespace_of(template), device=device_of(template),
-                              dtype=template.dtype)  # fmt: skip
+            raise ValueError(
+                f"load_checkpoint: {key} has shape {tuple(values.shape)} in {path} "
+                f"but {tuple(template.shape)} in the model"
+            )
+        loaded[key] = asarray(
+            values, xp=namespace_of(template), device=device_of(template), dtype=template.dtype
+        )
         return loaded[key]
 
     return tree_map_with_path(fill, model)

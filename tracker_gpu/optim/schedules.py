@@ -106,8 +106,9 @@ class Scheduled(Rule):
         if not isinstance(self.rule, Rule):
             raise TypeError(f"Scheduled needs a rule to schedule, got {self.rule!r}")
         if not callable(self.schedule):
-            raise TypeError(f"Scheduled needs a schedule (a function of the step), got "
-                            f"{self.schedule!r}")  # fmt: skip
+            raise TypeError(
+                f"Scheduled needs a schedule (a function of the step), got {self.schedule!r}"
+            )
 
     def at(self, t):
         """The rule as it runs at step `t`."""

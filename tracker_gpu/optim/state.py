@@ -230,8 +230,9 @@ def adjust(state, eta=None, **changes):
     without such a field keeps it), the rules' states kept."""
     if eta is not None:
         changes["eta"] = eta
-    return _map_leaves(state, lambda leaf: Leaf(leaf.rule.adjust(**changes), leaf.state,
-                                                leaf.frozen))  # fmt: skip
+    return _map_leaves(
+        state, lambda leaf: Leaf(leaf.rule.adjust(**changes), leaf.state, leaf.frozen)
+    )
 
 
 def freeze(state, *paths):
