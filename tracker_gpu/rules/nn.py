@@ -10,7 +10,8 @@ softmax, logsoftmax, normalise and the LSTM cell run as fused kernels both ways 
 array([0.5, 0.5])
 """
 
-from ..tracked import Primitive, data
+from ..backend import namespace_of
+from ..tracked import Primitive, TrackedArray, data
 from .elementwise import add, divide, exp, mask, multiply, sqrt, subtract, tanh
 from .reductions import expand, mean
 from .reductions import sum as _sum
@@ -78,6 +79,16 @@ logsumexp = Primitive(
 )
 
 
+# The vjps below compute with the library directly on plain arrays (a first-order pass: the hot
+# path of training, and the formulas the fused kernels follow operation for operation), and
+# with this package's functions on tracked ones (a nested pass, differentiable again).
+def _plain(*values):
+    """The library of plain arrays, or None if any of `values` is tracked."""
+    if any(isinstance(v, TrackedArray) for v in values):
+        return None
+    return namespace_of(values[0])
+
+
 # --- the normalisation layers' statistics: one primitive
 def _normalise_forward(xp, x, /, *, axes, eps=1e-5):
     centred = x - xp.mean(x, axis=axes, keepdims=True)
@@ -86,7 +97,14 @@ def _normalise_forward(xp, x, /, *, axes, eps=1e-5):
 
 
 def _normalise_vjp(g, ans, x, *, axes, eps=1e-5):
-    """`(g - mean(g) - y * mean(g * y)) / sigma`, sigma recomputed from `x` as the forward does."""
+    """`((g - mean(g)) - y * mean(g * y)) / sigma`, sigma recomputed from `x` as the forward
+    computes it."""
+    xp = _plain(g, ans, x)
+    if xp is not None:
+        centred = x - xp.mean(x, axis=axes, keepdims=True)
+        sigma = xp.sqrt(xp.mean(centred * centred, axis=axes, keepdims=True) + eps)
+        spread = g - xp.mean(g, axis=axes, keepdims=True)
+        return (spread - ans * xp.mean(g * ans, axis=axes, keepdims=True)) / sigma
     centred = subtract(x, mean(x, axis=axes, keepdims=True))
     sigma = sqrt(add(mean(multiply(centred, centred), axis=axes, keepdims=True), eps))
     spread = subtract(g, mean(g, axis=axes, keepdims=True))
@@ -107,54 +125,58 @@ normalise = Primitive(
 
 
 # --- an LSTM cell's gates: one primitive
-def _gate_pieces(z, hidden):
-    return [getitem(z, (..., slice(k * hidden, (k + 1) * hidden))) for k in range(4)]
+def _quarters(z, hidden, take):
+    return [take(z, (..., slice(k * hidden, (k + 1) * hidden))) for k in range(4)]
 
 
 def _lstm_cell_forward(xp, z, c):
     hidden = c.shape[-1]
-    i, f, g, o = (z[..., k * hidden : (k + 1) * hidden] for k in range(4))
-    i, f, o = _sigmoid_forward(xp, i), _sigmoid_forward(xp, f), _sigmoid_forward(xp, o)
-    c_new = f * c + i * xp.tanh(g)
+    gates = _sigmoid_forward(xp, z)  # the cell's quarter is not used
+    i, f, _, o = _quarters(gates, hidden, lambda a, key: a[key])
+    c_new = f * c + i * xp.tanh(z[..., 2 * hidden : 3 * hidden])
     return xp.concat([o * xp.tanh(c_new), c_new], axis=-1)
 
 
 def _lstm_partials(g, ans, z, c):
-    """The gradients of the cell's state `dc'` and of its gates, from the incoming gradient `g`
-    of `[h', c']`."""
+    """The gradients `(dz, dc)` of the gates and of the old cell state, from the incoming
+    gradient `g` of `[h', c']`:
+    `dc' = g_c + g_h * o * (1 - t * t)` with `t = tanh(c')`, then
+    `dz = [dc' * u * (i * (1 - i)), dc' * c * (f * (1 - f)), dc' * i * (1 - u * u),
+    g_h * t * (o * (1 - o))]` with `u = tanh(z_cell)`, and `dc = dc' * f`."""
     hidden = c.shape[-1]
-    i, f, u, o = _gate_pieces(z, hidden)
+    xp = _plain(g, ans, z, c)
+    if xp is not None:
+        gates = _sigmoid_forward(xp, z)
+        i, f, _, o = _quarters(gates, hidden, lambda a, key: a[key])
+        u = xp.tanh(z[..., 2 * hidden : 3 * hidden])
+        t = xp.tanh(ans[..., hidden:])
+        g_h, g_c = g[..., :hidden], g[..., hidden:]
+        d_c = g_c + g_h * o * (1 - t * t)
+        parts = [d_c * u * (i * (1 - i)), d_c * c * (f * (1 - f)), d_c * i * (1 - u * u),
+                 g_h * t * (o * (1 - o))]  # fmt: skip
+        return xp.concat(parts, axis=-1), d_c * f
+    i, f, u, o = _quarters(z, hidden, getitem)
     i, f, o, u = sigmoid(i), sigmoid(f), sigmoid(o), tanh(u)
-    c_new = getitem(ans, (..., slice(hidden, None)))
-    t = tanh(c_new)
+    t = tanh(getitem(ans, (..., slice(hidden, None))))
     g_h = getitem(g, (..., slice(None, hidden)))
     g_c = getitem(g, (..., slice(hidden, None)))
     d_c = add(g_c, multiply(multiply(g_h, o), subtract(1.0, multiply(t, t))))
-    return d_c, (i, f, u, o, t, g_h)
-
-
-def _lstm_vjp_z(g, ans, z, c):
-    d_c, (i, f, u, o, t, g_h) = _lstm_partials(g, ans, z, c)
-    return concat(
-        [
-            multiply(multiply(d_c, u), multiply(i, subtract(1.0, i))),
-            multiply(multiply(d_c, c), multiply(f, subtract(1.0, f))),
-            multiply(multiply(d_c, i), subtract(1.0, multiply(u, u))),
-            multiply(multiply(g_h, t), multiply(o, subtract(1.0, o))),
-        ],
-        axis=-1,
-    )
-
-
-def _lstm_vjp_c(g, ans, z, c):
-    d_c, (i, f, u, o, t, g_h) = _lstm_partials(g, ans, z, c)
-    return multiply(d_c, f)
+    parts = [
+        multiply(multiply(d_c, u), multiply(i, subtract(1.0, i))),
+        multiply(multiply(d_c, c), multiply(f, subtract(1.0, f))),
+        multiply(multiply(d_c, i), subtract(1.0, multiply(u, u))),
+        multiply(multiply(g_h, t), multiply(o, subtract(1.0, o))),
+    ]
+    return concat(parts, axis=-1), multiply(d_c, f)
 
 
 lstm_cell = Primitive(
     "lstm_cell",
     _lstm_cell_forward,
-    (_lstm_vjp_z, _lstm_vjp_c),
+    (
+        lambda g, ans, z, c: _lstm_partials(g, ans, z, c)[0],
+        lambda g, ans, z, c: _lstm_partials(g, ans, z, c)[1],
+    ),  # fmt: skip
     doc="""An LSTM cell's gates: from the pre-activations `z` (..., 4h), in the order input,
     forget, cell, output (Flux's and PyTorch's), and the cell state `c` (..., h), the new
     hidden and cell states side by side, `[h', c']` (..., 2h):
