@@ -14,6 +14,9 @@ the cross-entropy and `tg.broadcast`) can take the fused path:
   maximum, minimum, `where` of a comparison, Python-number constants with inf and nan) over the
   value, operands of broadcasting shapes and Python numbers;
 - softmax or logsoftmax over the last axis;
+- `nn.normalise` over axes whose complement is one run of neighbouring axes (the layout of
+  LayerNorm, GroupNorm and BatchNorm), and an LSTM cell (`lstm_cell`) whose cell state is the
+  value and whose gates' pre-activations are a new input;
 - the loss: `sum(v**2)` in its three spellings (one `sumabs2` node), `nn.mse` against another
   operand or itself, `nn.logitcrossentropy` of 2-d logits against class indices, one-hot or
   probability targets, or, most often, `sum(v * w)`: its weights carry special values, so that
@@ -44,11 +47,13 @@ import tracker_gpu as tg
 from tracker_gpu.broadcast import evaluate as evaluate_expression
 from tracker_gpu.broadcast import trace
 from tracker_gpu.expr import COMPARISONS, topological
+from tracker_gpu.rules.nn import lstm_cell
 
 UNARY = ("tanh", "sigmoid", "relu", "exp", "log", "sqrt", "sin", "cos", "square", "abs")
 BINARY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
           "**": operator.pow}  # fmt: skip
 ROWS = ("softmax", "logsoftmax")
+LAYERS = ("normalise", "lstm")
 SUMS_OF_SQUARES = {
     "sum(v**2)": lambda v: tg.sum(v**2),
     "sum(v*v)": lambda v: tg.sum(v * v),
@@ -129,6 +134,10 @@ def apply(step, args):
         return tg.broadcast(function(p["tree"]), *operands(step, args))
     if op in ROWS:
         return getattr(tg, op)(args[0], axis=-1)
+    if op == "normalise":
+        return tg.nn.normalise(args[0], axes=p["axes"])
+    if op == "lstm":
+        return lstm_cell(args[1], args[0])
     if op in SUMS_OF_SQUARES:
         return SUMS_OF_SQUARES[op](args[0])
     if op == "mse":
@@ -360,6 +369,21 @@ class _Builder:
     def rows(self, a):
         return self.add(Step(pick(self.draw, ROWS), (a,)), self.shapes[a])
 
+    def normalise(self, a):
+        """Over every axis but a run of neighbours `[first, stop)` (at least one axis)."""
+        shape = self.shapes[a]
+        first = self.draw(st.integers(0, len(shape)))
+        stop = self.draw(st.integers(first, len(shape)))
+        axes = tuple(i for i in range(len(shape)) if not first <= i < stop)
+        return self.add(Step("normalise", (a,), {"axes": axes or (len(shape) - 1,)}), shape)
+
+    def lstm(self, a):
+        """The value as the cell state `(..., h)`, a new input as the gates `(..., 4h)`."""
+        draw, shape = self.draw, self.shapes[a]
+        gates = shape[:-1] + (4 * shape[-1],)
+        z = self.input(gates, draw(st.integers(0, 2)) == 0, draw(st.sampled_from(SPECIAL_SHARES)))
+        return self.add(Step("lstm", (a, z)), shape[:-1] + (2 * shape[-1],))
+
     def loss(self, a):
         draw, shape = self.draw, self.shapes[a]
         kinds = ["weighted", "squares", "weighted", "mse", "weighted"] + ["lce"] * (len(shape) == 2)
@@ -436,7 +460,8 @@ def programs(draw, trees=False):
     shape = tuple(draw(st.lists(st.integers(1, 4), min_size=ndim, max_size=ndim)))
     current = builder.input(shape, False, draw(st.sampled_from(SPECIAL_SHARES)))
     for i in range(draw(st.sampled_from([2, 1, 3, 0][trees:]))):
-        kinds = ["unary", "binary", "unary", "binary"] + ["rows"] * bool(builder.shapes[current])
+        layered = bool(builder.shapes[current])
+        kinds = ["unary", "binary", "unary", "binary"] + ["rows", *LAYERS] * layered
         kind = "tree" if trees and i == 0 else pick(draw, kinds + ["tree"] * trees)
         current = getattr(builder, kind)(current)
     builder.loss(current)

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -585,6 +586,179 @@ def test_a_custom_pullback_returning_another_library_or_device():
     x = xs.ones(2, dtype=xs.float64, device=devices[0])
     with pytest.raises(tg.PullbackError, match="device"):
         tg.gradient(lambda x: tg.sum(elsewhere(x)), x)
+
+
+# --- layers, optimisers and the main job
+def test_cupy_without_a_usable_gpu(monkeypatch):
+    from tracker_gpu import nn
+
+    fake = types.ModuleType("cupy")
+    fake.is_available = lambda: False
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    with pytest.raises(
+        RuntimeError, match=r"no usable GPU was found: CuPy is installed.*xp='numpy'"
+    ):
+        nn.Dense(2, 3, xp="cupy")
+    with pytest.raises(RuntimeError, match="no usable GPU was found"):
+        nn.place(nn.Dense(2, 3), xp="cupy")
+
+
+def test_groups_or_heads_that_do_not_divide():
+    from tracker_gpu import nn
+
+    with pytest.raises(ValueError, match=r"groups=3 must divide the input channels \(4\) and"):
+        nn.Conv((3, 3), 4, 6, groups=3)
+    with pytest.raises(ValueError, match=r"ConvTranspose: groups=4 must divide"):
+        nn.ConvTranspose((3, 3), 4, 6, groups=4)
+    with pytest.raises(ValueError, match="GroupNorm: groups=4 must divide the 6 channels"):
+        nn.GroupNorm(6, 4)
+    with pytest.raises(ValueError, match="nheads=3 must divide the dimension 8"):
+        nn.MultiHeadAttention(8, nheads=3)
+
+
+def test_conv_transpose_outpad_not_below_the_stride():
+    from tracker_gpu import nn
+
+    with pytest.raises(ValueError, match=r"outpad \(2, 2\) must be smaller than the stride"):
+        nn.ConvTranspose((3, 3), 2, 2, stride=2, outpad=2)
+
+
+def test_a_sequence_of_the_wrong_shape(backend):
+    from tracker_gpu import nn
+
+    lstm = nn.LSTM(3, 4, xp=backend.xp, device=backend.device)
+    with pytest.raises(
+        ValueError,
+        match=r"LSTM\(3 => 4\) expects \(batch, time, 3\), got an "
+        r"input of shape \(5, 3\)",
+    ):
+        lstm(backend.asarray(np.ones((5, 3), dtype=np.float32)))
+
+
+def test_a_recurrent_state_of_the_wrong_shape(backend):
+    from tracker_gpu import nn
+
+    cell = nn.LSTMCell(3, 4, xp=backend.xp, device=backend.device)
+    x = backend.asarray(np.ones((2, 3), dtype=np.float32))
+    h = backend.asarray(np.zeros((2, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match=r"the state must be \(h, c\), each of shape \(2, 4\)"):
+        cell(x, h)
+    with pytest.raises(ValueError, match=r"pass the state the cell returned, or none for zeros"):
+        cell(x, (h, backend.asarray(np.zeros((3, 4), dtype=np.float32))))
+    with pytest.raises(ValueError, match=r"the state must be h of shape \(2, 4\)"):
+        nn.GRUCell(3, 4, xp=backend.xp, device=backend.device)(x, (h, h))
+
+
+def test_batchnorm_training_on_one_value_per_channel(backend):
+    from tracker_gpu import nn
+
+    bn = nn.BatchNorm(3, active=True, xp=backend.xp, device=backend.device)
+    with pytest.raises(
+        ValueError,
+        match=r"more than one value per channel .* shape \(1, 3\).*"
+        r"testmode",
+    ):
+        bn(backend.asarray(np.ones((1, 3), dtype=np.float32)))
+    assert np.array_equal(backend.to_numpy(bn.running_mean), np.zeros(3))
+
+
+def test_freeze_of_a_path_that_is_not_in_the_model():
+    from tracker_gpu import nn, optim
+
+    state = optim.setup(optim.Adam(), nn.Chain(nn.Dense(2, 2)))
+    with pytest.raises(ValueError, match=r"no parameter of the model at 'layers.5'.*layers.0"):
+        optim.freeze(state, "layers.5")
+    with pytest.raises(ValueError, match="no parameter of the model at 'layer'"):
+        optim.thaw(state, "layer")  # a prefix counts by whole names only
+
+
+def test_a_checkpoint_of_a_rule_of_ones_own(tmp_path):
+    from dataclasses import dataclass
+
+    from tracker_gpu import optim
+
+    @dataclass(frozen=True)
+    class MyRule(optim.Descent):
+        pass
+
+    model = {"w": np.ones(2)}
+    with pytest.raises(TypeError, match="cannot save a MyRule: a checkpoint holds the rules"):
+        optim.save_checkpoint(tmp_path / "run.npz", model, optim.setup(MyRule(), model))
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_checkpoint_that_does_not_fit_the_model(tmp_path):
+    from tracker_gpu import nn, optim
+
+    model = {"w": np.ones(2), "b": np.zeros(1)}
+    path = tmp_path / "run.npz"
+    optim.save_checkpoint(path, model, optim.setup(optim.Adam(), model))
+    with pytest.raises(ValueError, match=r"does not fit the model: its arrays miss \['v'\]"):
+        optim.load_checkpoint(path, {"w": np.ones(2), "v": np.zeros(1)})
+    with pytest.raises(ValueError, match=r"w has shape \(2,\) in .* but \(3,\) in the model"):
+        optim.load_checkpoint(path, {"w": np.ones(3), "b": np.zeros(1)})
+    nn.save(tmp_path / "model.npz", model)
+    with pytest.raises(ValueError, match="not a checkpoint"):
+        optim.load_checkpoint(tmp_path / "model.npz", model)
+
+
+def test_a_schedule_that_cannot_run():
+    from tracker_gpu import optim
+
+    with pytest.raises(ValueError, match=r"warm-up \(10 steps\) is longer than the schedule"):
+        optim.Cosine(0.1, steps=5, warmup=10)
+    with pytest.raises(ValueError, match="every must be at least 1 step"):
+        optim.Step(0.1, every=0)
+
+
+def _main_job(argv, capsys):
+    train = pytest.importorskip("tracker_gpu.train")
+    with pytest.raises(SystemExit) as stopped:
+        train.main(argv)
+    assert stopped.value.code == 2  # argparse's usage error
+    return capsys.readouterr().err
+
+
+def test_main_job_numbers_that_are_not_positive(capsys, monkeypatch):
+    train = pytest.importorskip("tracker_gpu.train")
+    monkeypatch.setattr(train.cli, "train", lambda *a, **k: pytest.fail("work started"))
+    for option in ("--epochs", "--batch-size", "--lr"):
+        err = _main_job(["--backend", "numpy", option, "0"], capsys)
+        assert f"argument {option}: must be more than 0, got 0" in err
+
+
+def test_main_job_plot_into_a_missing_folder(capsys, tmp_path):
+    err = _main_job(["--plot", str(tmp_path / "missing" / "curves.png")], capsys)
+    assert "--plot: the folder" in err and "does not exist; create it, or pass --plot ''" in err
+
+
+def test_main_job_without_scikit_learn(capsys, monkeypatch):
+    train = pytest.importorskip("tracker_gpu.train")
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # import sklearn now raises ImportError
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    err = _main_job(["--backend", "numpy"], capsys)
+    assert "scikit-learn, which is not installed; install it with pip install" in err
+    with pytest.raises(ImportError, match="tracker-gpu\\[train\\]"):
+        train.digits()
+
+
+def test_main_job_resume_without_a_checkpoint(capsys, tmp_path):
+    err = _main_job(["--models", "mlp", "--resume", str(tmp_path)], capsys)
+    assert "--resume: no checkpoint" in err and "train with --save" in err
+
+
+def test_resuming_a_checkpoint_of_other_settings(tmp_path):
+    train = pytest.importorskip("tracker_gpu.train")
+    pytest.importorskip("sklearn")
+    data = train.digits()
+    path = tmp_path / "run.npz"
+    train.train("mlp", epochs=1, batch_size=256, data=data, save=path)
+    with pytest.raises(
+        ValueError,
+        match="checkpoint of mlp with batch size 256, not of mlp with "
+        "batch size 128; resume it with the settings it was saved with",
+    ):
+        train.train("mlp", epochs=2, batch_size=128, data=data, resume=path)
 
 
 # --- the catalogue and these tests stay in step

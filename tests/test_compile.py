@@ -121,12 +121,22 @@ def test_a_new_signature_records_again():
 
 def test_the_cache_is_bounded():
     step = tg.compile(lambda x: tg.sum(x), maxsize=2)
-    for n in (1, 2, 3, 1):
-        step(np.ones(n))
+    with pytest.warns(RuntimeWarning, match="drops the oldest"):
+        for n in (1, 2, 3, 1):
+            step(np.ones(n))
     assert step.cache_info().currsize == 2 and step.cache_info().misses == 4
 
 
-def test_a_training_step_is_one_program():
+def test_a_signature_that_changes_every_call_is_reported():
+    step = tg.compile(lambda x, state: tg.sum(x * state["scale"]), maxsize=2)
+    with pytest.warns(RuntimeWarning, match="signature changes from call to call"):
+        for k in range(3):
+            step(np.ones(2), {"scale": 1.0 + k})
+    assert step.cache_info().misses == 3
+
+
+@pytest.mark.parametrize("rule", [optim.Descent(0.1), optim.Momentum(0.05)], ids=repr)
+def test_a_training_step_is_one_program(rule):
     """`f` takes its own gradient and updates the model: the step returns `f`'s output, and
     replays give the eager step's losses and parameters."""
     model = nn.Chain(nn.Dense(4, 6, nn.tanh, rng=np.random.default_rng(1)), nn.Dense(6, 3))
@@ -136,7 +146,6 @@ def test_a_training_step_is_one_program():
         state, model = optim.update(state, model, g)
         return loss, state, model
 
-    rule = optim.Descent(0.1)
     step = tg.compile(train_step)
     compiled = (model, optim.setup(rule, model))
     eager = (model, optim.setup(rule, model))

@@ -2,7 +2,8 @@
 
 Hypothesis draws small programs made only of operations with a fused implementation
 (`fused_programs.py`: unary functions, broadcast arithmetic, `tg.broadcast` of random expression
-trees, softmax and logsoftmax, the losses sumabs2, mse and logitcrossentropy) over float32 and
+trees, softmax and logsoftmax, the normalisation statistics and the LSTM cell, the losses
+sumabs2, mse and logitcrossentropy) over float32 and
 float64 inputs that cover the whole floating-point domain, and optimiser steps. The fused path
 runs the CUDA kernels: on NumPy arrays through their host build (`on_host`), on CuPy arrays on
 the GPU. Each program is checked against the generic path (`generic_only`):
@@ -33,6 +34,7 @@ TRACKER_GPU_FUZZ_EXAMPLES to run that many per test.
 """
 
 import contextlib
+import functools
 import os
 
 import numpy as np
@@ -41,6 +43,7 @@ from domain import assert_agree, domain
 from fused_programs import (
     BINARY,
     BINARY_PARTIALS,
+    LAYERS,
     LIBM,
     ROWS,
     SUMS_OF_SQUARES,
@@ -152,6 +155,10 @@ def forward_bound(step, args, out):
             return bound, unsure
         if op in ROWS or op == "lce":
             return _row_bound(op, args, out, eps)
+        if op == "normalise":
+            return _normalise_bound(args[0], step.params["axes"], eps)[:2]
+        if op == "lstm":
+            return _lstm_bound(args[0], args[1], out, eps)
         if op in SUMS_OF_SQUARES:  # tracked: one sumabs2 node (a dot product); plain: a sum
             total = np.sum(np.square(args[0].astype(np.float64)))
             n = args[0].size + 2
@@ -176,6 +183,71 @@ def _row_bound(op, args, out, eps):
     terms = np.sum(np.abs(targets * (shifted - log_sum)))
     total = np.sum(np.abs(targets) * bound) + (x.size + 2) * eps * terms
     return total / rows + tiny, certain
+
+
+def _normalise_bound(x, axes, eps):
+    """`(bound, unsure, parts)` of `(x - mean) / sigma`: the mean and the variance are sums in
+    another order, so the mean moves by `count` ulp of the values' magnitude, every centred value
+    with it; `parts` are the quantities the pullback's bound needs. Not compared: groups whose
+    sums may overflow in one order and not in another."""
+    x = x.astype(np.float64)
+    count = int(np.prod([x.shape[a] for a in axes]))
+    group = lambda a, f=np.mean: f(a, axis=axes, keepdims=True)
+    mean_abs = group(np.abs(x))
+    centred = x - group(x)
+    sigma = np.sqrt(group(centred * centred) + 1e-5)
+    d_centred = (count + 2) * eps * mean_abs + eps * np.abs(centred)
+    d_sigma = ((count + 4) * eps * sigma**2 + 2 * group(np.abs(centred) * d_centred)) / sigma
+    y = centred / sigma
+    bound = d_centred / sigma + np.abs(y) * (d_sigma / sigma + 2 * eps)
+    top = float(np.finfo(np.float32 if eps > 1e-10 else np.float64).max)
+    unsure = np.broadcast_to(group(np.abs(x), np.sum) * count >= top / 4, x.shape)
+    unsure = unsure | np.broadcast_to(group(centred * centred, np.sum) >= top / 4, x.shape)
+    return np.where(np.isfinite(bound), bound, 0.0), unsure, (y, sigma, mean_abs, count)
+
+
+def _gates(z, c, eps):
+    """An LSTM cell's gates as the generic rule computes them, in float64, and the units where
+    the two paths may compute a gate differently in a way that matters: an exponential of the
+    sigmoids' landing among the subnormal numbers (there a few ulp are all of its value), or a
+    saturated gate whose complement `1 - gate` may be 0 in one path and not in the other."""
+    h = c.shape[-1]
+    info = np.finfo(np.float32 if eps > 1e-10 else np.float64)
+    z = z.astype(np.float64)
+    quarter = lambda a, k: a[..., k * h : (k + 1) * h]
+    with np.errstate(all="ignore"):
+        e = np.exp(-np.abs(z))
+        sig = np.where(z >= 0, 1 / (1 + e), e / (1 + e))
+    finite = np.isfinite(z)
+    fringe = finite & (e < float(info.tiny) * 2**LIBM) & (e >= float(info.smallest_subnormal) / 4)
+    saturated = finite & (np.abs(np.tanh(z)) >= 1 - (LIBM + 4) * eps)  # also sigmoid's e small
+    risky = fringe | saturated
+    uncertain = functools.reduce(np.logical_or, [quarter(risky, k) for k in range(4)])
+    i, f, o = quarter(sig, 0), quarter(sig, 1), quarter(sig, 3)
+    return (
+        i,
+        f,
+        np.tanh(quarter(z, 2)),
+        o,
+        uncertain,
+        quarter(fringe, 0) | quarter(fringe, 1) | quarter(fringe, 3),
+    )
+
+
+def _lstm_bound(c, z, out, eps):
+    """`[h', c']`: c' = f * c + i * u and h' = o * tanh(c'), each operation within an ulp and
+    exp and tanh within LIBM; c' moves h' by tanh's slope (none where c' is infinite)."""
+    i, f, u, o, _, fringe = _gates(z, c, eps)
+    h = c.shape[-1]
+    c = c.astype(np.float64)
+    c_new = out[..., h:].astype(np.float64)
+    d_c = (2 * LIBM + 8) * eps * (np.abs(f * c) + np.abs(i * u))
+    slope = np.where(np.isfinite(c_new), 1 - np.tanh(c_new) ** 2, 0.0)
+    moved = np.where(slope > 0, slope * d_c, 0.0)
+    d_h = np.abs(o) * moved + (2 * LIBM + 8) * eps * np.abs(out[..., :h])
+    bound = np.concatenate([d_h, d_c], axis=-1)
+    unsure = np.concatenate([fringe, fringe], axis=-1)
+    return np.where(np.isfinite(bound), bound, 0.0), unsure
 
 
 def _targets(labels, shape):
@@ -263,6 +335,10 @@ def pullback_bounds(step, args, out, m):
         return _broadcast_bounds(step, args, out, m)
     if op in ROWS:
         return [_rows_bound(op, out.astype(np.float64), m)], out.shape[-1] + LIBM + 4
+    if op == "normalise":
+        return _normalise_pullback_bound(args[0], step.params["axes"], m)
+    if op == "lstm":
+        return _lstm_pullback_bound(args[0], args[1], out, m)
     if op == "lce":
         return [_lce_bound(f64[0], args[1], m), None], 2 * LIBM + 2 * args[0].shape[-1] + 4
     if op in SUMS_OF_SQUARES:
@@ -307,6 +383,53 @@ def _rows_bound(op, y, m):
     return Mag(size, row(~finite | m.wild), row(m.lost), m.top)
 
 
+def _normalise_pullback_bound(x, axes, m):
+    """((g - mean(g)) - y * mean(g * y)) / sigma: the magnitudes of its terms, times what the
+    centred values' rounding may move y by (mean |x| / sigma); its sums add `count` ulp."""
+    eps = eps_of(x)
+    _, unsure, (y, sigma, mean_abs, count) = _normalise_bound(x, axes, eps)
+    group = lambda a, f=np.mean: f(a, axis=axes, keepdims=True)
+    finite = np.isfinite(y)
+    ay = np.where(finite, np.abs(y), 0.0)
+    size = (m.size + group(m.size) + ay * group(ay * m.size)) / sigma * (1 + mean_abs / sigma)
+    spread = lambda a: np.broadcast_to(group(a, np.any), x.shape)
+    wild, lost = spread(~finite | m.wild), spread(m.lost) | unsure
+    size = np.where(np.isfinite(size) & ~lost, size, 0.0)
+    return [Mag(size, wild, lost, m.top)], 2 * count + LIBM + 8
+
+
+def _lstm_pullback_bound(c, z, out, m):
+    """dc' = g_c + g_h * o * (1 - t * t); dz = [dc' * u * i(1 - i), dc' * c * f(1 - f),
+    dc' * i * (1 - u * u), g_h * t * o(1 - o)]; dc = dc' * f. Each subtraction's magnitude is
+    a sum; exp, tanh and the products add LIBM and a few ulp. A unit is wild where a factor may
+    be infinite or nan (the gradient, the cell state, a nan gate), and not compared where it is
+    wild and a gate is uncertain (inf * 0 against inf * tiny)."""
+    eps = eps_of(c)
+    i, f, u, o, uncertain, fringe = _gates(z, c, eps)
+    h = c.shape[-1]
+    c = c.astype(np.float64)
+    c_new = out[..., h:].astype(np.float64)
+    t = np.tanh(c_new)
+    uncertain = uncertain | (np.isfinite(c_new) & (np.abs(t) >= 1 - (LIBM + 4) * eps))
+    both = lambda a: np.broadcast_to(a, out.shape)
+    m_size, mw, ml = both(m.size), both(m.wild), both(m.lost)
+    m_h, m_c = m_size[..., :h], m_size[..., h:]
+    d_c = m_c + m_h * o * (1 + t * t)
+    parts = [d_c * np.abs(u) * i * (1 + i), d_c * np.abs(c) * f * (1 + f), d_c * i * (1 + u * u),
+             m_h * np.abs(t) * o * (1 + o)]  # fmt: skip
+    nan_gate = functools.reduce(np.logical_or, [np.isnan(z[..., k * h : (k + 1) * h])
+                                                for k in range(4)])  # fmt: skip
+    wild = nan_gate | ~np.isfinite(c) | mw[..., :h] | mw[..., h:]
+    lost = (wild & uncertain) | fringe | ml[..., :h] | ml[..., h:]
+    mags = []
+    for size in (np.concatenate(parts, axis=-1), d_c * f):
+        k = size.shape[-1] // h
+        w, lo = np.concatenate([wild] * k, axis=-1), np.concatenate([lost] * k, axis=-1)
+        lo = lo | ~np.isfinite(size)
+        mags.append(Mag(np.where(lo | w, 0.0, size), w, lo, m.top))
+    return [mags[1], mags[0]], 2 * LIBM + 12
+
+
 def _lce_bound(x, labels, m):
     """The cross-entropy's pullback: (softmax(x) * sum(t) - t) * g / rows."""
     t = _targets(labels, x.shape)
@@ -330,6 +453,9 @@ def launches_of(op):
         return {f"{op}_bwd_acc"}
     if op in ROWS:
         return {f"{op}_fwd", f"{op}_bwd_acc"}
+    if op in LAYERS:
+        name = "lstm" if op == "lstm" else op
+        return {f"{name}_fwd", f"{name}_bwd_acc"}
     if op in SUMS_OF_SQUARES:
         return {"sumsq_bwd_acc"}
     return {"tree": {"broadcast_fwd", "broadcast_bwd"}, "mse": {"mse_bwd_acc"},

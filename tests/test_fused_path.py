@@ -240,3 +240,39 @@ def test_each_parameter_update_is_one_launch(rule):
     assert len(launches(log)) == 4  # two parameters, two steps
     for key in ("w", "b"):
         assert np.allclose(fused[key], expected[key], rtol=1e-12)
+
+
+# --- layers: the normalisation statistics and the LSTM cell, one launch each way
+NORMS = {
+    "LayerNorm": lambda: tg.nn.LayerNorm((3, 4), dtype="float64"),
+    "GroupNorm": lambda: tg.nn.GroupNorm(6, 3, dtype="float64"),
+    "BatchNorm": lambda: tg.nn.BatchNorm(6, active=True, dtype="float64"),
+}
+
+
+@pytest.mark.parametrize("name", list(NORMS))
+def test_each_normalisation_layer_is_one_launch_each_way(name):
+    layer = NORMS[name]()
+    shape = (5, 3, 4) if name == "LayerNorm" else (4, 6, 3, 2)
+    x = np.random.default_rng(16).standard_normal(shape) * 3 + 1
+    w = np.random.default_rng(17).standard_normal(shape)
+    log = fused_and_generic(lambda x: tg.sum(layer(x) * w), x, ulps=8 * x.size)
+    assert launches(log).count("normalise_fwd") == 1
+    assert launches(log).count("normalise_bwd_acc") == 1
+
+
+def test_a_normalisation_whose_kept_axes_are_apart_takes_the_generic_path():
+    x = np.random.default_rng(18).standard_normal((3, 4, 5))
+    log = fused_and_generic(lambda x: tg.sum(tg.nn.normalise(x, axes=(1,)) * x), x, ulps=64)
+    assert not {"normalise_fwd", "normalise_bwd_acc"} & set(launches(log))
+
+
+def test_an_lstm_step_is_one_launch_each_way():
+    lstm = tg.nn.LSTM(3, 4, rng=np.random.default_rng(19), dtype="float64")
+    x = np.random.default_rng(20).standard_normal((2, 5, 3))
+    log = fused_and_generic(lambda x: tg.sum(lstm(x) ** 2), x, ulps=64)
+    assert launches(log).count("lstm_bwd_acc") == 5  # one per step
+    with on_host(), recording() as log:
+        _, (g,) = tg.withgradient(lambda m: tg.sum(m(x) ** 2), lstm)
+    assert launches(log).count("lstm_fwd") == 5
+    assert g.cell.Wi.shape == (16, 3)

@@ -183,6 +183,76 @@ def test_logitcrossentropy_kernels(dtype, shape, soft):
     assert_agree(acc, expected, ulps=4 * cols, scale=np.abs(g / rows), what="pullback")
 
 
+# (shape, axes): LayerNorm (outer 1), BatchNorm of images and of features, GroupNorm, all axes
+NORMALISE_CASES = [((3, 10), (1,)), ((4, 3, 2, 5), (0, 2, 3)), ((37, 3), (0,)),
+                   ((2, 3, 300), (2,)), ((5, 7), (0, 1))]  # fmt: skip
+
+
+@pytest.mark.parametrize("special", [0.0, 0.3])  # a group with a special value is all nan
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", NORMALISE_CASES, ids=str)
+def test_normalise_kernels_agree_with_the_generic_rule_everywhere(dtype, case, special):
+    from tracker_gpu.cuda.layers import layout
+    from tracker_gpu.rules.nn import normalise
+
+    shape, axes = case
+    outer, groups, inner = layout(shape, axes)
+    x = domain(shape, dtype, seed=len(shape), special=special)
+    x = np.where(np.abs(x) > 1e4, np.copysign(np.inf, x), x).astype(dtype)  # sums that overflow
+    with np.errstate(all="ignore"):
+        expected = normalise(x, axes=axes)
+        count = outer * inner
+        mean_abs = np.mean(np.abs(x.astype(np.float64)), axis=axes, keepdims=True)
+        spread = np.std(x.astype(np.float64), axis=axes, keepdims=True) + 1e-3
+    y = np.full_like(x, 7.0)
+    run("normalise_fwd", dtype, groups, x, y, outer, groups, inner, 1e-5, block=32)
+    # the sums of the mean and the variance run in another order: the centred values move by
+    # the mean's rounding, count ulp of the values' magnitude, over the spread
+    scale = (np.abs(expected) + mean_abs / spread) * count
+    assert_agree(y, expected, ulps=4, scale=scale, what="normalise forward")
+    g = domain(shape, dtype, seed=3, special=0.0)
+    acc = np.full_like(x, 7.0)
+    run("normalise_bwd_acc", dtype, groups, x, expected, g, acc, acc, outer, groups, inner,
+        1e-5, 0, block=32)  # fmt: skip
+    with np.errstate(all="ignore"):
+        generic = normalise.vjps[0](g, expected, x, axes=axes)
+        g_mag = np.mean(np.abs(g.astype(np.float64)), axis=axes, keepdims=True)
+    grad_scale = (np.abs(g) + g_mag * (1 + np.abs(expected))) / spread * (1 + mean_abs / spread)
+    assert_agree(acc, generic, ulps=4 * count, scale=grad_scale, what="normalise pullback")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (7, 3), (300, 2)], ids=str)
+def test_lstm_kernels_agree_with_the_generic_rule_everywhere(dtype, shape):
+    from tracker_gpu.rules.nn import lstm_cell
+
+    rows, hidden = shape
+    z = domain((rows, 4 * hidden), dtype, seed=rows)
+    c = domain((rows, hidden), dtype, seed=rows + 1)
+    with np.errstate(all="ignore"):
+        expected = lstm_cell(z, c)
+    out = np.full((rows, 2 * hidden), 7.0, dtype=dtype)
+    run("lstm_fwd", dtype, rows * hidden, z, c, out, rows, hidden, hidden)
+    state = np.abs(np.concatenate([c, c], axis=-1)) + 1  # f * c + i * u, then through tanh
+    assert_agree(out, expected, ulps=16, scale=state, what="lstm forward")
+    g = domain((rows, 2 * hidden), dtype, seed=rows + 2)
+    prev_z, prev_c = domain(z.shape, dtype, seed=5), domain(c.shape, dtype, seed=6)
+    acc_z, acc_c = prev_z.copy(), prev_c.copy()
+    run("lstm_bwd_acc", dtype, rows * hidden, z, c, expected, g, acc_z, acc_z, acc_c, acc_c,
+        rows, hidden, hidden, 1, 1, 1, 1)  # fmt: skip
+    with np.errstate(all="ignore"):
+        dz, dc = (vjp(g, expected, z, c) for vjp in lstm_cell.vjps)
+        g_mag = np.abs(g[:, :hidden]) + np.abs(g[:, hidden:])
+        mag_z = np.concatenate([g_mag * (1 + np.abs(c))] * 4, axis=-1)
+        assert_agree(acc_z, prev_z + dz, ulps=16, scale=np.abs(prev_z) + mag_z, what="dz")
+        assert_agree(acc_c, prev_c + dc, ulps=16, scale=np.abs(prev_c) + g_mag, what="dc")
+    fresh_c = np.full_like(c, 7.0)
+    apart = np.concatenate([c, c], axis=-1)  # c as rows 2h apart, as the step before leaves it
+    run("lstm_bwd_acc", dtype, rows * hidden, z, apart, expected, g, z, z, fresh_c, fresh_c,
+        rows, hidden, 2 * hidden, 0, 0, 1, 0)  # fmt: skip
+    assert_agree(fresh_c, dc, ulps=16, scale=g_mag, what="dc alone")
+
+
 def optimiser_cases():
     from tracker_gpu import optim
 
@@ -233,6 +303,7 @@ CHECKED = (
     | {"logitcrossentropy_fwd", "logitcrossentropy_bwd_acc"}
     | {"descent_step", "momentum_step", "nesterov_step", "adam_step"}
     | {"softmax_fwd", "softmax_bwd_acc", "logsoftmax_fwd", "logsoftmax_bwd_acc"}
+    | {"normalise_fwd", "normalise_bwd_acc", "lstm_fwd", "lstm_bwd_acc"}
 )
 
 

@@ -75,6 +75,66 @@ def adam(alpha, beta1, beta2, eps, decay=0.0, couple=True):
     return run
 
 
+def rmsprop(eta, rho, eps, centred=False):
+    """Tieleman & Hinton (2012), lecture 6e; centred: Graves (2013), eq. 38-40."""
+
+    def run(x):
+        mean_square, mean = np.zeros_like(x), np.zeros_like(x)
+        for _ in range(STEPS):
+            g = gradient_at(x)
+            mean_square = rho * mean_square + (1 - rho) * g**2
+            mean = rho * mean + (1 - rho) * g if centred else mean
+            x = x - eta * g / (np.sqrt(mean_square - mean**2) + eps)
+        return x
+
+    return run
+
+
+def adagrad(eta, eps):
+    """Duchi et al. (2011): a step scaled by the root of the summed squared gradients (the sum
+    starting at eps, as Optimisers.jl)."""
+
+    def run(x):
+        total = np.full_like(x, eps)
+        for _ in range(STEPS):
+            g = gradient_at(x)
+            total = total + g**2
+            x = x - eta * g / (np.sqrt(total) + eps)
+        return x
+
+    return run
+
+
+def adabelief(alpha, beta1, beta2, eps):
+    """Zhuang et al. (2020), Algorithm 2."""
+
+    def run(x):
+        m, s = np.zeros_like(x), np.zeros_like(x)
+        for t in range(1, STEPS + 1):
+            g = gradient_at(x)
+            m = beta1 * m + (1 - beta1) * g
+            s = beta2 * s + (1 - beta2) * (g - m) ** 2 + eps
+            m_hat, s_hat = m / (1 - beta1**t), s / (1 - beta2**t)
+            x = x - alpha * m_hat / (np.sqrt(s_hat) + eps)
+        return x
+
+    return run
+
+
+def lion(eta, beta1, beta2):
+    """Chen et al. (2023), Algorithm 2 (without weight decay)."""
+
+    def run(x):
+        m = np.zeros_like(x)
+        for _ in range(STEPS):
+            g = gradient_at(x)
+            x = x - eta * np.sign(beta1 * m + (1 - beta1) * g)
+            m = beta2 * m + (1 - beta2) * g
+        return x
+
+    return run
+
+
 def clipped(transform, eta):
     def run(x):
         for _ in range(STEPS):
@@ -118,7 +178,29 @@ CASES = {
         optim.OptimiserChain(optim.WeightDecay(0.3), optim.Descent(0.1)),
         clipped(lambda g, x: g + 0.3 * x, 0.1),
     ),
+    "SignDecay": (
+        optim.OptimiserChain(optim.SignDecay(0.3), optim.Descent(0.1)),
+        clipped(lambda g, x: g + 0.3 * np.sign(x), 0.1),
+    ),
+    "RMSProp": (optim.RMSProp(0.01, 0.8, 1e-3), rmsprop(0.01, 0.8, 1e-3)),
+    "RMSProp centred": (
+        optim.RMSProp(0.01, 0.8, 1e-3, centred=True),
+        rmsprop(0.01, 0.8, 1e-3, centred=True),
+    ),
+    "AdaGrad": (optim.AdaGrad(0.2, 1e-3), adagrad(0.2, 1e-3)),
+    "AdaBelief": (optim.AdaBelief(0.1, (0.8, 0.99), 1e-4), adabelief(0.1, 0.8, 0.99, 1e-4)),
+    "Lion": (optim.Lion(0.05, (0.8, 0.95)), lion(0.05, 0.8, 0.95)),
+    "Scheduled": (
+        optim.Scheduled(optim.Descent(), optim.Step(0.2, decay=0.5, every=2)),
+        lambda x: descent_with_rates(x, [0.2, 0.2, 0.1, 0.1, 0.05, 0.05]),
+    ),
 }
+
+
+def descent_with_rates(x, rates):
+    for eta in rates:
+        x = x - eta * gradient_at(x)
+    return x
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -271,6 +353,15 @@ def test_a_state_made_for_another_model():
         optim.update({"w": "adam"}, model, {"w": np.ones(2)})
     with pytest.raises(ValueError, match="no optimiser state for w"):
         optim.update({"w": None}, model, {"w": np.ones(2)})
+
+
+def test_optimisers_jl_defaults():
+    """Optimisers.jl's argument order and defaults."""
+    assert optim.RMSProp() == optim.RMSProp(0.001, 0.9, 1e-8, centred=False)
+    assert optim.AdaGrad() == optim.AdaGrad(0.1, 1e-8) and optim.Adagrad is optim.AdaGrad
+    assert optim.AdaBelief() == optim.AdaBelief(0.001, (0.9, 0.999), 1e-16)
+    assert optim.Lion() == optim.Lion(0.001, (0.9, 0.999))
+    assert optim.SignDecay() == optim.SignDecay(1e-3)
 
 
 def test_bad_hyperparameters():

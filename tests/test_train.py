@@ -1,5 +1,6 @@
-"""The main job: the MLP and the CNN learn scikit-learn's digits on every backend, and the command
-line prints the accuracies and writes the plot."""
+"""The main job: the MLP, the CNN and the LSTM learn scikit-learn's digits on every backend, a
+stopped run resumes bit for bit from its checkpoint, and the command line prints the accuracies
+and writes the plot."""
 
 import dataclasses
 import math
@@ -39,6 +40,34 @@ def test_the_cnn_learns_the_digits(backend, data):
     assert result.test_accuracy >= 0.95
 
 
+def test_the_lstm_learns_the_digits_row_by_row(backend, data):
+    result = train_module.train("lstm", epochs=10, xp=backend.xp, device=backend.device, data=data)
+    assert result.test_accuracy >= 0.95
+    assert tg.backend.device_of(result.model.layers[1].cell.Wi) == backend.device
+
+
+class Stopped(Exception):
+    pass
+
+
+def test_a_stopped_run_resumes_bit_for_bit(backend, data, tmp_path):
+    """Two epochs straight through, against one epoch, a stop, and a resumed second epoch."""
+    where = dict(xp=backend.xp, device=backend.device, data=data, epochs=2, batch_size=128)
+    straight = train_module.train("mlp", **where)
+    checkpoint = tmp_path / "mlp.npz"
+
+    def stop(epoch, history):
+        raise Stopped
+
+    with pytest.raises(Stopped):
+        train_module.train("mlp", save=checkpoint, on_epoch=stop, **where)
+    resumed = train_module.train("mlp", resume=checkpoint, **where)
+    assert resumed.history == straight.history
+    ours, theirs = nn._parameters(resumed.model), nn._parameters(straight.model)
+    for key in theirs:
+        assert np.array_equal(backend.to_numpy(ours[key]), backend.to_numpy(theirs[key])), key
+
+
 def test_a_nan_loss_is_a_clear_error(backend, data):
     model = train_module.mlp(rng=np.random.default_rng(0), xp=backend.xp, device=backend.device)
     last = model.layers[-1]
@@ -59,6 +88,38 @@ def test_the_command_line(tmp_path, capsys):
     assert "digits: 1347 training and 450 test images" in out
     assert "mlp: test accuracy 0.9" in out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_command_line_saves_and_resumes(tmp_path, capsys):
+    pytest.importorskip("tqdm")
+    folder = tmp_path / "runs"
+    common = ["--backend", "numpy", "--models", "mlp", "--plot", "", "--no-progress"]
+    train_module.main([*common, "--epochs", "1", "--save", str(folder)])
+    assert (folder / "mlp.npz").is_file()
+    (result,) = train_module.run([*common, "--epochs", "2", "--resume", str(folder)])
+    assert len(result.history["loss"]) == 2
+    assert "mlp: test accuracy" in capsys.readouterr().out
+
+
+def test_the_plot_has_whole_epochs_and_the_whole_accuracy_range(tmp_path):
+    pytest.importorskip("matplotlib")
+    history = {"loss": [2.0, 1.0, 0.5], "train_accuracy": [0.3, 0.6, 0.9],
+               "test_accuracy": [0.2, 0.5, 0.85]}  # fmt: skip
+    result = train_module.Result("mlp", None, 0.85, 1.0, history)
+    figure = train_module.plot([result], tmp_path / "curves.png")
+    accuracy_axes = figure.axes[1]
+    low, high = accuracy_axes.get_ylim()
+    assert low <= 0.2 and high >= 0.9  # not clipped to the top of the range
+    ticks = [t for t in accuracy_axes.get_xticks() if 1 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+
+
+def test_the_default_plot_is_ignored_by_git():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    default = train_module.cli.parser().get_default("plot")
+    assert default in (root / ".gitignore").read_text().split()
 
 
 def test_command_line_errors(capsys):

@@ -257,6 +257,22 @@ def traced_data(value, xp, how=None):
     return out
 
 
+def detached(x):
+    """`data(x)`, except while tg.compile records: a traced value then stays traced, as data
+    (no gradient flows through it), so that what is computed from it (an optimiser's update,
+    say) is replayed too."""
+    if not (ACTIVE and type(x) is TrackedArray):
+        return data(x)
+    recorder = recording.current()
+    if recorder is None:
+        return x.data
+    if recording.is_data(x._node):
+        return x
+    out = traced_data(x.data, x._xp)
+    recorder.alias(out, x)
+    return out
+
+
 def _record_one(prim, x, kw):
     value = prim.forward(x._xp, x.data, **kw)
     keep = prim._plans.get(1)

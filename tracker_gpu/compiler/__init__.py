@@ -26,6 +26,7 @@ CacheInfo(hits=1, misses=1, maxsize=32, currsize=1, eager=0)
 """
 
 import functools
+import warnings
 from collections import OrderedDict, namedtuple
 from dataclasses import dataclass
 
@@ -63,6 +64,7 @@ class Compiled:
         self.f, self.fallback, self.maxsize, self.cuda_graphs = f, fallback, maxsize, cuda_graphs
         self._programs = OrderedDict()
         self._hits = self._misses = 0
+        self._churned = False
         functools.update_wrapper(self, f, updated=())
 
     def __call__(self, *args):
@@ -96,7 +98,22 @@ class Compiled:
         self._programs[key] = program
         while len(self._programs) > self.maxsize:
             self._programs.popitem(last=False)
+            self._warn_churn()
         return _plain(result)
+
+    def _warn_churn(self):
+        if self._churned:
+            return
+        self._churned = True
+        warnings.warn(
+            f"tg.compile of {getattr(self.f, '__name__', 'f')!r} has recorded {self._misses} "
+            f"programs and drops the oldest: its signature changes from call to call. A Python "
+            "number inside the arguments is part of the signature (an optimiser state that "
+            "counts steps, such as Adam's, or a schedule's step); pass such a number as a 0-d "
+            "array, or raise maxsize if the shapes really vary that much",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def __repr__(self):
         return f"<tg.compile of {getattr(self.f, '__name__', self.f)!r}: {self.cache_info()}>"

@@ -111,6 +111,10 @@ class Recorder:
             traced.append((node, out))
         return traced
 
+    def alias(self, out, tracked):
+        """`out` (traced data) stands for the value of `tracked`: they share a slot."""
+        self._place(out, self._slot_of(tracked))
+
     # --- slots
     def _new_slot(self, value):
         self.values.append(value)

@@ -38,28 +38,43 @@ from ..rules.losses import (
 )
 from . import activations
 from .activations import *  # noqa: F403 (its __all__ is part of ours)
-from .conv import Conv, MaxPool, MeanPool
+from .attention import MultiHeadAttention, TransformerBlock
+from .conv import Conv, ConvTranspose, MaxPool, MeanPool
 from .init import SQRT2 as SQRT2
 from .init import glorot_normal, glorot_uniform, kaiming_normal, kaiming_uniform, randn
 from .io import _parameters as _parameters
 from .io import load, save
-from .layers import Chain, Dense, Dropout, Embedding, Flatten, LayerNorm, testmode, trainmode
+from .layers import Chain, Dense, Dropout, Embedding, Flatten, testmode, trainmode
 from .layers import Layer as Layer
+from .normalise import BatchNorm, GroupNorm, LayerNorm, normalise
 from .placement import LIBRARIES as LIBRARIES
 from .placement import asarray, place, to_numpy
 from .primitives import col2im, im2col, linear
+from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, Recurrence, RNNCell
 
 __all__ = [
     # layers
     "Chain",
     "Dense",
     "Conv",
+    "ConvTranspose",
     "MaxPool",
     "MeanPool",
     "Flatten",
     "Dropout",
     "Embedding",
     "LayerNorm",
+    "GroupNorm",
+    "BatchNorm",
+    "RNNCell",
+    "LSTMCell",
+    "GRUCell",
+    "Recurrence",
+    "RNN",
+    "LSTM",
+    "GRU",
+    "MultiHeadAttention",
+    "TransformerBlock",
     "trainmode",
     "testmode",
     # losses
@@ -81,6 +96,7 @@ __all__ = [
     "save",
     "load",
     "linear",
+    "normalise",
     "im2col",
     "col2im",
 ]

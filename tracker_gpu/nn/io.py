@@ -8,7 +8,7 @@ the same structure (each array placed like the model's, unless told otherwise) o
 import numpy as np
 
 from ..backend import device_of, is_array, namespace_of
-from ..optim import tree_map_with_path
+from ..optim.tree import tree_map_with_path
 from ..tracked import data
 from .placement import asarray, to_numpy
 
@@ -38,7 +38,8 @@ def load(path, model=None, *, xp=None, device=None, dtype=None):
     """The arrays saved by `save`, put into `model` (a model of the same structure).
 
     Each array goes where the model's array is (same library, device and dtype), unless `xp`,
-    `device` or `dtype` is given. Without a model, returns `{key: NumPy array}`.
+    `device` or `dtype` is given; an array the model holds in several places (tied weights) is
+    loaded once, from its first place. Without a model, returns `{key: NumPy array}`.
     """
     with np.load(path) as file:
         saved = {key: file[key] for key in file.files}
@@ -47,11 +48,17 @@ def load(path, model=None, *, xp=None, device=None, dtype=None):
     expected = _parameters(model)
     _check_same_keys(path, saved, expected)
     explicit = xp is not None or device is not None
+    loaded = {}  # by the model's array: tied places get one array
 
     def fill(key, x):
         key = key or "_"
         if key not in expected:
             return x
+        if id(expected[key]) not in loaded:
+            loaded[id(expected[key])] = (expected[key], placed(key))
+        return loaded[id(expected[key])][1]
+
+    def placed(key):
         values, template = saved[key], expected[key]
         if tuple(values.shape) != tuple(template.shape):
             raise ValueError(

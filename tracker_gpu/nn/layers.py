@@ -1,9 +1,10 @@
-"""Layers: the `Layer` base, `Dense`, `Chain`, `Flatten`, `Dropout`, `Embedding`, `LayerNorm`.
+"""Layers: the `Layer` base, `Dense`, `Chain`, `Flatten`, `Dropout`, `Embedding`.
 
 A layer is a dataclass whose fields are arrays, sublayers or settings, called on a batch whose
 first axis is the batch; `Layer` gives them a short repr and a clear error for an input of the
-wrong shape. `trainmode` and `testmode` switch the Dropout layers of a model on and off; the
-convolution and the pools, built on the same base, are in `conv`.
+wrong shape. `trainmode` and `testmode` switch the layers with a training mode (an `active`
+field: Dropout, BatchNorm) on and off; the other layers, built on the same base, are in `conv`,
+`normalise`, `recurrent` and `attention`.
 """
 
 import copy
@@ -12,15 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from .. import draws
 from ..backend import device_of, is_array, namespace_of
-from ..optim import tree_map_with_path
-from ..rules.elementwise import add, astype, divide, multiply, sqrt, square, subtract
+from ..optim.tree import tree_map_with_path
+from ..rules.elementwise import astype, multiply
 from ..rules.linalg import matmul
 from ..rules.manipulation import take
-from ..rules.reductions import mean
 from ..rules.shape import reshape
 from ..tracked import TrackedArray, data
 from .activations import _activate, flatten
@@ -35,7 +33,6 @@ __all__ = [
     "Flatten",
     "Dropout",
     "Embedding",
-    "LayerNorm",
     "trainmode",
     "testmode",
 ]
@@ -254,66 +251,6 @@ class Embedding(Layer):
 
 
 @dataclass(init=False, repr=False)
-class LayerNorm(Layer):
-    """Normalise the last `len(size)` axes to zero mean and unit variance, then scale and shift
-    (`affine=True`, the default: `scale` ones and `bias` zeros, of shape `size`)."""
-
-    scale: Any
-    bias: Any
-    activation: Callable | None
-    eps: float
-    size: tuple
-
-    def __init__(
-        self,
-        size=None,
-        activation=None,
-        *,
-        affine=True,
-        eps=1e-5,
-        scale=None,
-        bias=None,
-        dtype="float32",
-        device=None,
-        xp=None,
-    ):
-        if scale is not None:
-            size = tuple(scale.shape)
-        if size is None:
-            raise TypeError("LayerNorm needs its size (an int or a tuple) or scale=")
-        size = (size,) if isinstance(size, int) else tuple(size)
-        if affine and scale is None:
-            scale = asarray(np.ones(size), xp=xp, device=device, dtype=dtype)
-            bias = asarray(np.zeros(size), xp=xp, device=device, dtype=dtype)
-        self.scale, self.bias, self.activation, self.eps, self.size = (
-            scale,
-            bias,
-            activation,
-            eps,
-            size,
-        )
-
-    def __call__(self, x):
-        k = len(self.size)
-        self._expect(_shape(x)[len(_shape(x)) - k :] == self.size, x, f"trailing axes {self.size}")
-        axes = tuple(range(len(_shape(x)) - k, len(_shape(x))))
-        centred = subtract(x, mean(x, axis=axes, keepdims=True))
-        variance = mean(square(centred), axis=axes, keepdims=True)
-        y = divide(centred, sqrt(add(variance, self.eps)))
-        if self.scale is not None:
-            y = add(multiply(y, self.scale), self.bias)
-        return _activate(self.activation, y)
-
-    def __repr__(self):
-        if not all(isinstance(v, int) for v in self.size):
-            return self._fields_repr()
-        size = self.size[0] if len(self.size) == 1 else self.size
-        extra = "" if self.activation is None else f", {_describe(self.activation)}"
-        extra += "" if self.scale is not None else ", affine=False"
-        return f"LayerNorm({size}{extra})"
-
-
-@dataclass(init=False, repr=False)
 class Chain(Layer):
     """Layers (or functions) applied in turn: `Chain(Dense(2, 3, relu), Dense(3, 1))(x)`."""
 
@@ -343,22 +280,28 @@ class Chain(Layer):
         return f"Chain({', '.join(inner)})"
 
 
-def _set_dropout(model, active):
+def _has_modes(x):
+    return isinstance(x, Layer) and hasattr(x, "active")
+
+
+def _set_active(model, active):
     def set_active(path, x):
-        if not isinstance(x, Dropout):
+        if not _has_modes(x):
             return x
         out = copy.copy(x)
         out.active = active
         return out
 
-    return tree_map_with_path(set_active, model, is_leaf=lambda x: isinstance(x, Dropout))
+    return tree_map_with_path(set_active, model, is_leaf=_has_modes)
 
 
 def trainmode(model, active=True):
-    """A copy of `model` whose Dropout layers are active (Flux's `trainmode!`)."""
-    return _set_dropout(model, active)
+    """A copy of `model` whose Dropout and BatchNorm layers are in training mode (Flux's
+    `trainmode!`); `active=None` gives them back their automatic mode."""
+    return _set_active(model, active)
 
 
 def testmode(model):
-    """A copy of `model` whose Dropout layers are the identity (Flux's `testmode!`)."""
-    return _set_dropout(model, False)
+    """A copy of `model` whose Dropout layers are the identity and whose BatchNorm layers use
+    their running statistics (Flux's `testmode!`)."""
+    return _set_active(model, False)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..backend import device_of, is_array, is_cupy, namespace_of
 from ..creation import DTYPE_NAMES, library_of_device
-from ..optim import tree_map_with_path
+from ..optim.tree import tree_map_with_path
 from ..tracked import data
 
 __all__ = ["LIBRARIES", "asarray", "to_numpy", "place"]
@@ -26,17 +26,45 @@ LIBRARIES = {
 }
 
 
+NO_GPU = (
+    "no usable GPU was found: CuPy is installed but cannot use a CUDA GPU here ({reason}); "
+    "create the arrays with xp='numpy' (or 'torch'), or run where CuPy finds a GPU"
+)
+
+
+def _require_gpu():
+    """Check that CuPy can use a GPU, before it is asked to allocate (without one, CuPy imports
+    but fails on its first array with a driver error)."""
+    cupy = importlib.import_module("cupy")
+    try:
+        usable, reason = bool(cupy.is_available()), "no CUDA device, or a driver too old for CuPy"
+    except Exception as error:  # CuPy's own checks may raise instead of answering
+        usable, reason = False, f"{type(error).__name__}: {error}"
+    if not usable:
+        raise RuntimeError(NO_GPU.format(reason=reason))
+
+
 def _namespace(xp):
     """A namespace from a namespace or a library name ("numpy", "torch", "cupy", "strict")."""
     if not isinstance(xp, str):
         name = getattr(xp, "__name__", "")
+        if name in ("cupy", "array_api_compat.cupy"):
+            _require_gpu()
         return importlib.import_module(LIBRARIES[name]) if name in ("torch", "cupy") else xp
     if xp not in LIBRARIES:
         raise ValueError(f"unknown array library {xp!r}; choose one of {', '.join(LIBRARIES)}")
     try:
+        if xp == "cupy":
+            _require_gpu()
         return importlib.import_module(LIBRARIES[xp])
     except ImportError as error:
         raise ImportError(f"array library {xp!r} is not installed ({error})") from error
+
+
+def _library_of_device(device, default):
+    if type(device).__module__.split(".")[0] == "cupy":
+        _require_gpu()
+    return library_of_device(device, default)
 
 
 def _dtype_name(dtype):
@@ -53,7 +81,7 @@ def asarray(values, *, xp=None, device=None, dtype=None):
     """NumPy `values` (or a list) as an array of library `xp` (a namespace or a name; else the
     library that owns `device`) on `device`, with `dtype` (a name or any library's dtype)."""
     values = np.asarray(values)
-    target = _namespace(xp) if xp is not None else library_of_device(device, np)
+    target = _namespace(xp) if xp is not None else _library_of_device(device, np)
     name = _dtype_name(dtype if dtype is not None else values.dtype)
     return target.asarray(values, dtype=getattr(target, name), device=device)
 
@@ -74,12 +102,16 @@ def to_numpy(x):
 def place(model, *, xp=None, device=None, dtype=None):
     """`model` (or an array) with every floating array moved to library `xp` and `device`, and
     cast to `dtype` (Flux's `gpu`, `cpu` and `f32` in one). Unset arguments are kept as they are.
+    An array found in several places (tied weights) is moved once: the places stay tied.
     """
+    moved = {}
 
     def move(x):
         if not is_array(x) or not namespace_of(x).isdtype(x.dtype, "real floating"):
             return x
-        return _place_array(x, xp, device, dtype)
+        if id(x) not in moved:
+            moved[id(x)] = (x, _place_array(x, xp, device, dtype))
+        return moved[id(x)][1]
 
     return tree_map_with_path(lambda path, x: move(x), model)
 
@@ -89,7 +121,7 @@ def _place_array(x, xp, device, dtype):
     if xp is not None:
         target = _namespace(xp)
     else:
-        target = library_of_device(device, source) if device is not None else source
+        target = _library_of_device(device, source) if device is not None else source
     name = _dtype_name(dtype if dtype is not None else x.dtype)
     if target is not source:
         return asarray(to_numpy(x), xp=target, device=device, dtype=name)

@@ -20,45 +20,51 @@ __all__ = ["linear", "im2col", "col2im"]
 
 
 # --- im2col and col2im: adjoint primitives, so convolutions and pools are matmuls
-def _output_size(size, kernel, stride, pad):
-    return (size + 2 * pad - kernel) // stride + 1
+def _output_size(size, kernel, stride, pad, dilation=1):
+    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
 
 
-def _windows(kernel, stride, out):
+def _windows(kernel, stride, out, dilation):
     """The slices of a padded image that each kernel offset `(i, j)` sees, in order."""
-    (kh, kw), (sh, sw), (oh, ow) = kernel, stride, out
+    (kh, kw), (sh, sw), (oh, ow), (dh, dw) = kernel, stride, out, dilation
     for i in range(kh):
         for j in range(kw):
             yield (
                 slice(None),
                 slice(None),
-                slice(i, i + sh * (oh - 1) + 1, sh),
-                slice(j, j + sw * (ow - 1) + 1, sw),
+                slice(i * dh, i * dh + sh * (oh - 1) + 1, sh),
+                slice(j * dw, j * dw + sw * (ow - 1) + 1, sw),
             )
 
 
-def _im2col_forward(xp, x, *, kernel, stride, pad, fill=0.0):
+def _out(shape, kernel, stride, pad, dilation):
+    return tuple(
+        _output_size(shape[2 + a], kernel[a], stride[a], pad[a], dilation[a]) for a in (0, 1)
+    )
+
+
+def _im2col_forward(xp, x, *, kernel, stride, pad, fill=0.0, dilation=(1, 1)):
     n, c, h, w = x.shape
     (ph, pw) = pad
-    out = (_output_size(h, kernel[0], stride[0], ph), _output_size(w, kernel[1], stride[1], pw))
+    out = _out(x.shape, kernel, stride, pad, dilation)
     if ph or pw:
         shape = (n, c, h + 2 * ph, w + 2 * pw)
         padded = xp.full(shape, fill, dtype=x.dtype, device=device_of(x))
         padded[:, :, ph : ph + h, pw : pw + w] = x
         x = padded
-    patches = xp.stack([x[key] for key in _windows(kernel, stride, out)], axis=-1)
+    patches = xp.stack([x[key] for key in _windows(kernel, stride, out, dilation)], axis=-1)
     patches = xp.permute_dims(patches, (0, 2, 3, 1, 4))  # (n, oh, ow, c, kh * kw)
     return xp.reshape(patches, (n * out[0] * out[1], c * kernel[0] * kernel[1]))
 
 
-def _col2im_forward(xp, cols, *, shape, kernel, stride, pad):
+def _col2im_forward(xp, cols, *, shape, kernel, stride, pad, dilation=(1, 1)):
     n, c, h, w = shape
     (ph, pw) = pad
-    out = (_output_size(h, kernel[0], stride[0], ph), _output_size(w, kernel[1], stride[1], pw))
+    out = _out(shape, kernel, stride, pad, dilation)
     cols = xp.reshape(cols, (n, out[0], out[1], c, kernel[0] * kernel[1]))
     cols = xp.permute_dims(cols, (0, 3, 1, 2, 4))  # (n, c, oh, ow, kh * kw)
     z = xp.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=cols.dtype, device=device_of(cols))
-    for k, key in enumerate(_windows(kernel, stride, out)):
+    for k, key in enumerate(_windows(kernel, stride, out, dilation)):
         z[key] = z[key] + cols[..., k]
     return z[:, :, ph : ph + h, pw : pw + w] if ph or pw else z
 
@@ -67,22 +73,23 @@ im2col = Primitive(
     "im2col",
     _im2col_forward,
     (
-        lambda g, ans, x, *, kernel, stride, pad, fill=0.0: col2im(
-            g, shape=tuple(x.shape), kernel=kernel, stride=stride, pad=pad
+        lambda g, ans, x, *, kernel, stride, pad, fill=0.0, dilation=(1, 1): col2im(
+            g, shape=tuple(x.shape), kernel=kernel, stride=stride, pad=pad, dilation=dilation
         ),
     ),
     saves="",
     doc="""Patches of an NCHW image as rows: `(n * oh * ow, c * kh * kw)`.
 
-    `kernel`, `stride` and `pad` are pairs; padding is filled with `fill`. Its vjp is `col2im`.
+    `kernel`, `stride`, `pad` and `dilation` (the spacing of the kernel's taps, 1 by default)
+    are pairs; padding is filled with `fill`. Its vjp is `col2im`.
     """,
 )
 col2im = Primitive(
     "col2im",
     _col2im_forward,
     (
-        lambda g, ans, cols, *, shape, kernel, stride, pad: im2col(
-            g, kernel=kernel, stride=stride, pad=pad
+        lambda g, ans, cols, *, shape, kernel, stride, pad, dilation=(1, 1): im2col(
+            g, kernel=kernel, stride=stride, pad=pad, dilation=dilation
         ),
     ),
     saves="",

@@ -1,18 +1,22 @@
-"""Activations and normalisers: sigmoid, relu, softmax, logsoftmax, logsumexp.
+"""Activations and normalisers: sigmoid, relu, softmax, logsoftmax, logsumexp, `normalise`
+(the statistics of the normalisation layers) and `lstm_cell` (an LSTM cell's gates).
 
 Forwards are numerically stable; vjps reuse the saved output where the maths allows. On the GPU
-softmax and logsoftmax run as fused kernels both ways (`cuda.rows`).
+softmax, logsoftmax, normalise and the LSTM cell run as fused kernels both ways (`cuda.rows`,
+`cuda.layers`).
 
 >>> import numpy as np, tracker_gpu as tg
 >>> tg.gradient(lambda x: tg.logsumexp(x), np.array([0.0, 0.0]))[0]
 array([0.5, 0.5])
 """
 
+from ..backend import namespace_of
 from ..primitive import Primitive
-from ..tracked import data
-from .elementwise import exp, mask
-from .reductions import expand
+from ..tracked import TrackedArray, data
+from .elementwise import add, divide, exp, mask, multiply, sqrt, subtract, tanh
+from .reductions import expand, mean
 from .reductions import sum as _sum
+from .shape import concat, getitem
 
 
 def _sigmoid_forward(xp, x):
@@ -78,4 +82,114 @@ logsumexp = Primitive(
         ),
     ),
     saves="x ans",
+)
+
+
+# The vjps below compute with the library directly on plain arrays (a first-order pass: the hot
+# path of training, and the formulas the fused kernels follow operation for operation), and
+# with this package's functions on tracked ones (a nested pass, differentiable again).
+def _plain(*values):
+    """The library of plain arrays, or None if any of `values` is tracked."""
+    if any(isinstance(v, TrackedArray) for v in values):
+        return None
+    return namespace_of(values[0])
+
+
+# --- the normalisation layers' statistics: one primitive
+def _normalise_forward(xp, x, /, *, axes, eps=1e-5):
+    centred = x - xp.mean(x, axis=axes, keepdims=True)
+    variance = xp.mean(centred * centred, axis=axes, keepdims=True)
+    return centred / xp.sqrt(variance + eps)
+
+
+def _normalise_vjp(g, ans, x, *, axes, eps=1e-5):
+    """`((g - mean(g)) - y * mean(g * y)) / sigma`, sigma recomputed from `x` as the forward
+    computes it."""
+    xp = _plain(g, ans, x)
+    if xp is not None:
+        centred = x - xp.mean(x, axis=axes, keepdims=True)
+        sigma = xp.sqrt(xp.mean(centred * centred, axis=axes, keepdims=True) + eps)
+        spread = g - xp.mean(g, axis=axes, keepdims=True)
+        return (spread - ans * xp.mean(g * ans, axis=axes, keepdims=True)) / sigma
+    centred = subtract(x, mean(x, axis=axes, keepdims=True))
+    sigma = sqrt(add(mean(multiply(centred, centred), axis=axes, keepdims=True), eps))
+    spread = subtract(g, mean(g, axis=axes, keepdims=True))
+    slope = multiply(ans, mean(multiply(g, ans), axis=axes, keepdims=True))
+    return divide(subtract(spread, slope), sigma)
+
+
+normalise = Primitive(
+    "normalise",
+    _normalise_forward,
+    (_normalise_vjp,),
+    saves="ans x",
+    doc="""`(x - mean) / sqrt(var + eps)`, mean and (biased) variance over `axes` (a tuple).
+
+    The statistics of LayerNorm, GroupNorm and BatchNorm, as one tape node; on the GPU one
+    kernel each way when the axes not normalised are neighbours (all three layers' cases).
+    """,
+)
+
+
+# --- an LSTM cell's gates: one primitive
+def _quarters(z, hidden, take):
+    return [take(z, (..., slice(k * hidden, (k + 1) * hidden))) for k in range(4)]
+
+
+def _lstm_cell_forward(xp, z, c):
+    hidden = c.shape[-1]
+    gates = _sigmoid_forward(xp, z)  # the cell's quarter is not used
+    i, f, _, o = _quarters(gates, hidden, lambda a, key: a[key])
+    c_new = f * c + i * xp.tanh(z[..., 2 * hidden : 3 * hidden])
+    return xp.concat([o * xp.tanh(c_new), c_new], axis=-1)
+
+
+def _lstm_partials(g, ans, z, c):
+    """The gradients `(dz, dc)` of the gates and of the old cell state, from the incoming
+    gradient `g` of `[h', c']`:
+    `dc' = g_c + g_h * o * (1 - t * t)` with `t = tanh(c')`, then
+    `dz = [dc' * u * (i * (1 - i)), dc' * c * (f * (1 - f)), dc' * i * (1 - u * u),
+    g_h * t * (o * (1 - o))]` with `u = tanh(z_cell)`, and `dc = dc' * f`."""
+    hidden = c.shape[-1]
+    xp = _plain(g, ans, z, c)
+    if xp is not None:
+        gates = _sigmoid_forward(xp, z)
+        i, f, _, o = _quarters(gates, hidden, lambda a, key: a[key])
+        u = xp.tanh(z[..., 2 * hidden : 3 * hidden])
+        t = xp.tanh(ans[..., hidden:])
+        g_h, g_c = g[..., :hidden], g[..., hidden:]
+        d_c = g_c + g_h * o * (1 - t * t)
+        parts = [d_c * u * (i * (1 - i)), d_c * c * (f * (1 - f)), d_c * i * (1 - u * u),
+                 g_h * t * (o * (1 - o))]  # fmt: skip
+        return xp.concat(parts, axis=-1), d_c * f
+    i, f, u, o = _quarters(z, hidden, getitem)
+    i, f, o, u = sigmoid(i), sigmoid(f), sigmoid(o), tanh(u)
+    t = tanh(getitem(ans, (..., slice(hidden, None))))
+    g_h = getitem(g, (..., slice(None, hidden)))
+    g_c = getitem(g, (..., slice(hidden, None)))
+    d_c = add(g_c, multiply(multiply(g_h, o), subtract(1.0, multiply(t, t))))
+    parts = [
+        multiply(multiply(d_c, u), multiply(i, subtract(1.0, i))),
+        multiply(multiply(d_c, c), multiply(f, subtract(1.0, f))),
+        multiply(multiply(d_c, i), subtract(1.0, multiply(u, u))),
+        multiply(multiply(g_h, t), multiply(o, subtract(1.0, o))),
+    ]
+    return concat(parts, axis=-1), multiply(d_c, f)
+
+
+lstm_cell = Primitive(
+    "lstm_cell",
+    _lstm_cell_forward,
+    (
+        lambda g, ans, z, c: _lstm_partials(g, ans, z, c)[0],
+        lambda g, ans, z, c: _lstm_partials(g, ans, z, c)[1],
+    ),  # fmt: skip
+    saves="ans z c",
+    doc="""An LSTM cell's gates: from the pre-activations `z` (..., 4h), in the order input,
+    forget, cell, output (Flux's and PyTorch's), and the cell state `c` (..., h), the new
+    hidden and cell states side by side, `[h', c']` (..., 2h):
+    `c' = sigmoid(f) * c + sigmoid(i) * tanh(g)`, `h' = sigmoid(o) * tanh(c')`.
+
+    One tape node; on the GPU one kernel each way.
+    """,
 )

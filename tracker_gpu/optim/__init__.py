@@ -1,0 +1,78 @@
+"""Optimisers, the Optimisers.jl way, over any nested structure of arrays of any library.
+
+    state = setup(Adam(1e-3), model)               # a state per parameter, shaped like the model
+    state, model = update(state, model, grads)     # after each gradient; nothing is mutated
+
+Rules: `Descent`, `Momentum`, `Nesterov` (`rules`), `Adam`, `AdamW`, `RMSProp`, `AdaGrad`,
+`AdaBelief`, `Lion` (`adaptive`), and the gradient transforms `ClipGrad`, `ClipNorm`,
+`WeightDecay` and `SignDecay`, composed by `OptimiserChain` (in order: clip first, then the
+step). Schedules `Step`, `Exp` and `Cosine` set the learning rate per step through
+`Scheduled(rule, schedule)` (`schedules`). `adjust(state, eta=...)` changes hyperparameters,
+`freeze`/`thaw` stop and restart parts of a model, and tied arrays stay tied (`state`).
+`save_checkpoint`/`load_checkpoint` keep a model with its optimiser state, so a run resumes
+exactly (`checkpoint`).
+
+Each parameter is updated by one call of `step(rule, param, grad, state)`, the seam where a
+fused kernel takes over (registered by rule name in `cuda.dispatch`).
+
+>>> import numpy as np
+>>> model = {"w": np.array([1.0, 2.0]), "name": "toy"}
+>>> state = setup(Descent(0.1), model)
+>>> state, model = update(state, model, {"w": np.array([1.0, -1.0]), "name": None})
+>>> model["w"]
+array([0.9, 2.1])
+"""
+
+# isort: skip_file
+from .tree import tree_map_with_path
+from .rules import (
+    ClipGrad,
+    ClipNorm,
+    Descent,
+    Momentum,
+    Nesterov,
+    OptimiserChain,
+    Rule,
+    SignDecay,
+    WeightDecay,
+)
+from .adaptive import AdaBelief, AdaGrad, Adam, AdamW, Lion, RMSProp
+from .schedules import Cosine, Exp, Scheduled, Step
+from .state import Leaf, adjust, freeze, setup, step, thaw, update
+from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+
+Adagrad = AdaGrad  # PyTorch's spelling
+
+__all__ = [
+    "Rule",
+    "Descent",
+    "Momentum",
+    "Nesterov",
+    "Adam",
+    "AdamW",
+    "RMSProp",
+    "AdaGrad",
+    "Adagrad",
+    "AdaBelief",
+    "Lion",
+    "ClipGrad",
+    "ClipNorm",
+    "WeightDecay",
+    "SignDecay",
+    "OptimiserChain",
+    "Step",
+    "Exp",
+    "Cosine",
+    "Scheduled",
+    "Leaf",
+    "setup",
+    "update",
+    "adjust",
+    "freeze",
+    "thaw",
+    "step",
+    "save_checkpoint",
+    "load_checkpoint",
+    "Checkpoint",
+    "tree_map_with_path",
+]

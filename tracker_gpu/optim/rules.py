@@ -1,0 +1,213 @@
+"""The rules without per-element adaptation: `Descent`, `Momentum`, `Nesterov`, the gradient
+transforms `WeightDecay`, `SignDecay`, `ClipGrad`, `ClipNorm`, and `OptimiserChain`.
+
+A rule is `init(x) -> state` and `apply(state, x, dx) -> (state, delta)` (the parameter becomes
+`x - delta`), written with the Array API on the parameter's own library, so it runs where the
+parameter lives. Rules are frozen dataclasses: their hyperparameters are their fields, with
+Optimisers.jl's names, order and defaults.
+
+>>> import numpy as np
+>>> rule = OptimiserChain(SignDecay(0.1), Descent(0.5))
+>>> rule.apply(rule.init(None), np.array([2.0, -3.0]), np.array([1.0, 1.0]))[1]
+array([0.55, 0.45])
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from ..backend import namespace_of
+
+__all__ = [
+    "Rule",
+    "Descent",
+    "Momentum",
+    "Nesterov",
+    "WeightDecay",
+    "SignDecay",
+    "ClipGrad",
+    "ClipNorm",
+    "OptimiserChain",
+]
+
+
+class Rule:
+    """An optimisation rule: `init(x)` makes a parameter's state, `apply(state, x, dx)` returns
+    the new state and the step `delta` (the parameter becomes `x - delta`)."""
+
+    def init(self, x):
+        return None
+
+    def apply(self, state, x, dx):
+        raise NotImplementedError
+
+    def adjust(self, **changes):
+        """A copy with the given hyperparameters changed (those it does not have are ignored)."""
+        names = {f.name for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if k in names})
+
+
+def check_nonnegative(rule, **values):
+    for name, value in values.items():
+        if not value >= 0:
+            raise ValueError(f"{type(rule).__name__}: {name} must be >= 0, got {value!r}")
+
+
+def check_beta(rule, beta):
+    if len(beta) != 2 or not all(0 <= b < 1 for b in beta):
+        raise ValueError(f"{type(rule).__name__}: beta must be two numbers in [0, 1), got {beta!r}")
+
+
+def check_fraction(rule, name, value):
+    if not 0 <= value < 1:
+        raise ValueError(f"{type(rule).__name__}: {name} must be in [0, 1), got {value!r}")
+
+
+@dataclass(frozen=True)
+class Descent(Rule):
+    """Gradient descent: `x -= eta * dx`."""
+
+    eta: float = 0.1
+
+    def __post_init__(self):
+        check_nonnegative(self, eta=self.eta)
+
+    def apply(self, state, x, dx):
+        return state, dx * self.eta
+
+
+@dataclass(frozen=True)
+class Momentum(Rule):
+    """Gradient descent with momentum: `v = rho * v + eta * dx; x -= v`."""
+
+    eta: float = 0.01
+    rho: float = 0.9
+
+    def __post_init__(self):
+        check_nonnegative(self, eta=self.eta, rho=self.rho)
+
+    def init(self, x):
+        return namespace_of(x).zeros_like(x)
+
+    def apply(self, state, x, dx):
+        velocity = state * self.rho
+        velocity += dx * self.eta
+        return velocity, velocity
+
+
+@dataclass(frozen=True)
+class Nesterov(Rule):
+    """Nesterov momentum, in the form of Optimisers.jl (Bengio et al. 2012):
+    `x -= -rho**2 * v + (1 + rho) * eta * dx; v = rho * v - eta * dx`."""
+
+    eta: float = 0.001
+    rho: float = 0.9
+
+    def __post_init__(self):
+        check_nonnegative(self, eta=self.eta, rho=self.rho)
+
+    def init(self, x):
+        return namespace_of(x).zeros_like(x)
+
+    def apply(self, state, x, dx):
+        rho, eta = self.rho, self.eta
+        delta = dx * ((1 + rho) * eta) - state * rho**2
+        return state * rho - dx * eta, delta
+
+
+@dataclass(frozen=True)
+class WeightDecay(Rule):
+    """Adds `weight_decay * x` to the gradient (L2 regularisation); put it before the step."""
+
+    weight_decay: float = 5e-4
+
+    def __post_init__(self):
+        check_nonnegative(self, weight_decay=self.weight_decay)
+
+    def apply(self, state, x, dx):
+        return state, dx + x * self.weight_decay
+
+
+@dataclass(frozen=True)
+class SignDecay(Rule):
+    """Adds `kappa * sign(x)` to the gradient (L1 regularisation, the LASSO penalty's
+    subgradient, Optimisers.jl's `SignDecay`); put it before the step."""
+
+    kappa: float = 1e-3
+
+    def __post_init__(self):
+        check_nonnegative(self, kappa=self.kappa)
+
+    def apply(self, state, x, dx):
+        return state, dx + namespace_of(x).sign(x) * self.kappa
+
+
+@dataclass(frozen=True)
+class ClipGrad(Rule):
+    """Clamps every element of the gradient to `[-delta, delta]`."""
+
+    delta: float = 10.0
+
+    def __post_init__(self):
+        check_nonnegative(self, delta=self.delta)
+
+    def apply(self, state, x, dx):
+        return state, namespace_of(dx).clip(dx, -self.delta, self.delta)
+
+
+@dataclass(frozen=True)
+class ClipNorm(Rule):
+    """Scales each gradient array whose `p`-norm exceeds `omega` down to norm `omega` (per
+    array, as Optimisers.jl). With `throw=True`, a norm that is infinite or NaN raises."""
+
+    omega: float = 10.0
+    p: float = 2.0
+    throw: bool = True
+
+    def __post_init__(self):
+        check_nonnegative(self, omega=self.omega)
+
+    def apply(self, state, x, dx):
+        xp = namespace_of(dx)
+        norm = xp.linalg.vector_norm(dx, ord=self.p)
+        if not self.throw:
+            return state, dx * xp.clip(self.omega / norm, max=1.0)
+        value = float(norm)
+        if not math.isfinite(value):
+            raise FloatingPointError(
+                f"ClipNorm: the gradient of an array of shape {tuple(x.shape)} has {self.p}-norm "
+                f"{value}; look for a NaN or infinite loss (ClipNorm(throw=False) skips this)"
+            )
+        return state, (dx * (self.omega / value) if value > self.omega else dx)
+
+
+class OptimiserChain(Rule):
+    """Rules applied in turn to the gradient: `OptimiserChain(ClipNorm(1.0), Adam(1e-3))`."""
+
+    def __init__(self, *rules):
+        for r in rules:
+            if not isinstance(r, Rule):
+                raise TypeError(f"OptimiserChain takes rules, got {type(r).__name__}")
+        self.rules = tuple(rules)
+
+    def init(self, x):
+        return tuple(r.init(x) for r in self.rules)
+
+    def apply(self, state, x, dx):
+        states = []
+        for r, s in zip(self.rules, state):
+            s, dx = r.apply(s, x, dx)
+            states.append(s)
+        return tuple(states), dx
+
+    def adjust(self, **changes):
+        return OptimiserChain(*(r.adjust(**changes) for r in self.rules))
+
+    def __eq__(self, other):
+        return isinstance(other, OptimiserChain) and self.rules == other.rules
+
+    def __hash__(self):
+        return hash(self.rules)
+
+    def __repr__(self):
+        return f"OptimiserChain({', '.join(map(repr, self.rules))})"

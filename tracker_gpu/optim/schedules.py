@@ -1,0 +1,127 @@
+"""Learning-rate schedules, and `Scheduled`, the rule that follows one step by step.
+
+A schedule is a function of the step `t` (0 for the first step) to a learning rate: `Step`
+(multiplied by `decay` every `every` steps), `Exp` (by `decay` every step) and `Cosine` (a
+linear warm-up, then half a cosine down to `eta_min`). `Scheduled(rule, schedule)` sets the
+rule's `eta` from the schedule before each step; its state counts the steps a parameter has
+taken, so a saved and reloaded state goes on where it stopped.
+
+>>> [round(Cosine(1.0, steps=5, warmup=1)(t), 3) for t in range(6)]
+[1.0, 1.0, 0.854, 0.5, 0.146, 0.0]
+>>> import numpy as np
+>>> rule = Scheduled(Descent(), Exp(0.1, decay=0.5))
+>>> state = rule.init(np.zeros(1))
+>>> for _ in range(3):
+...     state, delta = rule.apply(state, np.zeros(1), np.ones(1))
+>>> float(delta[0]), state[0]
+(0.025, 3)
+"""
+
+import math
+from dataclasses import dataclass
+
+from .rules import Descent, Rule, check_nonnegative
+
+__all__ = ["Step", "Exp", "Cosine", "Scheduled"]
+
+
+def _check_steps(schedule, **values):
+    for name, value in values.items():
+        if not (isinstance(value, int) and value >= 0):
+            raise ValueError(
+                f"{type(schedule).__name__}: {name} must be an int >= 0, got {value!r}"
+            )
+
+
+@dataclass(frozen=True)
+class Step:
+    """`eta * decay ** (t // every)`: the rate multiplied by `decay` every `every` steps."""
+
+    eta: float
+    decay: float = 0.5
+    every: int = 1000
+
+    def __post_init__(self):
+        check_nonnegative(self, eta=self.eta, decay=self.decay)
+        _check_steps(self, every=self.every)
+        if self.every == 0:
+            raise ValueError("Step: every must be at least 1 step")
+
+    def __call__(self, t):
+        return self.eta * self.decay ** (t // self.every)
+
+
+@dataclass(frozen=True)
+class Exp:
+    """`eta * decay ** t`: the rate multiplied by `decay` at every step."""
+
+    eta: float
+    decay: float = 0.999
+
+    def __post_init__(self):
+        check_nonnegative(self, eta=self.eta, decay=self.decay)
+
+    def __call__(self, t):
+        return self.eta * self.decay**t
+
+
+@dataclass(frozen=True)
+class Cosine:
+    """A linear warm-up from `eta / warmup` to `eta` over the first `warmup` steps, then half a
+    cosine from `eta` down to `eta_min` at step `steps` (and `eta_min` after it), as PyTorch's
+    cosine annealing after a linear warm-up."""
+
+    eta: float
+    steps: int
+    warmup: int = 0
+    eta_min: float = 0.0
+
+    def __post_init__(self):
+        check_nonnegative(self, eta=self.eta, eta_min=self.eta_min)
+        _check_steps(self, steps=self.steps, warmup=self.warmup)
+        if self.warmup > self.steps:
+            raise ValueError(
+                f"Cosine: the warm-up ({self.warmup} steps) is longer than the schedule "
+                f"({self.steps} steps); make steps the whole run's length"
+            )
+
+    def __call__(self, t):
+        if t < self.warmup:
+            return self.eta * (t + 1) / self.warmup
+        progress = min(1.0, (t - self.warmup) / max(self.steps - self.warmup, 1))
+        return self.eta_min + (self.eta - self.eta_min) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class Scheduled(Rule):
+    """`rule` with its learning rate (the field `field`, `eta` by default) set by `schedule(t)`
+    at each step `t`. The state is `(t, state of rule)`. `adjust` changes the rule's other
+    hyperparameters; the schedule keeps setting the rate."""
+
+    rule: Rule = Descent()
+    schedule: object = Exp(0.1)
+    field: str = "eta"
+
+    def __post_init__(self):
+        if not isinstance(self.rule, Rule):
+            raise TypeError(f"Scheduled needs a rule to schedule, got {self.rule!r}")
+        if not callable(self.schedule):
+            raise TypeError(
+                f"Scheduled needs a schedule (a function of the step), got {self.schedule!r}"
+            )
+
+    def at(self, t):
+        """The rule as it runs at step `t`."""
+        return self.rule.adjust(**{self.field: self.schedule(t)})
+
+    def init(self, x):
+        return (0, self.rule.init(x))
+
+    def apply(self, state, x, dx):
+        t, inner = state
+        inner, delta = self.at(t).apply(inner, x, dx)
+        return (t + 1, inner), delta
+
+    def adjust(self, **changes):
+        changes.pop(self.field, None)
+        return Scheduled(self.rule.adjust(**changes), self.schedule, self.field)

@@ -1,0 +1,256 @@
+"""The optimiser state of a model, and one step of it.
+
+`setup(rule, model)` makes a tree shaped like the model with a `Leaf` (the rule and its state)
+at each parameter; `update(state, model, grads)` returns the new state and model, mutating
+nothing. An array that appears in several places of a model (tied weights) is one parameter:
+one `Leaf`, one update, and the same new array in every place, as in Optimisers.jl.
+`adjust` changes hyperparameters, `freeze` and `thaw` stop and restart the updates of parts of a
+model, all keeping the rules' states.
+
+>>> import numpy as np
+>>> from tracker_gpu.optim import Descent
+>>> shared = np.array([1.0, 2.0])
+>>> model = {"embed": shared, "out": shared, "bias": np.zeros(2)}
+>>> state = setup(Descent(0.1), model)
+>>> state["embed"] is state["out"]
+True
+>>> grads = {"embed": np.ones(2), "out": np.ones(2), "bias": np.ones(2)}
+>>> state, model = update(freeze(state, "bias"), model, grads)
+>>> model["embed"] is model["out"], model["embed"], model["bias"]
+(True, array([0.9, 1.9]), array([0., 0.]))
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import recording
+from ..backend import is_array, namespace_of
+from ..cuda import dispatch
+from ..primitive import detached
+from ..pytree import tree_map
+from ..rules.elementwise import astype
+from ..tracked import data
+from .rules import Rule
+from .schedules import Scheduled
+from .tree import matching, name, structure, tree_map_with_path
+
+__all__ = ["Leaf", "setup", "update", "adjust", "freeze", "thaw", "step"]
+
+
+@dataclass(eq=False, repr=False)  # eq=False: a Leaf is one object, compared and hashed by identity
+class Leaf:
+    """The optimiser state of one parameter: its rule, the rule's state, and whether it is
+    frozen (then `update` leaves the parameter and the state as they are). A dataclass, so
+    that `tg.compile` sees the state's arrays inside it."""
+
+    rule: Rule
+    state: Any
+    frozen: bool = False
+
+    def __repr__(self):
+        return f"Leaf({self.rule!r}{', frozen' if self.frozen else ''})"
+
+
+# --- one parameter's step: the seam for fused kernels
+def step(rule, param, grad, state):
+    """`(new_param, new_state)`: one rule's update of one parameter, by the fused kernel that
+    `cuda.dispatch` has registered for the rule where it takes the arrays, else by `rule.apply`
+    in the Array API. A `Scheduled` rule steps its rule as it runs at this step."""
+    if type(rule) is Scheduled:
+        t, inner = state
+        new_param, inner = step(rule.at(t), param, grad, inner)
+        return new_param, (t + 1, inner)
+    cls = type(rule)
+    own = cls.__module__.rpartition(".")[0] == __package__
+    fused = dispatch.STEPS.get(cls.__name__) if own else None
+    if fused is not None and dispatch.takes(param):
+        done = fused(rule, param, grad, state)
+        if done is not None:
+            return done
+    state, delta = rule.apply(state, param, grad)
+    return param - delta, state
+
+
+def _is_parameter(x):
+    x = data(x)
+    return is_array(x) and namespace_of(x).isdtype(x.dtype, "real floating")
+
+
+# --- setup
+def setup(rule, model):
+    """The optimiser state for `model`: shaped like it, a `Leaf` at each floating array (a
+    parameter), None elsewhere and in fields declared not trainable. An array found in several
+    places gets one `Leaf`, the same object in each."""
+    if not isinstance(rule, Rule):
+        raise TypeError(f"setup needs an optimisation rule (e.g. Adam()), got {rule!r}")
+    return _setup(rule, model, {})
+
+
+def _setup(rule, x, seen):
+    found = structure(type(x))
+    if found is None:
+        if not _is_parameter(x):
+            return None
+        key = id(data(x))
+        if key not in seen:
+            seen[key] = Leaf(rule, rule.init(data(x)))
+        return seen[key]
+    keys = found.keys(x)
+    train = found.trainable
+    children = [
+        _setup(rule, child, seen) if train is None or key in train else None
+        for key, child in zip(keys, found.values(x, keys))
+    ]
+    return found.rebuild(x, keys, children)
+
+
+# --- update
+def update(state, model, grads):
+    """`(state, model)` after one step of each parameter along its gradient in `grads` (shaped
+    like the model, as `withgradient` returns it; a None gradient leaves its parameter as it is).
+    A tied parameter is updated once, with the gradient found at its first place
+    (`withgradient` puts the whole gradient in every place), and stays one array. Nothing is
+    mutated: the old state and model stay valid."""
+    if isinstance(grads, tuple) and len(grads) == 1 and not isinstance(model, tuple):
+        raise ValueError(
+            "update: the gradient is a tuple of one, the model is not; withgradient returns a "
+            "gradient per argument: pass grads[0]"
+        )
+    done, skipped = {}, set()
+    new_model, new_state = _update(model, grads, state, (), done, skipped)
+    if skipped & done.keys():  # a tied parameter without a gradient at its first place
+        new_model, new_state = _update(model, grads, state, (), done, set())
+    return new_state, new_model
+
+
+_UPDATE_NAMES = ("model", "gradient", "optimiser state")
+
+
+def _update(x, dx, leaf, path, done, skipped):
+    """`(new x, new state)` of one subtree; `path` is a chain of `(parent, key)` pairs, made
+    into a name only for an error message; `done` maps each Leaf updated so far (by id) to its
+    results, so that a tied parameter is stepped once, and `skipped` collects the Leaves
+    passed without a step."""
+    if type(leaf) is Leaf:
+        if id(leaf) in done:
+            return done[id(leaf)]
+        if dx is None or leaf.frozen:
+            skipped.add(id(leaf))
+            return x, leaf
+        dx = _checked_gradient(path, x, dx)
+        state = tree_map(detached, leaf.state) if recording.ACTIVE else leaf.state
+        new_x, new_state = step(leaf.rule, detached(x), dx, state)
+        done[id(leaf)] = result = (new_x, Leaf(leaf.rule, new_state))
+        return result
+    if dx is None:
+        return x, leaf
+    found = structure(type(x))
+    if found is None:
+        return x, _check_no_state(path, x, leaf)
+    keys = found.keys(x)
+    grads = matching(x, dx, keys, found, path, _UPDATE_NAMES, 1)
+    states = matching(x, leaf, keys, found, path, _UPDATE_NAMES, 2)
+    train = found.trainable
+    results = [
+        _update(child, g, s, (path, key), done, skipped)
+        if train is None or key in train
+        else (child, s)
+        for key, child, g, s in zip(keys, found.values(x, keys), grads, states)
+    ]
+    new_x = found.rebuild(x, keys, [r[0] for r in results])
+    new_leaf = None if leaf is None else found.rebuild(leaf, keys, [r[1] for r in results])
+    return new_x, new_leaf
+
+
+def _check_no_state(path, x, leaf):
+    if leaf is not None:
+        raise ValueError(
+            f"update: the optimiser state at {name(path)} is a {type(leaf).__name__}, not a "
+            "Leaf; make the state with setup(rule, model)"
+        )
+    if _is_parameter(x):
+        raise ValueError(
+            f"update: no optimiser state for {name(path)}; make the state with "
+            "setup(rule, model) for this model"
+        )
+    return leaf
+
+
+def _checked_gradient(path, x, dx):
+    traced = detached(dx)
+    dx, x = data(dx), data(x)
+    if not is_array(dx) or tuple(dx.shape) != tuple(x.shape):
+        got = f"shape {tuple(dx.shape)}" if is_array(dx) else f"a {type(dx).__name__}"
+        raise ValueError(
+            f"update: the gradient of {name(path)} has {got}, the parameter shape {tuple(x.shape)}"
+        )
+    if dx.dtype != x.dtype:
+        return astype(traced, x.dtype)
+    return traced
+
+
+# --- changing the leaves: hyperparameters, frozen or not
+def _map_leaves(state, change, paths=()):
+    """The state with `change(leaf)` in place of each Leaf under one of `paths` (dotted
+    prefixes like "layers.0"; every Leaf when there are none), ties kept: a Leaf found in
+    several places is changed once and the result put in each."""
+    chosen = {}
+
+    def choose(path, leaf):
+        if isinstance(leaf, Leaf) and (not paths or any(_under(path, p) for p in paths)):
+            chosen[id(leaf)] = None
+        return leaf
+
+    is_leaf = lambda x: isinstance(x, Leaf)
+    tree_map_with_path(choose, state, is_leaf=is_leaf)
+    for p in paths:
+        if not any(_under(q, p) for q in _leaf_paths(state)):
+            raise ValueError(
+                f"no parameter of the model at {p!r}; give a dotted path of the model's "
+                f"parameters or a prefix of one, e.g. {_leaf_paths(state)[:1] or ['layers.0']}"
+            )
+
+    def replace(path, leaf):
+        if not isinstance(leaf, Leaf) or id(leaf) not in chosen:
+            return leaf
+        if chosen[id(leaf)] is None:
+            chosen[id(leaf)] = change(leaf)
+        return chosen[id(leaf)]
+
+    return tree_map_with_path(replace, state, is_leaf=is_leaf)
+
+
+def _under(path, prefix):
+    return prefix == "" or path == prefix or path.startswith(prefix + ".")
+
+
+def _leaf_paths(state):
+    paths = []
+    tree_map_with_path(
+        lambda path, x: paths.append(path) if isinstance(x, Leaf) else None,
+        state,
+        is_leaf=lambda x: isinstance(x, Leaf),
+    )
+    return paths
+
+
+def adjust(state, eta=None, **changes):
+    """The state with each rule's hyperparameters changed (`eta=...` the learning rate; a rule
+    without such a field keeps it), the rules' states kept."""
+    if eta is not None:
+        changes["eta"] = eta
+    return _map_leaves(
+        state, lambda leaf: Leaf(leaf.rule.adjust(**changes), leaf.state, leaf.frozen)
+    )
+
+
+def freeze(state, *paths):
+    """The state with the parameters under `paths` (dotted paths of the model such as
+    "layers.0" or "layers.0.weight"; all of them when none is given) frozen: `update` leaves
+    them and their optimiser state as they are until `thaw`. Optimisers.jl's `freeze!`."""
+    return _map_leaves(state, lambda leaf: Leaf(leaf.rule, leaf.state, True), paths)
+
+
+def thaw(state, *paths):
+    """The state with the parameters under `paths` (all when none is given) updated again."""
+    return _map_leaves(state, lambda leaf: Leaf(leaf.rule, leaf.state, False), paths)

@@ -1,0 +1,94 @@
+"""Where the main job runs: the array library and device for `--backend` and `--device`, and
+one CPU thread for BLAS and PyTorch while training on the CPU."""
+
+import contextlib
+import importlib
+import sys
+
+__all__ = ["select_backend", "one_thread"]
+
+
+def select_backend(backend="auto", device="auto"):
+    """`(xp, device, description)` for `--backend` and `--device`; raises ValueError when the
+    choice cannot run here."""
+    if backend == "auto":
+        backend = "cupy" if device != "cpu" and _cupy_usable() else "numpy"
+        if device == "gpu" and backend != "cupy":
+            raise ValueError("--device gpu needs CuPy and a CUDA GPU it can use; none was found")
+    if backend == "numpy":
+        if device not in ("auto", "cpu"):
+            raise ValueError("--backend numpy runs on the CPU only; use --device cpu")
+        return "numpy", None, "numpy on the CPU"
+    if backend == "cupy":
+        return _cupy_device(device)
+    if backend == "torch":
+        return _torch_device(device)
+    raise ValueError(f"unknown backend {backend!r}; choose auto, numpy, torch or cupy")
+
+
+def _cupy_usable():
+    try:
+        cupy = importlib.import_module("cupy")
+        return bool(cupy.is_available())
+    except Exception:
+        return False
+
+
+def _cupy_device(device):
+    if device == "cpu":
+        raise ValueError("--backend cupy runs on a GPU; use --backend numpy for the CPU")
+    try:
+        cupy = importlib.import_module("cupy")
+    except ImportError as error:
+        raise ValueError(
+            f"--backend cupy needs CuPy ({error}); install it with "
+            "pip install 'tracker-gpu[cuda12]' (or [cuda13]), or use --backend numpy"
+        ) from None
+    if not cupy.is_available():
+        raise ValueError("--backend cupy: CuPy is installed but finds no CUDA GPU it can use")
+    index = _gpu_index(device)
+    return "cupy", cupy.cuda.Device(index), f"cupy on GPU {index}"
+
+
+def _torch_device(device):
+    try:
+        torch = importlib.import_module("torch")
+    except ImportError as error:
+        raise ValueError(f"--backend torch needs PyTorch ({error})") from None
+    has_gpu = torch.cuda.is_available()
+    if device == "cpu" or (device == "auto" and not has_gpu):
+        return "torch", torch.device("cpu"), "torch on the CPU"
+    if not has_gpu:
+        raise ValueError("--device gpu: PyTorch finds no CUDA GPU")
+    index = _gpu_index(device)
+    return "torch", torch.device("cuda", index), f"torch on GPU {index}"
+
+
+def _gpu_index(device):
+    if device in ("auto", "gpu"):
+        return 0
+    try:
+        return int(device.rsplit(":", 1)[-1])
+    except ValueError:
+        raise ValueError(f"unknown device {device!r}; use auto, cpu, gpu or gpu:N") from None
+
+
+@contextlib.contextmanager
+def one_thread(x):
+    """One CPU thread for BLAS (and for PyTorch) while training. These matrices are too small to
+    gain from threads, and on a busy two-core machine spinning threads cost a lot: once
+    scikit-learn has imported scipy.stats, NumPy's threaded matmul can take milliseconds instead
+    of microseconds, and PyTorch's thread pool can make a step ten times slower."""
+    with contextlib.ExitStack() as stack:
+        try:
+            from threadpoolctl import threadpool_limits
+
+            stack.enter_context(threadpool_limits(limits=1, user_api="blas"))
+        except ImportError:
+            pass
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(x, torch.Tensor) and x.device.type == "cpu":
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            stack.callback(torch.set_num_threads, threads)
+        yield

@@ -1,0 +1,30 @@
+"""The plot of the main job: each model's training loss, and its training and test accuracy,
+per epoch."""
+
+__all__ = ["plot"]
+
+
+def plot(results, path):
+    """Write a PNG of the loss and accuracy curves of each result to `path`; return the figure."""
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, the Agg canvas
+    from matplotlib.ticker import MaxNLocator
+
+    figure = Figure(figsize=(10, 4), layout="constrained")
+    loss_axes, accuracy_axes = figure.subplots(1, 2)
+    for i, result in enumerate(results):
+        history, color = result.history, f"C{i}"
+        epochs = range(1, len(history["loss"]) + 1)
+        loss_axes.plot(epochs, history["loss"], ".-", color=color, label=result.name)
+        accuracy_axes.plot(epochs, history["test_accuracy"], ".-", color=color,
+                           label=f"{result.name} test")  # fmt: skip
+        accuracy_axes.plot(epochs, history["train_accuracy"], "--", color=color,
+                           label=f"{result.name} train")  # fmt: skip
+    loss_axes.set(xlabel="epoch", ylabel="training loss", yscale="log", title="loss")
+    accuracy_axes.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
+    for axes in (loss_axes, accuracy_axes):
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.grid(alpha=0.3)
+        axes.legend()
+    figure.suptitle("tracker_gpu on scikit-learn's digits")
+    figure.savefig(path, dpi=100)
+    return figure
