@@ -266,7 +266,8 @@ def _signature_without_namespace(forward):
 def _namespace_of_plain(args):
     for a in args:
         if backend.is_array(a):
-            return namespace_of(a)
+            xp = namespace_of(a)
+            return backend.widened(xp, args) if xp is np else xp
     return None
 
 
@@ -283,13 +284,13 @@ def _record(prim, args, kw):
             if xp is None:
                 xp = a._xp
             elif a._xp is not xp:
-                backend.check_same_library(xp, a.data)
+                xp = backend.common_library(xp, a.data)
             values.append(a.data)
         else:
             plain_arrays = plain_arrays or type(a) not in SCALARS
             values.append(a)
     if plain_arrays:
-        _check_plain_operands(xp, values)
+        xp = _library_with_plain_operands(xp, values)
     if len(values) > 1 and xp is not np:
         backend.check_same_device([v for v in values if backend.is_array(v)])
     if NOT_TRACKING and threading.get_ident() in NOT_TRACKING:
@@ -308,10 +309,11 @@ def _node(value, xp, rule, args, ctx):
     return node
 
 
-def _check_plain_operands(xp, values):
+def _library_with_plain_operands(xp, values):
     for v in values:
         if backend.is_array(v):
-            backend.check_same_library(xp, v)
+            xp = backend.common_library(xp, v)
+    return xp
 
 
 def _fit(ga, a, name):
@@ -350,7 +352,7 @@ class _CustomRule:
     def _checked(self, ga, a):
         """A user's gradient must be of the argument's library and on its device."""
         plain = data(ga)
-        backend.check_same_library(a._xp, plain)
+        backend.common_library(a._xp, plain)
         if backend.device_of(plain) != a.device:
             raise ValueError(
                 f"the pullback of custom rule {self.name!r} returned a gradient on device "
