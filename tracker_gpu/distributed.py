@@ -108,13 +108,11 @@ def withgradient(client, f, model, *batch, shards=None, mean=True):
     where each `aux` has the examples on its first axis: they come back joined in batch order.
     """
     blocks = shard_arrays(client, batch, shards)
-    total = sum(blocks[0].chunks[0]) if blocks else 0
-    if total == 0:
-        raise ValueError("withgradient needs a batch of at least one example")
+    total = sum(blocks[0].chunks[0])
     part = _shard_gradient_task(f, mean, total)
     model_node = _as_node(model)
     columns = [b.to_delayed().ravel() for b in blocks]
-    parts = [part(model_node, i, *row) for i, row in enumerate(zip(*columns))]
+    parts = [part(model_node, *row) for row in zip(*columns)]
     loss, grad, aux = client.compute(_tree_sum(parts)).result()
     return WithGradient((loss, *aux) if aux is not None else loss, (grad,))
 
@@ -141,13 +139,18 @@ def shard_arrays(client, arrays, shards=None):
             f"the batch's arrays must all have the examples on their first axis, in the same "
             f"number; got shapes {shapes}"
         )
+    if not arrays or not arrays[0].shape[0]:
+        raise ValueError(
+            "a data-parallel step needs a batch of at least one example: pass its arrays "
+            "after the model, with the examples on the first axis"
+        )
     lazy = [a for a in arrays if backend.is_lazy(a)]
     if lazy:
         rows = lazy[0].chunks[0]
     else:
-        n = arrays[0].shape[0] if arrays else 0
+        n = arrays[0].shape[0]
         count = max(1, min(n, shards or sum(client.nthreads().values())))
-        rows = (math.ceil(n / count),) * (n // math.ceil(n / count)) if n else ()
+        rows = (math.ceil(n / count),) * (n // math.ceil(n / count))
         rows = rows + ((n - sum(rows),) if n - sum(rows) else ())
     return [_rechunked(da, a, rows) for a in arrays]
 
@@ -169,15 +172,10 @@ def _as_node(model):
 def _shard_gradient_task(f, mean, total):
     import dask
 
-    def shard_gradient(model, index, *arrays):
+    def shard_gradient(model, *arrays):
         """`(loss, grad, aux)` of one shard, weighted by its share of the batch."""
         weight = arrays[0].shape[0] / total if mean else 1.0
-        try:
-            val, (grad,) = _withgradient(lambda m: f(m, *arrays), model)
-        except Exception as error:
-            if hasattr(error, "add_note"):  # Python 3.11+
-                error.add_note(f"(in tracker_gpu.distributed, on the shard {index} of the batch)")
-            raise
+        val, (grad,) = _withgradient(lambda m: f(m, *arrays), model)
         loss, aux = (val[0], val[1:]) if isinstance(val, tuple) else (val, None)
         grad = tree_map(lambda g: g if g is None else g * weight, grad)
         return data(loss) * weight, grad, None if aux is None else [[data(a)] for a in aux]
