@@ -16,6 +16,7 @@ __all__ = [
     "namespace_of",
     "is_array",
     "is_cupy",
+    "is_lazy",
     "device_of",
     "on_accelerator",
     "on_device_of",
@@ -23,6 +24,8 @@ __all__ = [
     "writable",
     "memory_key",
     "check_same_library",
+    "common_library",
+    "widened",
     "check_same_device",
     "scatter_add",
 ]
@@ -72,6 +75,13 @@ def is_cupy(x):
     """True for a CuPy array; never imports CuPy."""
     cupy = sys.modules.get("cupy")
     return cupy is not None and isinstance(x, cupy.ndarray)
+
+
+def is_lazy(x):
+    """True for a dask array: its values are computed on request, so reading one back (a check)
+    would compute everything it depends on. Never imports Dask."""
+    dask_array = sys.modules.get("dask.array")
+    return dask_array is not None and isinstance(x, dask_array.Array)
 
 
 def device_of(x):
@@ -138,6 +148,29 @@ def check_same_library(xp, x):
         )
 
 
+def common_library(xp, x):
+    """The namespace of an operation on arrays of `xp` and the array `x`: `xp`, or Dask's where
+    one side is Dask and the other NumPy; other mixes of libraries raise."""
+    other = namespace_of(x)
+    if other is xp or (_is_numpy_like(other) and _is_numpy_like(xp)):
+        return xp
+    if _is_dask(other) and _is_numpy_like(xp):
+        return other
+    if _is_dask(xp) and _is_numpy_like(other):
+        return xp
+    check_same_library(xp, x)
+
+
+def widened(xp, arrays):
+    """`xp` (NumPy's), or Dask's where one of `arrays` is a dask array: the namespace that a
+    plain operation whose first array is a NumPy array runs with."""
+    if "dask.array" in sys.modules:
+        for a in arrays:
+            if is_lazy(a):
+                return namespace_of(a)
+    return xp
+
+
 def check_same_device(arrays):
     """Refuse arrays on different devices in one operation, naming both devices."""
     first = device_of(arrays[0])
@@ -152,6 +185,10 @@ def check_same_device(arrays):
 
 def _is_numpy_like(xp):
     return xp is np or getattr(xp, "__name__", "") == "array_api_compat.numpy"
+
+
+def _is_dask(xp):
+    return getattr(xp, "__name__", "") == "array_api_compat.dask.array"
 
 
 def _library(xp):

@@ -4,10 +4,12 @@ Two checks of the training loop read data on the host: that the loss `back` star
 finite, and that class labels lie in range. On a CPU that costs nothing; on a GPU each one stops
 the stream until the device has caught up, every step. So by default (`"auto"`) they run for
 data in host memory and are skipped for data on an accelerator (CuPy arrays, PyTorch CUDA
-tensors), where a bad value shows up lazily instead: a non-finite loss propagates into the
-gradients, and out-of-range labels make the loss nan. `sync_checks()` (or the environment
-variable TRACKER_GPU_SYNC_CHECKS=always) turns them on everywhere, with their clear errors,
-for debugging; `sync_checks(False)` (or `never`) turns them off everywhere.
+tensors) and for lazy data (dask arrays, whose values reading back would compute the whole
+graph before the backward pass is even built), where a bad value shows up lazily instead: a
+non-finite loss propagates into the gradients, and out-of-range labels make the loss nan.
+`sync_checks()` (or the environment variable TRACKER_GPU_SYNC_CHECKS=always) turns them on
+everywhere, with their clear errors, for debugging; `sync_checks(False)` (or `never`) turns
+them off everywhere.
 
 >>> import numpy as np, tracker_gpu as tg
 >>> with tg.sync_checks(False):
@@ -18,7 +20,7 @@ array([inf,  1.])
 import contextlib
 import os
 
-from .backend import on_accelerator
+from .backend import is_lazy, on_accelerator
 
 __all__ = ["sync_checks", "checking"]
 
@@ -31,7 +33,7 @@ if _mode[0] not in _MODES:
 def checking(x):
     """Whether a check that reads `x` back to the host runs now."""
     mode = _mode[0]
-    return mode == "always" or (mode == "auto" and not on_accelerator(x))
+    return mode == "always" or (mode == "auto" and not on_accelerator(x) and not is_lazy(x))
 
 
 @contextlib.contextmanager

@@ -204,7 +204,7 @@ def _record(prim, args, kw):
             if xp is None:
                 xp = a._xp
             elif a._xp is not xp:
-                backend.check_same_library(xp, a.data)
+                xp = backend.common_library(xp, a.data)
             values.append(a.data)
             parents.append(a._node)
             mask |= bit
@@ -214,7 +214,7 @@ def _record(prim, args, kw):
             parents.append(a)
         bit <<= 1
     if plain_arrays:
-        _check_plain_operands(xp, values)
+        xp = _library_with_plain_operands(xp, values)
     if len(values) > 1 and xp is not np:
         backend.check_same_device([v for v in values if backend.is_array(v)])
     if NOT_TRACKING and threading.get_ident() in NOT_TRACKING:
@@ -329,7 +329,8 @@ def _fused_first(fused, forward):
 def _namespace_of_plain(args):
     for a in args:
         if backend.is_array(a):
-            return namespace_of(a)
+            xp = namespace_of(a)
+            return backend.widened(xp, args) if xp is np else xp
     return None
 
 
@@ -345,10 +346,11 @@ def _as_number(y):
     return y.item() if isinstance(y, (np.ndarray, np.generic)) and y.ndim == 0 else y
 
 
-def _check_plain_operands(xp, values):
+def _library_with_plain_operands(xp, values):
     for v in values:
         if backend.is_array(v):
-            backend.check_same_library(xp, v)
+            xp = backend.common_library(xp, v)
+    return xp
 
 
 def _fit(ga, a, name):
@@ -402,7 +404,7 @@ class _CustomRule:
     def _checked(self, ga, node, value):
         """A user's gradient must be of the argument's library and on its device."""
         plain = data(ga)
-        backend.check_same_library(namespace_of(value), plain)
+        backend.common_library(namespace_of(value), plain)
         device = backend.device_of(value)
         if backend.device_of(plain) != device:
             raise ValueError(

@@ -157,8 +157,10 @@ class Pending:
         prev, owned = self.current(node)
         if prev is None:
             self._set(node, gp)  # a first contribution: not ours to add into
-        elif owned and not nested:
-            prev += gp  # in place for arrays; NumPy's 0-d scalars rebind, so store it back
+        elif owned and not nested and type(prev) is type(gp):
+            # in place for arrays of one type (a NumPy buffer cannot take a dask array in
+            # place); NumPy's 0-d scalars rebind, so store it back
+            prev += gp
             self._set(node, prev)
         else:
             self.replace(node, _add(prev, gp))

@@ -1,0 +1,318 @@
+"""`tg.compile` on the host: recorded gradients and training steps beside eager tracker_gpu,
+NumPy by hand, PyTorch's autograd and `jax.jit`, all measured in this run.
+
+    python benchmarks/compile.py [--ops 1000] [--repeats 15] [--batch 64] [--json PATH]
+
+Workloads (float64 chains on a 1-element array, where the cost is all per-operation overhead;
+a float32 MLP step where it is not):
+- chain y*c: `y = y * 1.0001`, `--ops` times, then the gradient of `sum(y)`.
+- chain mixed: the same length cycling through `y * c`, `sin(y)`, `y + c`, `tanh(y)`.
+- MLP step: 784-128-10, tanh, logit cross-entropy of a batch, forward + backward + a momentum
+  step (`v = 0.9 v + eta g; x -= v`, Optimisers.jl's Momentum), the model's arrays shared.
+
+Every peer computes the same formulation: NumPy by hand keeps each chain's inputs in the
+forward pass and multiplies the derivatives in the backward pass (what a tape does, written
+out); PyTorch runs eager autograd; JAX runs `jax.jit(jax.value_and_grad(f))` (compiled once,
+before timing, with its result blocked on). tracker_gpu's compiled step is
+`tg.compile(f)` after its first (recording) call. Each figure is the median wall time of
+`--repeats` calls, peers interleaved round by round; BLAS on one thread where threadpoolctl is
+installed. Not measured: memory (see memory.py), the GPU (CUDA graphs: see ci/gpu), the cost
+of the first call (recording, or JAX's tracing and compilation).
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import statistics
+import time
+
+import numpy as np
+
+import tracker_gpu as tg
+from tracker_gpu import nn, optim
+
+C = 1.0001
+SIZES = (784, 128, 10)
+ETA, RHO = 0.01, 0.9
+
+
+# --- the chains
+def tracker_chain(kinds):
+    def f(x):
+        y = x
+        for kind in kinds:
+            y = {"mul": lambda y: y * C, "sin": tg.sin, "add": lambda y: y + C,
+                 "tanh": tg.tanh}[kind](y)  # fmt: skip
+        return tg.sum(y)
+
+    return f
+
+
+def numpy_chain(kinds):
+    """Forward keeping each op's input, backward multiplying the derivatives: by hand."""
+
+    def step(x):
+        inputs, y = [], x
+        for kind in kinds:
+            inputs.append(y)
+            y = y * C if kind == "mul" else np.sin(y) if kind == "sin" else (
+                y + C if kind == "add" else np.tanh(y))  # fmt: skip
+        g = np.ones_like(y)
+        for kind, u in zip(reversed(kinds), reversed(inputs)):
+            if kind == "mul":
+                g = g * C
+            elif kind == "sin":
+                g = g * np.cos(u)
+            elif kind == "tanh":
+                t = np.tanh(u)
+                g = g * (1 - t * t)
+        return np.sum(y), g
+
+    return step
+
+
+def torch_chain(kinds):
+    import torch
+
+    ops = {"mul": lambda y: y * C, "sin": torch.sin, "add": lambda y: y + C, "tanh": torch.tanh}
+
+    def step(x):
+        x = torch.tensor(x, requires_grad=True)
+        y = x
+        for kind in kinds:
+            y = ops[kind](y)
+        loss = y.sum()
+        loss.backward()
+        return loss, x.grad
+
+    return step
+
+
+def jax_chain(kinds):
+    import jax
+    import jax.numpy as jnp
+
+    jax.config.update("jax_enable_x64", True)
+    ops = {"mul": lambda y: y * C, "sin": jnp.sin, "add": lambda y: y + C, "tanh": jnp.tanh}
+
+    def f(x):
+        y = x
+        for kind in kinds:
+            y = ops[kind](y)
+        return jnp.sum(y)
+
+    compiled = jax.jit(jax.value_and_grad(f))
+    return lambda x: jax.block_until_ready(compiled(x))
+
+
+def chain_steppers(kinds):
+    f = tracker_chain(kinds)
+    compiled = tg.compile(f)
+    x = np.array([0.5])
+    steppers = {
+        "tracker_gpu eager": lambda: tg.withgradient(f, x),
+        "tracker_gpu compiled": lambda: compiled(x),
+        "NumPy by hand": lambda: numpy_chain(kinds)(x),
+    }
+    for name, make in (("PyTorch eager", torch_chain), ("jax.jit", jax_chain)):
+        with contextlib.suppress(ImportError):
+            run = make(kinds)
+            steppers[name] = lambda run=run: run(x)
+    expected = steppers["NumPy by hand"]()[1]
+    for name, step in steppers.items():
+        grad = step()[1]
+        grad = grad[0] if isinstance(grad, tuple) else grad
+        assert np.allclose(np.asarray(grad), expected, rtol=1e-9), name
+    return steppers
+
+
+# --- the MLP step
+def make_problem(batch, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((batch, SIZES[0])).astype(np.float32)
+    labels = rng.integers(0, SIZES[-1], size=batch)
+    model = nn.Chain(nn.Dense(SIZES[0], SIZES[1], nn.tanh, rng=rng),
+                     nn.Dense(SIZES[1], SIZES[2], rng=rng))  # fmt: skip
+    return x, labels, model
+
+
+def tracker_step(model, state, x, labels):
+    loss, (grads,) = tg.withgradient(lambda m: nn.logitcrossentropy(m(x), labels), model)
+    state, model = optim.update(state, model, grads)
+    return loss, state, model
+
+
+def params_of(model):
+    return [model.layers[0].weight, model.layers[0].bias,
+            model.layers[1].weight, model.layers[1].bias]  # fmt: skip
+
+
+def numpy_step(params, velocities, x, onehot):
+    w1, b1, w2, b2 = params
+    h = np.tanh(x @ w1.T + b1)
+    logits = h @ w2.T + b2
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    loss = -np.mean(np.sum(onehot * logp, axis=1))
+    dlogits = (np.exp(logp) - onehot) / x.shape[0]
+    dz1 = (dlogits @ w2) * (1 - h * h)
+    grads = [dz1.T @ x, dz1.sum(axis=0), dlogits.T @ h, dlogits.sum(axis=0)]
+    velocities = [RHO * v + ETA * g for v, g in zip(velocities, grads)]
+    return loss, [p - v for p, v in zip(params, velocities)], velocities
+
+
+def torch_mlp(model, x, labels):
+    import torch
+
+    params = [torch.tensor(np.array(p), requires_grad=True) for p in params_of(model)]
+    opt = torch.optim.SGD(params, lr=ETA, momentum=RHO)  # v = 0.9 v + g; x -= eta v: same cost
+    tx, ty = torch.from_numpy(x), torch.from_numpy(labels)
+
+    def step():
+        w1, b1, w2, b2 = params
+        logits = torch.tanh(tx @ w1.T + b1) @ w2.T + b2
+        loss = torch.nn.functional.cross_entropy(logits, ty)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def jax_mlp(model, x, labels):
+    import jax
+    import jax.numpy as jnp
+
+    def loss_of(params, x, onehot):
+        w1, b1, w2, b2 = params
+        logits = jnp.tanh(x @ w1.T + b1) @ w2.T + b2
+        return -jnp.mean(jnp.sum(onehot * jax.nn.log_softmax(logits), axis=1))
+
+    @jax.jit
+    def step(params, velocities, x, onehot):
+        loss, grads = jax.value_and_grad(loss_of)(params, x, onehot)
+        velocities = [RHO * v + ETA * g for v, g in zip(velocities, grads)]
+        return loss, [p - v for p, v in zip(params, velocities)], velocities
+
+    onehot = jnp.asarray(np.eye(SIZES[-1], dtype=np.float32)[labels])
+    current = [[jnp.asarray(p) for p in params_of(model)], None]
+    current[1] = [jnp.zeros_like(p) for p in current[0]]
+    jx = jnp.asarray(x)
+
+    def run():
+        loss, current[0], current[1] = step(*current, jx, onehot)
+        return jax.block_until_ready(loss)
+
+    return run
+
+
+def mlp_steppers(batch):
+    x, labels, model = make_problem(batch)
+    onehot = np.eye(SIZES[-1], dtype=np.float32)[labels]
+    rule = optim.Momentum(ETA, RHO)
+    compiled = tg.compile(tracker_step)
+    current = {
+        "eager": (model, optim.setup(rule, model)),
+        "compiled": (model, optim.setup(rule, model)),
+        "numpy": (params_of(model), [np.zeros_like(p) for p in params_of(model)]),
+    }
+
+    def tracker(kind, step):
+        def run():
+            loss, state, new_model = step(*current[kind], x, labels)
+            current[kind] = (new_model, state)
+            return loss
+
+        return run
+
+    def by_hand():
+        loss, params, velocities = numpy_step(*current["numpy"], x, onehot)
+        current["numpy"] = (params, velocities)
+        return loss
+
+    steppers = {
+        "tracker_gpu eager": tracker("eager", tracker_step),
+        "tracker_gpu compiled": tracker("compiled", compiled),
+        "NumPy by hand": by_hand,
+    }
+    for name, make in (("PyTorch eager", torch_mlp), ("jax.jit", jax_mlp)):
+        with contextlib.suppress(ImportError):
+            steppers[name] = make(model, x, labels)
+    losses = {
+        name: [float(np.asarray(step())) for _ in range(3)] for name, step in steppers.items()
+    }
+    for name, seen in losses.items():
+        assert np.allclose(seen, losses["NumPy by hand"], rtol=1e-4), (name, seen)
+    assert compiled.cache_info().hits >= 2, compiled.cache_info()  # replayed, not re-recorded
+    return steppers
+
+
+# --- timing
+def interleaved(steppers, repeats, rounds=5):
+    """Median seconds per call of each stepper, measured round by round in turn."""
+    times = {name: [] for name in steppers}
+    per_round = max(1, repeats // rounds)
+    for _ in range(rounds):
+        for name, step in steppers.items():
+            step()  # warm
+            for _ in range(per_round):
+                start = time.perf_counter()
+                step()
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(seen) for name, seen in times.items()}
+
+
+def blas_threads(n):
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=n, user_api="blas")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    mixed = ["mul", "sin", "add", "tanh"] * math.ceil(args.ops / 4)
+    kinds = {"chain y*c": ["mul"] * args.ops, "chain mixed": mixed[: args.ops]}
+    rows = {}
+    with blas_threads(1):
+        for name, chain in kinds.items():
+            seconds = interleaved(chain_steppers(chain), args.repeats)
+            rows[name] = {peer: s / args.ops * 1e6 for peer, s in seconds.items()}
+        seconds = interleaved(mlp_steppers(args.batch), args.repeats * 10)
+        rows["MLP step"] = {peer: s * 1e6 for peer, s in seconds.items()}
+    report(rows, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"unit": {"chains": "us per op", "MLP step": "us"}, "rows": rows}, f, indent=1
+            )
+
+
+def report(rows, args):
+    print(f"chains: {args.ops} ops, us per op; MLP {'-'.join(map(str, SIZES))}, batch "
+          f"{args.batch}, us per step; ratio to NumPy by hand in brackets")  # fmt: skip
+    for name, row in rows.items():
+        by_hand = row["NumPy by hand"]
+        cells = "  ".join(f"{peer} {us:.2f} ({us / by_hand:.2f}x)" for peer, us in row.items())
+        print(f"{name:12s} {cells}")
+    for name, row in rows.items():
+        ours = row["tracker_gpu compiled"]
+        met = ours <= 1.1 * row["NumPy by hand"]
+        print(f"target {name}: compiled within 10% of NumPy by hand: "
+              f"{ours / row['NumPy by hand']:.2f} {'met' if met else 'MISSED'}")  # fmt: skip
+        if "jax.jit" in row:
+            faster = ours < row["jax.jit"]
+            print(f"target {name}: compiled faster than jax.jit: {ours / row['jax.jit']:.2f} "
+                  f"{'met' if faster else 'MISSED'}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+"""Data-parallel training on a dask.distributed LocalCluster, and an out-of-core gradient on a
+worker too small to hold its data. They run once, in the matrix's dask row."""
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tracker_gpu as tg
+from tracker_gpu import nn, optim
+
+dask = pytest.importorskip("dask")
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed", reason='pip install "tracker-gpu[dask]"')
+tgd = pytest.importorskip("tracker_gpu.distributed")
+
+
+@pytest.fixture(autouse=True)
+def once(request):
+    if request.config.getoption("backend") != "dask":
+        pytest.skip("the cluster tests run once, in the dask row (--backend dask)")
+
+
+@pytest.fixture(scope="module")
+def client(request):
+    if request.config.getoption("backend") != "dask":
+        pytest.skip("the cluster tests run once, in the dask row (--backend dask)")
+    with tgd.cluster(workers=2) as client:
+        yield client
+
+
+def mlp(seed=0, sizes=(64, 32, 10)):
+    rng = np.random.default_rng(seed)
+    first, hidden, out = sizes
+    return nn.Chain(
+        nn.Dense(first, hidden, nn.relu, rng=rng, dtype="float64"),
+        nn.Dense(hidden, out, rng=rng, dtype="float64"),
+    )
+
+
+def loss_and_logits(model, x, y):
+    logits = model(x)
+    return nn.logitcrossentropy(logits, y), logits
+
+
+def batch(n=50, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 64)), rng.integers(0, 10, n)
+
+
+def parameters(tree):
+    return nn._parameters(tree)
+
+
+def assert_trees_close(ours, theirs, rtol=1e-12):
+    ours, theirs = parameters(ours), parameters(theirs)
+    assert ours.keys() == theirs.keys() and ours
+    for path in ours:
+        assert np.allclose(ours[path], theirs[path], rtol=rtol, atol=1e-14), path
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 7])
+def test_gradient_equals_the_single_process_gradient(client, shards):
+    model, (x, y) = mlp(), batch()
+    (val, logits), (grad,) = tgd.withgradient(client, loss_and_logits, model, x, y, shards=shards)
+    (ref_val, ref_logits), (ref,) = tg.withgradient(lambda m: loss_and_logits(m, x, y), model)
+    assert np.isclose(val, tg.data(ref_val), rtol=1e-13)
+    assert np.allclose(logits, tg.data(ref_logits), rtol=1e-13)  # joined in batch order
+    assert_trees_close(grad, ref)
+
+
+def test_dask_batches_are_split_by_their_chunks_and_sums_add_up(client):
+    model, (x, y) = mlp(), batch(40)
+    xs, ys = da.from_array(x, chunks=(15, 64)), da.from_array(y, chunks=15)
+    sum_loss = lambda m, x, y: nn.logitcrossentropy(m(x), y, agg="sum")
+    val, (grad,) = tgd.withgradient(client, sum_loss, model, xs, ys, mean=False)
+    ref_val, (ref,) = tg.withgradient(lambda m: sum_loss(m, x, y), model)
+    assert np.isclose(val, tg.data(ref_val), rtol=1e-13)
+    assert_trees_close(grad, ref)
+    assert [len(c) for c in tgd.shard_arrays(client, (xs, y))[1].chunks] == [3]
+
+
+def test_runs_are_reproducible(client):
+    model, (x, y) = mlp(), batch(64)
+    runs = [tgd.withgradient(client, loss_and_logits, model, x, y, shards=4) for _ in range(2)]
+    for a, b in zip(parameters(runs[0].grad[0]).values(), parameters(runs[1].grad[0]).values()):
+        assert np.array_equal(a, b)
+
+
+def test_a_worker_error_is_the_users_error(client):
+    def broken(model, x):
+        raise ValueError("the loss found a bad shard")
+
+    with pytest.raises(ValueError, match="the loss found a bad shard") as caught:
+        tgd.withgradient(client, broken, mlp(), batch()[0])
+    assert caught.type is ValueError  # the user's own exception, with their traceback
+    assert any(entry.name == "broken" for entry in caught.traceback)
+
+
+def test_bad_batches_are_refused_clearly(client):
+    x, y = batch()
+    with pytest.raises(ValueError, match="examples on their first axis, in the same number"):
+        tgd.withgradient(client, loss_and_logits, mlp(), x, y[:-1])
+    with pytest.raises(ValueError, match="at least one example"):
+        tgd.withgradient(client, loss_and_logits, mlp(), x[:0], y[:0])
+
+
+def train(client, steps, kill=None):
+    """`steps` Adam steps of the MLP on fixed batches; `kill` is a trigger file: the shard task
+    that finds it kills its own worker process (SIGKILL), once."""
+    model = mlp()
+    state = optim.setup(optim.Adam(1e-2), model)
+    data = [batch(48, seed) for seed in range(steps)]
+
+    def loss(m, x, y):
+        if kill is not None:
+            try:
+                os.rename(kill, str(kill) + ".done")  # atomic: exactly one task takes it
+            except FileNotFoundError:
+                pass
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return nn.logitcrossentropy(m(x), y)
+
+    for i, (x, y) in enumerate(data):
+        if kill is not None and i == steps // 2:
+            Path(kill).touch()
+        _, model, state = tgd.step(client, loss, model, state, x, y, shards=2)
+    return model
+
+
+def test_a_killed_worker_does_not_lose_the_run(client, tmp_path):
+    reference = train(client, 6)
+    trigger = tmp_path / "kill"
+    pids = set(client.run(os.getpid).values())
+    model = train(client, 6, kill=trigger)
+    assert Path(str(trigger) + ".done").exists(), "no worker was killed"
+    client.wait_for_workers(2, timeout=60)
+    assert set(client.run(os.getpid).values()) != pids  # a new process took the killed one's place
+    for a, b in zip(parameters(model).values(), parameters(reference).values()):
+        assert np.array_equal(a, b)
+
+
+def test_the_digits_mlp_learns_as_well_data_parallel(client):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    split = train_test_split(bunch.data / 16.0, bunch.target, test_size=0.25, random_state=0)
+    train_x, test_x, train_y, test_y = split
+    batches = [(train_x[i : i + 128], train_y[i : i + 128]) for i in range(0, len(train_x), 128)]
+    loss = lambda m, x, y: nn.logitcrossentropy(m(x), y)
+
+    def fit(one_step):
+        model = mlp(seed=3)
+        state = optim.setup(optim.Adam(1e-2), model)
+        for _ in range(3):
+            for x, y in batches:
+                model, state = one_step(model, state, x, y)
+        return model, np.mean(np.argmax(tg.data(model(test_x)), axis=1) == test_y)
+
+    def local(model, state, x, y):
+        _, (grad,) = tg.withgradient(lambda m: loss(m, x, y), model)
+        return optim.update(state, model, grad)[::-1]
+
+    def parallel(model, state, x, y):
+        return tgd.step(client, loss, model, state, x, y)[1:]
+
+    (model, accuracy), (ref_model, ref_accuracy) = fit(parallel), fit(local)
+    assert ref_accuracy > 0.85  # three epochs; the point is the equality below
+    assert accuracy == ref_accuracy
+    assert_trees_close(model, ref_model, rtol=1e-9)
+
+
+def test_out_of_core_gradient_on_a_worker_smaller_than_the_data():
+    """A 256 MiB data matrix, made chunk by chunk on a worker limited to 320 MiB: holding the
+    matrix whole kills the worker, its logistic-regression gradient computes."""
+    rows, cols, chunk = 1 << 21, 16, 1 << 16  # 2^25 float64 values; chunks of 8 MiB
+    w = np.linspace(-0.5, 0.5, cols)
+
+    def make(block_id):
+        rng = np.random.default_rng([7, block_id[0]])
+        return rng.standard_normal((chunk, cols))
+
+    def loss(w, x):
+        y = tg.sign(x[:, 0] + 0.5 * x[:, 1])
+        return tg.mean(tg.log1p(tg.exp(-y * (x @ w))))
+
+    memory = {"target": False, "spill": False, "pause": False, "terminate": 0.95}
+    config = {f"distributed.worker.memory.{key}": value for key, value in memory.items()}
+    config["distributed.scheduler.allowed-failures"] = 0
+    with dask.config.set(config), tgd.cluster(workers=1, memory_limit="320MiB") as client:
+        x = da.map_blocks(make, chunks=((chunk,) * (rows // chunk), (cols,)), dtype=np.float64)
+        _, (g,) = tg.withgradient(lambda w: loss(w, x), w)
+        grad = client.compute(g).result()
+        with pytest.raises(distributed.KilledWorker):
+            client.compute((x + 0.0).persist()).result()  # hold all of it: more than the limit
+    expected = np.zeros(cols)
+    for i in range(rows // chunk):  # the same gradient in NumPy, one chunk at a time
+        xi = make((i, 0))
+        yi = np.sign(xi[:, 0] + 0.5 * xi[:, 1])
+        expected -= (xi * (yi / (1 + np.exp(yi * (xi @ w))))[:, None]).sum(axis=0) / rows
+    assert np.allclose(grad, expected, rtol=1e-10)

@@ -1,0 +1,226 @@
+"""Data-parallel training on a dask.distributed cluster.
+
+The batch is split across the workers by the chunks of its first axis; each worker computes
+`withgradient` of the loss on its shard with tracker_gpu, the shards' gradients are summed on
+the cluster by a binary tree in a fixed order (so a run is reproducible), and the optimiser
+updates the model once, here. The model travels to the cluster once per step, as a value in the
+step's graph: a worker lost in the middle of a step is recovered by Dask, which recomputes what
+it held from that graph.
+
+    with cluster(workers=2) as client:           # an embedded LocalCluster, stopped on exit
+        for x, y in batches:
+            loss, model, state = step(client, loss_fn, model, state, x, y)
+
+`cluster(scheduler="tcp://host:8786")` connects to a running cluster instead, and
+`cluster(cuda=True)` starts dask-cuda's `LocalCUDACluster` (one worker per GPU; give it a model
+of CuPy arrays and data as dask arrays with CuPy chunks).
+
+>>> import numpy as np, tracker_gpu as tg
+>>> loss = lambda w, x: tg.mean((x @ w) ** 2)
+>>> x = np.arange(12.0).reshape(6, 2)
+>>> with cluster(workers=1, processes=False) as client:
+...     val, (g,) = withgradient(client, loss, np.array([1.0, -1.0]), x, shards=3)
+>>> float(val), g
+(1.0, array([-10., -12.]))
+"""
+
+import contextlib
+import logging
+import math
+import os
+import uuid
+
+import numpy as np
+
+from . import backend, optim
+from .api import WithGradient
+from .api import withgradient as _withgradient
+from .pytree import tree_leaves, tree_map
+from .tracked import data
+
+__all__ = ["cluster", "withgradient", "step", "shard_arrays", "compute"]
+
+# One thread for each worker's BLAS and PyTorch: a worker is one core.
+_ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@contextlib.contextmanager
+def cluster(workers=None, *, scheduler=None, cuda=False, **options):
+    """A `distributed.Client` for the block: of a new `LocalCluster` (processes, `workers` of
+    them, default one per core, each with one thread), started here and stopped on exit; or of
+    the running cluster at `scheduler`; or, with `cuda=True`, of dask-cuda's `LocalCUDACluster`.
+    Other keywords go to the cluster's constructor (e.g. `memory_limit`)."""
+    distributed = _import("distributed", "dask.distributed")
+    if scheduler is not None:
+        with distributed.Client(scheduler) as client:
+            yield client
+        return
+    if cuda:
+        dask_cuda = _import("dask_cuda", "dask-cuda (and a CUDA GPU)")
+        made = dask_cuda.LocalCUDACluster(**options)
+    else:
+        settings = {"n_workers": workers or os.cpu_count() or 1, "threads_per_worker": 1}
+        settings |= {"dashboard_address": None, "silence_logs": logging.ERROR}
+        if options.get("processes", True):
+            settings["env"] = dict(_ONE_THREAD)
+        made = distributed.LocalCluster(**(settings | options))
+    with made, distributed.Client(made) as client:
+        yield client
+
+
+def compute(*trees, **options):
+    """The lazy arrays inside `trees` (values, gradients shaped like a model) computed in one
+    pass of Dask, in structures of the same shape. `dask.compute` takes arrays and plain
+    containers, but rebuilds a dataclass by calling its constructor, which layers do not take.
+
+    >>> import dask.array as da, numpy as np, tracker_gpu as tg
+    >>> x = da.from_array(np.arange(4.0), chunks=2)
+    >>> val, (g,) = tg.withgradient(lambda p: tg.sum(x * p["w"]), {"w": np.ones(4)})
+    >>> compute(tg.data(val), g)
+    (np.float64(6.0), {'w': array([0., 1., 2., 3.])})
+    """
+    import dask
+
+    leaves = tree_leaves(trees)
+    found = iter(dask.compute(*leaves, **options))
+    return tree_map(lambda _: next(found), trees)
+
+
+def _import(module, what):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(
+            f'tracker_gpu.distributed needs {what}: pip install "tracker-gpu[dask]"'
+        ) from None
+
+
+def withgradient(client, f, model, *batch, shards=None, mean=True):
+    """`(val, (grad,))` of `f(model, *batch)` over the whole batch, computed on the cluster.
+
+    `batch` holds arrays with the examples on the first axis: dask arrays are split by their
+    chunks along it, other arrays into `shards` pieces (default: one per worker thread).
+    With `mean` (the default) `f` returns the mean of its examples' losses, and each shard is
+    weighted by its share of the batch, so `val` and `grad` are those of `f` on the whole batch;
+    with `mean=False`, `f` returns a sum and the shards add up. `f` may return `(loss, aux...)`
+    where each `aux` has the examples on its first axis: they come back joined in batch order.
+    """
+    blocks = shard_arrays(client, batch, shards)
+    total = sum(blocks[0].chunks[0])
+    part = _shard_gradient_task(f, mean, total)
+    model_node = _as_node(model)
+    columns = [b.to_delayed().ravel() for b in blocks]
+    parts = [part(model_node, *row) for row in zip(*columns)]
+    loss, grad, aux = client.compute(_tree_sum(parts)).result()
+    return WithGradient((loss, *aux) if aux is not None else loss, (grad,))
+
+
+def step(client, f, model, state, *batch, **options):
+    """One data-parallel training step: `(val, model, state)` after the optimiser's update
+    (`state` from `optim.setup`). Options as for `withgradient`."""
+    val, (grad,) = withgradient(client, f, model, *batch, **options)
+    state, model = optim.update(state, model, grad)
+    return val, model, state
+
+
+def shard_arrays(client, arrays, shards=None):
+    """`arrays` as dask arrays with the same chunks along the first axis (the shards) and one
+    chunk along every other axis. Plain arrays are cut into `shards` pieces (default: one per
+    worker thread); dask arrays keep their chunks, and give them to the plain ones."""
+    import dask.array as da
+
+    arrays = [data(a) for a in arrays]
+    lengths = {a.shape[0] if getattr(a, "ndim", 0) else None for a in arrays}
+    if None in lengths or len(lengths) > 1:
+        shapes = ", ".join(str(tuple(getattr(a, "shape", ()))) for a in arrays)
+        raise ValueError(
+            f"the batch's arrays must all have the examples on their first axis, in the same "
+            f"number; got shapes {shapes}"
+        )
+    if not arrays or not arrays[0].shape[0]:
+        raise ValueError(
+            "a data-parallel step needs a batch of at least one example: pass its arrays "
+            "after the model, with the examples on the first axis"
+        )
+    lazy = [a for a in arrays if backend.is_lazy(a)]
+    if lazy:
+        rows = lazy[0].chunks[0]
+    else:
+        n = arrays[0].shape[0]
+        count = max(1, min(n, shards or sum(client.nthreads().values())))
+        rows = (math.ceil(n / count),) * (n // math.ceil(n / count))
+        rows = rows + ((n - sum(rows),) if n - sum(rows) else ())
+    return [_rechunked(da, a, rows) for a in arrays]
+
+
+def _rechunked(da, a, rows):
+    chunks = (rows, *((s,) for s in a.shape[1:]))
+    if backend.is_lazy(a):
+        return a if a.chunks == chunks else a.rechunk(chunks)
+    return da.from_array(a, chunks=chunks, name=f"batch-{uuid.uuid4().hex}")
+
+
+def _as_node(model):
+    """The model as one value of the step's graph (not traversed, hashed or copied)."""
+    import dask
+
+    return dask.delayed(model, name=f"model-{uuid.uuid4().hex}", traverse=False)
+
+
+def _shard_gradient_task(f, mean, total):
+    import dask
+
+    def shard_gradient(model, *arrays):
+        """`(loss, grad, aux)` of one shard, weighted by its share of the batch."""
+        weight = arrays[0].shape[0] / total if mean else 1.0
+        val, (grad,) = _withgradient(lambda m: f(m, *arrays), model)
+        loss, aux = (val[0], val[1:]) if isinstance(val, tuple) else (val, None)
+        grad = tree_map(lambda g: g if g is None else g * weight, grad)
+        return data(loss) * weight, grad, None if aux is None else [[data(a)] for a in aux]
+
+    return dask.delayed(shard_gradient, pure=True)
+
+
+def _tree_sum(parts):
+    """The sum of `parts` by a binary tree, neighbours first: always the same additions in the
+    same order, wherever and whenever they run."""
+    import dask
+
+    add = dask.delayed(_add_parts, pure=True)
+    while len(parts) > 1:
+        pairs = [add(parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2)]
+        parts = pairs + parts[len(parts) - len(parts) % 2 :]
+    return dask.delayed(_joined)(parts[0])
+
+
+def _add_parts(a, b):
+    (loss_a, grad_a, aux_a), (loss_b, grad_b, aux_b) = a, b
+    grad = tree_map(_add_or_none, grad_a, grad_b)
+    aux = None if aux_a is None else [x + y for x, y in zip(aux_a, aux_b)]
+    return loss_a + loss_b, grad, aux
+
+
+def _add_or_none(a, b):
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+def _joined(part):
+    """The summed part, its auxiliary outputs joined along the batch."""
+    loss, grad, aux = part
+    if aux is not None:
+        aux = [_concat(pieces) for pieces in aux]
+    return loss, grad, aux
+
+
+def _concat(pieces):
+    xp = backend.namespace_of(pieces[0]) if backend.is_array(pieces[0]) else np
+    if pieces[0].ndim == 0:
+        raise ValueError(
+            "an auxiliary output of the loss is a scalar: only outputs with the examples on "
+            "their first axis (logits, say) can be joined across shards; return those"
+        )
+    return xp.concat(pieces, axis=0)
