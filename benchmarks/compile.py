@@ -176,7 +176,7 @@ def torch_mlp(model, x, labels):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        return loss
+        return loss.detach()
 
     return step
 
@@ -265,6 +265,10 @@ def interleaved(steppers, repeats, rounds=5):
 
 
 def blas_threads(n):
+    with contextlib.suppress(ImportError):
+        import torch
+
+        torch.set_num_threads(n)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:

@@ -151,3 +151,14 @@ def test_memory(tmp_path):
         expected.add("wide")  # compared with autograd only where autograd is installed
     assert {t["target"].split(":")[0] for t in document["targets"]} >= expected
     assert "peak extra memory in MB" in out
+
+
+def test_compile(tmp_path):
+    out = run("compile.py", "--ops", "40", "--repeats", "2", "--batch", "8", "--json",
+              str(tmp_path / "c"))  # fmt: skip
+    rows = json.loads((tmp_path / "c").read_text())["rows"]
+    assert set(rows) == {"chain y*c", "chain mixed", "MLP step"}
+    for row in rows.values():
+        assert {"tracker_gpu eager", "tracker_gpu compiled", "NumPy by hand"} <= set(row)
+        assert all(us > 0 for us in row.values())
+    assert "target MLP step: compiled within 10% of NumPy by hand" in out

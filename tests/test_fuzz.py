@@ -25,6 +25,7 @@ the Hypothesis strategy that draws them is in `fuzz_programs.py`.
 
 import contextlib
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -139,14 +140,31 @@ def check_tracker_side(backend, program, out_t, loss_t, grads_t):
         out = evaluate(program, inputs, apply)
         return tg.sum(out * w), out
 
-    (val, out), grads = tg.withgradient(loss, *(arrays[i] for i in variable))
-    assert_close(backend, out, out_t, "output")
-    assert_same(backend, out, plain_out, "output, tracked and untracked")
-    assert_close(backend, val, loss_t, "loss")
-    for i, g, gt in zip(variable, grads, grads_t):
-        if g is not None:
-            assert tuple(g.shape) == tuple(arrays[i].shape) and g.dtype == arrays[i].dtype
-        assert_close(backend, g, gt, f"gradient of input {i}")
+    inputs = [arrays[i] for i in variable]
+    results = [("", tg.withgradient(loss, *inputs))]
+    if program.seed % 4 == 3:  # a share (and every program of EACH_OPERATION) replayed too
+        results += _compiled(loss, inputs)
+    for how, ((val, out), grads) in results:
+        assert_close(backend, out, out_t, "output" + how)
+        assert_same(backend, out, plain_out, "output, tracked and untracked" + how)
+        assert_close(backend, val, loss_t, "loss" + how)
+        for i, g, gt in zip(variable, grads, grads_t):
+            if g is not None:
+                assert tuple(g.shape) == tuple(arrays[i].shape) and g.dtype == arrays[i].dtype
+            assert_close(backend, g, gt, f"gradient of input {i}" + how)
+
+
+def _compiled(loss, inputs):
+    """The replay of `loss` by tg.compile (after its recording), or nothing where the
+    recording refuses the program (a boolean mask, say: a shape that depends on the data)."""
+    step = tg.compile(loss)
+    try:
+        step(*inputs)
+    except tg.RecordingError:
+        return []
+    replayed = step(*inputs)
+    assert step.cache_info().hits == 1
+    return [(", replayed by tg.compile", replayed)]
 
 
 def check_hvp(backend, program):
@@ -238,6 +256,23 @@ def test_a_share_of_the_programs_takes_the_fused_path(backend):
     with recording() as log:
         check_program(backend, program)
     assert ("launch", "tanh_bwd_acc") in log
+
+
+def test_a_share_of_the_programs_is_replayed_by_tg_compile(backend, monkeypatch):
+    program = EACH_OPERATION["tanh"]
+    assert program.seed % 4 == 3
+    replays = []
+    monkeypatch.setattr(sys.modules[__name__], "_compiled", _counted(_compiled, replays))
+    check_program(backend, program)
+    assert len(replays) == 1 and replays[0]
+
+
+def _counted(fn, calls):
+    def counted(*args):
+        calls.append(fn(*args))
+        return calls[-1]
+
+    return counted
 
 
 # --- shrunk failures, kept as regression tests

@@ -37,7 +37,7 @@ from ..recording import RecordingError
 from ..tracked import TrackedArray
 from .program import Program
 from .recorder import Recorder
-from .signature import arrays_of, signature
+from .signature import arrays_of, signature_and_arrays
 
 __all__ = ["compile", "Compiled", "RecordingError"]
 
@@ -69,7 +69,7 @@ class Compiled:
 
     def __call__(self, *args):
         args = tuple(top_level(a, i) for i, a in enumerate(args))
-        key = signature(args)
+        key, arrays = signature_and_arrays(args)
         program = self._programs.get(key)
         if program is None:
             self._misses += 1
@@ -78,7 +78,7 @@ class Compiled:
         self._programs.move_to_end(key)
         if program is _EAGER:
             return _plain(_eager(self.f, args))
-        return _plain(program.run(arrays_of(args)))
+        return _plain(program.run(arrays))
 
     def cache_info(self):
         eager = sum(p is _EAGER for p in self._programs.values())

@@ -11,27 +11,39 @@ True
 False
 """
 
+import numpy as np
+
 from .. import backend
-from ..pytree import is_container
 from ..tracked import TrackedArray
 
-__all__ = ["signature", "arrays_of"]
+__all__ = ["signature", "arrays_of", "signature_and_arrays"]
+
+_VALUES = frozenset((int, float, bool, str, type(None), complex))
 
 
 def signature(args):
     """A hashable description of `args` (see the module's docstring)."""
-    seen = {}
-    return _describe(args, seen)
+    return _describe(args, {})
 
 
 def arrays_of(args):
     """The distinct arrays of `args`, in the order `signature` meets them: a program's inputs."""
+    return signature_and_arrays(args)[1]
+
+
+def signature_and_arrays(args):
+    """`(signature(args), arrays_of(args))` in one walk over `args`."""
     found = {}
-    _describe(args, found)
-    return [x for x, _ in found.values()]
+    key = _describe(args, found)
+    return key, [x for x, _ in found.values()]
 
 
 def _describe(x, seen):
+    if type(x) is np.ndarray:  # the common case, without the generic lookups below
+        _, order = seen.setdefault(id(x), (x, len(seen)))
+        return ("array", np.ndarray, x.shape, x.dtype, "cpu", order)
+    if type(x) in _VALUES:
+        return ("value", type(x), x)
     if isinstance(x, TrackedArray):
         raise TypeError(
             "tg.compile takes plain arrays: a tracked argument would tie every replay to the "
@@ -41,13 +53,13 @@ def _describe(x, seen):
     if backend.is_array(x):
         _, order = seen.setdefault(id(x), (x, len(seen)))  # repeats name their first place
         device = str(backend.device_of(x))
-        return ("array", type(x), tuple(x.shape), str(x.dtype), device, order)
+        return ("array", type(x), tuple(x.shape), x.dtype, device, order)
     if isinstance(x, dict):
         return (type(x), tuple((k, _describe(v, seen)) for k, v in x.items()))
     if isinstance(x, (tuple, list)):
         return (type(x), tuple(_describe(v, seen) for v in x))
-    if is_container(x):  # a dataclass
-        fields = type(x).__dataclass_fields__
+    fields = getattr(type(x), "__dataclass_fields__", None)
+    if fields is not None and not isinstance(x, type):  # a dataclass instance
         return (type(x), tuple((name, _describe(getattr(x, name), seen)) for name in fields))
     try:
         hash(x)

@@ -413,6 +413,9 @@ def sort(x, /, *, axis=-1, descending=False, stable=True):
 # result's shape depends on the data
 def _plain(name, shaped_by_data=False):
     def forward(xp, *args, **kw):
+        # the standard's signature (argsort's `descending`, say) is array-api-compat's, not
+        # always the library's own
+        xp = array_api_compat.array_namespace(*(a for a in args if backend.is_array(a)))
         return getattr(xp, name)(*args, **kw)
 
     no_gradient = ByPosition(lambda i, *a, **k: None)
@@ -427,8 +430,7 @@ def _plain(name, shaped_by_data=False):
             return traced(*args, **kw)
         args = [data(a) for a in args]
         kw = {k: data(v) for k, v in kw.items()}
-        xp = array_api_compat.array_namespace(*(a for a in args if backend.is_array(a)))
-        return forward(xp, *args, **kw)
+        return forward(None, *args, **kw)
 
     plain_function.__name__ = plain_function.__qualname__ = name
     plain_function.__doc__ = f"The standard's `{name}` on plain values; not differentiable."
