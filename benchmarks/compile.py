@@ -2,6 +2,7 @@
 NumPy by hand, PyTorch's autograd and `jax.jit`, all measured in this run.
 
     python benchmarks/compile.py [--ops 1000] [--repeats 15] [--batch 64] [--json PATH]
+    python benchmarks/compile.py --backend cupy [--batch 64] [--json PATH]   (on a GPU)
 
 Workloads (float64 chains on a 1-element array, where the cost is all per-operation overhead;
 a float32 MLP step where it is not):
@@ -16,8 +17,14 @@ out); PyTorch runs eager autograd; JAX runs `jax.jit(jax.value_and_grad(f))` (co
 before timing, with its result blocked on). tracker_gpu's compiled step is
 `tg.compile(f)` after its first (recording) call. Each figure is the median wall time of
 `--repeats` calls, peers interleaved round by round; BLAS on one thread where threadpoolctl is
-installed. Not measured: memory (see memory.py), the GPU (CUDA graphs: see ci/gpu), the cost
-of the first call (recording, or JAX's tracing and compilation).
+installed. Not measured: memory (see memory.py), the cost of the first call (recording, or
+JAX's tracing and compilation).
+
+`--backend cupy` (a GPU; a step of `ci/gpu`): the MLP step on CuPy, eager and compiled (replayed
+as a CUDA graph), beside PyTorch CUDA eager with SGD's momentum, each checked against NumPy by
+hand first; timed with CUDA events over blocks of consecutive steps (host overhead included),
+the steppers interleaved block by block. Targets: the compiled step at least 3x faster than the
+eager one, and faster than PyTorch's.
 """
 
 import argparse
@@ -25,6 +32,7 @@ import contextlib
 import json
 import math
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -162,12 +170,13 @@ def numpy_step(params, velocities, x, onehot):
     return loss, [p - v for p, v in zip(params, velocities)], velocities
 
 
-def torch_mlp(model, x, labels):
+def torch_mlp(model, x, labels, device="cpu"):
     import torch
 
-    params = [torch.tensor(np.array(p), requires_grad=True) for p in params_of(model)]
+    params = [torch.tensor(np.array(p), device=device, requires_grad=True)
+              for p in params_of(model)]  # fmt: skip
     opt = torch.optim.SGD(params, lr=ETA, momentum=RHO)  # v = 0.9 v + g; x -= eta v: same cost
-    tx, ty = torch.from_numpy(x), torch.from_numpy(labels)
+    tx, ty = torch.from_numpy(x).to(device), torch.from_numpy(labels).to(device)
 
     def step():
         w1, b1, w2, b2 = params
@@ -276,13 +285,83 @@ def blas_threads(n):
     return threadpool_limits(limits=n, user_api="blas")
 
 
+# --- on a GPU
+def gpu_run(args):
+    """The MLP step on CuPy, eager and compiled, beside PyTorch CUDA eager; None without a GPU."""
+    from gpu_measure import DeviceTimer, cupy_gpu, torch_cuda
+
+    cp, why = cupy_gpu()
+    if cp is None:
+        print(f"--backend cupy: no GPU available ({why})", file=sys.stderr)
+        return None
+    x, labels, model = make_problem(args.batch)
+    onehot = np.eye(SIZES[-1], dtype=np.float32)[labels]
+    params = (params_of(model), [np.zeros_like(p) for p in params_of(model)])
+    expected = []
+    for _ in range(3):
+        loss, *params = numpy_step(*params, x, onehot)
+        expected.append(float(loss))
+    steps = {name: cupy_mlp(cp, x, labels, model, compiled)
+             for name, compiled in (("eager", False), ("compiled", True))}  # fmt: skip
+    torch = torch_cuda()
+    if torch is not None:
+        steps["PyTorch eager"] = torch_mlp(model, x, labels, device="cuda")
+    agree = {name: np.allclose([float(step()) for _ in expected], expected, rtol=1e-3)
+             for name, step in steps.items()}  # fmt: skip
+    timer = DeviceTimer(cp)
+    blocks = {name: [] for name in steps}
+    for _ in range(7):
+        for name, step in steps.items():
+            blocks[name].append(timer.block(step, 50) * 1e3)
+    us = {name: statistics.median(seen) for name, seen in blocks.items()}
+    targets = [_target("compiled at least 3x faster than eager", us["compiled"] * 3, us["eager"])]
+    if "PyTorch eager" in us:
+        targets.append(_target("compiled faster than PyTorch eager", us["compiled"],
+                               us["PyTorch eager"]))  # fmt: skip
+    document = {"backend": "cupy", "device": cp.cuda.runtime.getDeviceProperties(0)["name"]
+                .decode(), "agree": agree, "us": us, "targets": targets}  # fmt: skip
+    print(f"MLP step on {document['device']}, batch {args.batch}, us per step (host included):")
+    for name, value in us.items():
+        print(f"  {name:14s} {value:9.1f}  agrees with NumPy by hand: {agree[name]}")
+    for t in targets:
+        print(f"target {t['target']}: {t['value']:.2f} {'met' if t['met'] else 'MISSED'}")
+    return document
+
+
+def _target(text, ours, reference):
+    return {"target": text, "value": ours / reference, "met": ours < reference}
+
+
+def cupy_mlp(cp, x, labels, model, compiled):
+    x, labels = cp.asarray(x), cp.asarray(labels)
+    model = nn.place(model, xp="cupy")
+    step = tg.compile(tracker_step) if compiled else tracker_step
+    current = [model, optim.setup(optim.Momentum(ETA, RHO), model)]
+
+    def run():
+        loss, state, new_model = step(*current, x, labels)
+        current[:] = [new_model, state]
+        return loss
+
+    return run
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--backend", choices=("numpy", "cupy"), default="numpy")
     args = parser.parse_args()
+    if args.backend == "cupy":
+        document = gpu_run(args)
+        if document is None:
+            raise SystemExit(1)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(document, f, indent=1)
+        return
     mixed = ["mul", "sin", "add", "tanh"] * math.ceil(args.ops / 4)
     kinds = {"chain y*c": ["mul"] * args.ops, "chain mixed": mixed[: args.ops]}
     rows = {}

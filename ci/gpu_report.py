@@ -11,6 +11,7 @@ BENCHMARKS = {  # the steps whose tables the report shows, with their titles
     "kernels": "Kernels: `benchmarks/kernels.py`",
     "memory": "Peak memory: `benchmarks/memory.py --backend cupy`",
     "train-step": "MLP training step: `benchmarks/train_step.py --backend cupy`",
+    "compile": "MLP step replayed as a CUDA graph: `benchmarks/compile.py --backend cupy`",
 }
 
 
@@ -115,6 +116,8 @@ def _target_table(doc):
             (r["name"], t["target"], _verdict(t)) for r in doc["workloads"] for t in r["targets"]
         ]
         return _table(("workload", "target", "ratio"), rows)
+    if isinstance(doc.get("targets"), list):
+        return _table(("target", "ratio"), [(t["target"], _verdict(t)) for t in doc["targets"]])
     target = doc.get("target")
     return _table(("target", "ratio"), [(target["target"], _verdict(target))]) if target else []
 
