@@ -15,6 +15,7 @@ from .api import Grads, Params, WithGradient, back, gradient, nobacksies, withgr
 from .broadcast import broadcast
 from .checks import sync_checks
 from .functional import checkpoint, forward, hessian, hook, hvp, jacobian, notrack, stop_gradient
+from .forward_mode import jacfwd, jvp
 from .compiler import RecordingError, compile
 from .tape import BackError, PullbackError
 from . import nn, optim

@@ -103,7 +103,7 @@ def _check_real(y):
         )
 
 
-def gradient(f, *args, nest=False):
+def gradient(f, *args, nest=False, wrt=None):
     """The gradients of the scalar `f(*args)` with respect to each argument.
 
     Arguments may be nested structures (tuples, lists, dicts, named tuples, dataclasses). What
@@ -113,7 +113,9 @@ def gradient(f, *args, nest=False):
     does not depend on. A Python float given as an argument itself is a parameter (a 0-d
     array); numbers inside a structure are constants (a layer's `eps`). A top-level integer,
     or a list of floats, warns (they get no gradient). `f` may return `(loss, aux...)`. With
-    `nest=True` the gradients are tracked, so they can be differentiated again.
+    `nest=True` the gradients are tracked, so they can be differentiated again. `wrt` (an
+    argument's position, or a tuple of them) differentiates only those arguments: the others
+    are data, passed to `f` as they are, and get `None`.
 
     The implicit form `gradient(lambda: loss, Params([W, b]))` returns `Grads`, looked up by
     parameter.
@@ -121,11 +123,13 @@ def gradient(f, *args, nest=False):
     >>> import numpy as np, tracker_gpu as tg
     >>> tg.gradient(lambda p: tg.sum(p["w"] * p["x"]), {"w": np.ones(2), "x": np.arange(2.0)})
     ({'w': array([0., 1.]), 'x': array([1., 1.])},)
+    >>> tg.gradient(lambda w, x: tg.sum(w * x), np.ones(2), np.arange(2.0), wrt=0)
+    (array([0., 1.]), None)
     """
-    return withgradient(f, *args, nest=nest).grad
+    return withgradient(f, *args, nest=nest, wrt=wrt).grad
 
 
-def withgradient(f, *args, nest=False):
+def withgradient(f, *args, nest=False, wrt=None):
     """`(val, grad)`: the value of `f(*args)` (its whole output, with plain arrays of the data's
     library where it returned tracked ones) and `gradient(f, *args)`. With `nest=True` the
     value stays tracked, like the gradients, for an outer derivative.
@@ -141,15 +145,35 @@ def withgradient(f, *args, nest=False):
             "write tg.gradient(lambda x: loss(x), x), not tg.gradient(loss(x), x)"
         )
     if len(args) == 1 and isinstance(args[0], Params):
+        if wrt is not None:
+            raise TypeError("wrt= names arguments by position; Params already says what to track")
         return _implicit(f, args[0], nest)
-    args, inputs, tracked_args = track_inputs(args, nest)
+    chosen = positions(wrt, len(args))
+    args, inputs, tracked_args = track_inputs(args, nest, chosen)
     val = f(*tracked_args)
     loss = val[0] if isinstance(val, tuple) else val
     found = backprop(loss, inputs.values(), nest)
     plain = not nest and recording.current() is None  # a recording keeps the values traced
-    return WithGradient(
-        untracked(val) if plain else val, gradients_in_place(args, inputs, found, nest)
-    )
+    grads = gradients_in_place(args, inputs, found, nest, chosen)
+    return WithGradient(untracked(val) if plain else val, grads)
+
+
+def positions(wrt, count):
+    """The positions `wrt` names among `count` arguments, as a frozenset (all when None)."""
+    if wrt is None:
+        return frozenset(range(count))
+    chosen = (wrt,) if isinstance(wrt, int) and not isinstance(wrt, bool) else wrt
+    if not isinstance(chosen, tuple) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in chosen
+    ):
+        raise TypeError(f"wrt takes an argument's position or a tuple of them, got {wrt!r}")
+    bad = [i for i in chosen if not -count <= i < count]
+    if bad:
+        raise ValueError(
+            f"wrt={wrt!r} names position {bad[0]}, but the function is given {count} "
+            f"argument{'s' * (count != 1)} (positions 0 to {count - 1})"
+        )
+    return frozenset(i % count for i in chosen)
 
 
 def untracked(val):
@@ -168,24 +192,46 @@ def _plain(x):
     return x
 
 
-def track_inputs(args, nest):
+def track_inputs(args, nest, chosen=None):
     """`(args, inputs, tracked_args)`: top-level floats made arrays, a tracked input for each
     parameter (keyed by the id of the user's array) and the arguments with the inputs in place.
 
     What is a parameter: a floating-point array, wherever it is in the arguments, and a Python
     float given as an argument itself. Integer and boolean arrays are data (labels, indices,
     masks) wherever they are, and numbers inside a structure are constants (a layer's eps).
+    Only the arguments at the positions `chosen` (all when None) are looked into; the others
+    are data.
     """
-    args = tuple(top_level(a, position) for position, a in enumerate(args))
+    if chosen is None:
+        chosen = frozenset(range(len(args)))
+    args = tuple(top_level(a, i) if i in chosen else a for i, a in enumerate(args))
     inputs = {}
-    return args, inputs, tuple(_track(a, inputs, nest) for a in args)
+    tracked_args = tuple(
+        _track(a, inputs, nest) if i in chosen else _as_data(a) for i, a in enumerate(args)
+    )
+    return args, inputs, tracked_args
 
 
-def gradients_in_place(args, inputs, found, nest):
-    """The arguments' structure with each parameter's gradient (from `found`) in its place."""
+def gradients_in_place(args, inputs, found, nest, chosen=None):
+    """The arguments' structure with each parameter's gradient (from `found`) in its place;
+    None for an argument not among the positions `chosen` (all when None)."""
     plain = not nest and recording.current() is None  # a recording keeps the gradients traced
     hand_out = HandOut(made.data for made in inputs.values()) if plain else None
-    return tuple(tree_map(lambda x: _grad_of(x, inputs, found, hand_out), a) for a in args)
+    return tuple(
+        tree_map(lambda x: _grad_of(x, inputs, found, hand_out), a)
+        if chosen is None or i in chosen
+        else None
+        for i, a in enumerate(args)
+    )
+
+
+def _as_data(tree):
+    """An argument not differentiated: as it is, or, while tg.compile records, with its arrays
+    traced as data (read anew by every replay)."""
+    if recording.current() is None:
+        return tree
+    traced = {}
+    return tree_map(lambda x: _traced_data(x, traced), tree)
 
 
 def top_level(x, position):

@@ -11,7 +11,7 @@ import contextlib
 import threading
 
 from . import draws, primitive, recording, tracked
-from .api import given_seed, gradient, gradients_in_place, track_inputs
+from .api import given_seed, gradient, gradients_in_place, positions, track_inputs
 from .backend import namespace_of
 from .primitive import Primitive, record_saving_arguments, resolve, tracked_values
 from .rules.elementwise import identity
@@ -49,16 +49,30 @@ def forward(f, *args):
     return data(y), back
 
 
-def jacobian(f, x):
-    """The Jacobian of `f` at the array `x`: one row per element of `f(x)` (flattened), one
-    column per element of `x` (flattened). Seeds are made on the data's device.
+def jacobian(f, *args, wrt=0):
+    """The Jacobian of `f` at the array `args[wrt]`: one row per element of `f(*args)`
+    (flattened), one column per element of that argument (flattened); the other arguments are
+    data. `wrt` a tuple of positions gives a tuple of Jacobians. Seeds are made on the data's
+    device.
 
     >>> import numpy as np, tracker_gpu as tg
     >>> A = np.array([[1.0, 2.0], [3.0, 4.0]])
     >>> tg.jacobian(lambda x: A @ x, np.array([1.0, 1.0]))
     array([[1., 2.],
            [3., 4.]])
+    >>> tg.jacobian(lambda A, x: A @ x, A, np.array([1.0, -1.0]), wrt=1)
+    array([[1., 2.],
+           [3., 4.]])
     """
+    if not args:
+        raise TypeError("jacobian needs the point: tg.jacobian(f, x)")
+    if isinstance(wrt, tuple):
+        return tuple(jacobian(f, *args, wrt=i) for i in sorted(positions(wrt, len(args))))
+    (i,) = positions(wrt, len(args))
+    return _jacobian(lambda x: f(*args[:i], x, *args[i + 1 :]), args[i])
+
+
+def _jacobian(f, x):
     x_in = x if isinstance(x, TrackedArray) else leaf(_as_float(x))
     y = f(x_in)
     xp = namespace_of(data(x_in))
@@ -76,15 +90,25 @@ def jacobian(f, x):
     return xp.stack([xp.reshape(r, (n,)) for r in rows])
 
 
-def hessian(f, x):
-    """The Hessian of the scalar `f` at `x`: the Jacobian of its nested gradient.
+def hessian(f, *args, wrt=0):
+    """The Hessian of the scalar `f` at the array `args[wrt]` (one position; the other
+    arguments are data): the Jacobian of its nested gradient.
 
     >>> import numpy as np, tracker_gpu as tg
     >>> tg.hessian(lambda x: tg.sum(x**3), np.array([1.0, 2.0]))
     array([[ 6.,  0.],
            [ 0., 12.]])
     """
-    return jacobian(lambda x: reshape(gradient(f, x, nest=True)[0], (-1,)), x)
+    if not args:
+        raise TypeError("hessian needs the point: tg.hessian(f, x)")
+    if not isinstance(wrt, int) or isinstance(wrt, bool):
+        raise TypeError(f"hessian takes one argument's position as wrt, got {wrt!r}")
+    (i,) = positions(wrt, len(args))
+
+    def at(x):
+        return f(*args[:i], x, *args[i + 1 :])
+
+    return _jacobian(lambda x: reshape(gradient(at, x, nest=True)[0], (-1,)), args[i])
 
 
 def hvp(f, x, v):

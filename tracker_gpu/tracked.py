@@ -66,6 +66,13 @@ class TrackedArray:
     def to_device(self, device, /, *, stream=None):
         return to_device(self, device)
 
+    def __dlpack__(self, **kwargs):
+        """The data, exported (the tape stays here: what the consumer computes is not recorded)."""
+        return self.data.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.data.__dlpack_device__()
+
     def __array__(self, *args, **kwargs):
         raise TypeError(
             "converting a TrackedArray to a NumPy array would drop its gradient tape; "
