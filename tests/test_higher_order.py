@@ -202,10 +202,15 @@ def test_jacobian_of_a_linear_map_is_the_matrix(backend):
     assert np.array_equal(backend.to_numpy(J), backend.to_numpy(A))
 
 
-def test_jacobian_of_matrix_valued_functions_flattens_rows():
+def test_jacobian_keeps_the_shapes_of_output_and_input():
     x = np.array([[1.0, 2.0], [3.0, 4.0]])
     J = tg.jacobian(lambda x: x * x, x)
-    assert np.allclose(J, np.diag(2 * x.ravel()))
+    assert J.shape == (2, 2, 2, 2)
+    assert np.allclose(J.reshape(4, 4), np.diag(2 * x.ravel()))
+    J = tg.jacobian(lambda x: tg.sum(x, axis=0), np.ones((3, 2)))
+    assert J.shape == (2, 3, 2) and np.array_equal(J[1], [[0, 1], [0, 1], [0, 1]])
+    H = tg.hessian(lambda x: tg.sum(x**3), x)
+    assert H.shape == (2, 2, 2, 2) and np.allclose(H.reshape(4, 4), np.diag(6 * x.ravel()))
 
 
 def test_forward_returns_a_reusable_pullback():

@@ -53,8 +53,8 @@ def jvp(f, primals, tangents):
 
 def jacfwd(f, x):
     """The Jacobian of `f` at the array `x` by forward mode, one `jvp` per element of `x`: the
-    same layout as `jacobian` (rows the flattened output, columns the flattened `x`), cheaper
-    when `x` has fewer elements than `f(x)`.
+    same layout as `jacobian` (`f(x).shape + x.shape`), cheaper when `x` has fewer elements
+    than `f(x)`.
 
     >>> import numpy as np, tracker_gpu as tg
     >>> tg.jacfwd(lambda x: tg.stack([x[0] * x[1], 3.0 * x[0]]), np.array([2.0, 5.0]))
@@ -67,11 +67,12 @@ def jacfwd(f, x):
     for d in x.shape:
         n *= d
     eye = xp.eye(n, dtype=x.dtype, device=backend.device_of(x))
-    columns = []
+    columns, out_shape = [], ()
     for j in range(n):
         _, t = jvp(f, (x,), (xp.reshape(eye[j, :], tuple(x.shape)),))
+        out_shape = tuple(t.shape)
         columns.append(xp.reshape(data(t), (-1,)))
-    return xp.stack(columns, axis=1)
+    return xp.reshape(xp.stack(columns, axis=1), out_shape + tuple(x.shape))
 
 
 def _leaves(value):

@@ -16,7 +16,6 @@ from .backend import namespace_of
 from .primitive import Primitive, record_saving_arguments, resolve, tracked_values
 from .rules.elementwise import identity
 from .rules.reductions import sum as _sum
-from .rules.shape import reshape
 from .tape import Node, walk
 from .tracked import TrackedArray, data, leaf
 
@@ -50,10 +49,10 @@ def forward(f, *args):
 
 
 def jacobian(f, *args, wrt=0):
-    """The Jacobian of `f` at the array `args[wrt]`: one row per element of `f(*args)`
-    (flattened), one column per element of that argument (flattened); the other arguments are
-    data. `wrt` a tuple of positions gives a tuple of Jacobians. Seeds are made on the data's
-    device.
+    """The Jacobian of `f` at the array `args[wrt]`, of shape `f(*args).shape + x.shape` (as
+    JAX lays it out: for vectors, one row per output, one column per input); the other
+    arguments are data. `wrt` a tuple of positions gives a tuple of Jacobians. Seeds are made
+    on the data's device.
 
     >>> import numpy as np, tracker_gpu as tg
     >>> A = np.array([[1.0, 2.0], [3.0, 4.0]])
@@ -77,8 +76,9 @@ def _jacobian(f, x):
     y = f(x_in)
     xp = namespace_of(data(x_in))
     n = _size(x_in.shape)
+    shape = tuple(getattr(y, "shape", ())) + tuple(x_in.shape)  # JAX's layout
     if not isinstance(y, TrackedArray):
-        return xp.zeros((_size(getattr(y, "shape", ())), n), dtype=x_in.dtype, device=x_in.device)
+        return xp.zeros(shape, dtype=x_in.dtype, device=x_in.device)
     m = _size(y.shape)
     eye = xp.eye(m, dtype=y.dtype, device=y.device)
     rows = []
@@ -87,12 +87,12 @@ def _jacobian(f, x):
         reached = walk(y._node, seed, once=False, stop=(x_in._node,))
         g = next((g for node, g in reached if node is x_in._node), None)
         rows.append(xp.zeros(n, dtype=x_in.dtype, device=x_in.device) if g is None else g)
-    return xp.stack([xp.reshape(r, (n,)) for r in rows])
+    return xp.reshape(xp.stack([xp.reshape(r, (n,)) for r in rows]), shape)
 
 
 def hessian(f, *args, wrt=0):
     """The Hessian of the scalar `f` at the array `args[wrt]` (one position; the other
-    arguments are data): the Jacobian of its nested gradient.
+    arguments are data): the Jacobian of its nested gradient, of shape `x.shape + x.shape`.
 
     >>> import numpy as np, tracker_gpu as tg
     >>> tg.hessian(lambda x: tg.sum(x**3), np.array([1.0, 2.0]))
@@ -108,7 +108,7 @@ def hessian(f, *args, wrt=0):
     def at(x):
         return f(*args[:i], x, *args[i + 1 :])
 
-    return _jacobian(lambda x: reshape(gradient(at, x, nest=True)[0], (-1,)), args[i])
+    return _jacobian(lambda x: gradient(at, x, nest=True)[0], args[i])
 
 
 def hvp(f, x, v):
