@@ -315,3 +315,15 @@ def test_a_program_that_draws_on_the_host_is_not_captured(monkeypatch):
 def _inputs_numpy(shapes):
     rng = np.random.default_rng(3)
     return [rng.uniform(0.5, 1.5, s) for s in shapes]
+
+
+def test_wrt_leaves_a_float_batch_to_be_read_anew():
+    step = tg.compile(lambda w, x: tg.sum(tg.tanh(w * x)), wrt=0)
+    w = np.array([0.5, -1.0])
+    for seed in range(3):
+        x = np.random.default_rng(seed).standard_normal(2)
+        val, (gw, gx) = step(w, x)
+        eager_val, (ew, _) = tg.withgradient(lambda w, x: tg.sum(tg.tanh(w * x)), w, x, wrt=0)
+        assert gx is None and float(val) == float(eager_val)
+        np.testing.assert_array_equal(gw, ew)
+    assert step.cache_info().hits == 2

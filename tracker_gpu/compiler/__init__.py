@@ -31,7 +31,15 @@ from collections import OrderedDict, namedtuple
 from dataclasses import dataclass
 
 from .. import recording
-from ..api import HandOut, WithGradient, backprop, gradients_in_place, top_level, track_inputs
+from ..api import (
+    HandOut,
+    WithGradient,
+    backprop,
+    gradients_in_place,
+    positions,
+    top_level,
+    track_inputs,
+)
 from ..pytree import tree_map
 from ..recording import RecordingError
 from ..tracked import TrackedArray
@@ -45,23 +53,26 @@ CacheInfo = namedtuple("CacheInfo", "hits misses maxsize currsize eager")
 _EAGER = object()  # a signature that runs eagerly (fallback=True after a refusal)
 
 
-def compile(f, *, fallback=False, maxsize=32, cuda_graphs=True):
+def compile(f, *, wrt=None, fallback=False, maxsize=32, cuda_graphs=True):
     """`f` recorded once per signature and replayed after (see the module's docstring).
 
+    `wrt` differentiates only the arguments at those positions, as in `gradient` (a data batch
+    passed as a float array is then read anew by every replay, without a gradient);
     `fallback=True` runs `f` eagerly for a signature whose recording was refused; `maxsize`
     bounds the recordings kept (the least recently used goes first); `cuda_graphs=False`
     replays CuPy programs step by step instead of as CUDA graphs.
     """
     if not callable(f):
         raise TypeError(f"tg.compile needs a function, got {type(f).__name__}")
-    return Compiled(f, fallback, maxsize, cuda_graphs)
+    return Compiled(f, fallback, maxsize, cuda_graphs, wrt)
 
 
 class Compiled:
     """A compiled function: call it as `f`; `cache_info()` says what it holds."""
 
-    def __init__(self, f, fallback, maxsize, cuda_graphs):
+    def __init__(self, f, fallback, maxsize, cuda_graphs, wrt=None):
         self.f, self.fallback, self.maxsize, self.cuda_graphs = f, fallback, maxsize, cuda_graphs
+        self.wrt = wrt
         self._programs = OrderedDict()
         self._hits = self._misses = 0
         self._churned = False
@@ -77,7 +88,7 @@ class Compiled:
         self._hits += 1
         self._programs.move_to_end(key)
         if program is _EAGER:
-            return _plain(_eager(self.f, args))
+            return _plain(_eager(self.f, args, self.wrt))
         return _plain(program.run(arrays))
 
     def cache_info(self):
@@ -90,11 +101,11 @@ class Compiled:
 
     def _record(self, key, args):
         try:
-            program, result = record(self.f, args, self.cuda_graphs)
+            program, result = record(self.f, args, self.cuda_graphs, self.wrt)
         except RecordingError:
             if not self.fallback:
                 raise
-            program, result = _EAGER, _eager(self.f, args)
+            program, result = _EAGER, _eager(self.f, args, self.wrt)
         self._programs[key] = program
         while len(self._programs) > self.maxsize:
             self._programs.popitem(last=False)
@@ -119,27 +130,28 @@ class Compiled:
         return f"<tg.compile of {getattr(self.f, '__name__', self.f)!r}: {self.cache_info()}>"
 
 
-def record(f, args, cuda_graphs=True):
+def record(f, args, cuda_graphs=True, wrt=None):
     """Run `f` (and its gradient) once, recording: `(program, the result of this run)`."""
     arrays = arrays_of(args)
     recorder = Recorder(arrays)
     with recording.recording(recorder):
-        result = _traced_run(f, args, recorder)
+        result = _traced_run(f, args, recorder, wrt)
     program = Program(recorder, result, arrays, cuda_graphs)
     return program, tree_map(lambda v: v.data if isinstance(v, TrackedArray) else v, result)
 
 
-def _traced_run(f, args, recorder):
+def _traced_run(f, args, recorder, wrt=None):
     """`withgradient(f, *args)` with everything traced; `f`'s output if it took its own
     gradient."""
-    args, inputs, tracked_args = track_inputs(args, nest=False)
+    chosen = positions(wrt, len(args))
+    args, inputs, tracked_args = track_inputs(args, nest=False, chosen=chosen)
     walks = recorder.walks
     val = f(*tracked_args)
     if recorder.walks > walks:
         return _Own(val)
     loss = val[0] if isinstance(val, tuple) else val
     found = backprop(loss, inputs.values(), nest=False)
-    return WithGradient(val, gradients_in_place(args, inputs, found, nest=False))
+    return WithGradient(val, gradients_in_place(args, inputs, found, nest=False, chosen=chosen))
 
 
 @dataclass
@@ -149,10 +161,10 @@ class _Own:
     val: object
 
 
-def _eager(f, args):
+def _eager(f, args, wrt=None):
     from ..api import withgradient
 
-    return withgradient(f, *args)
+    return withgradient(f, *args, wrt=wrt)
 
 
 def _plain(result):
