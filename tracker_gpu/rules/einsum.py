@@ -129,8 +129,8 @@ def _forward(xp, *operands, subscripts):
     native = getattr(xp, "einsum", None)
     if native is None:
         return _composed(xp, subscripts, operands)
-    if xp is np and len(operands) > 2:
-        return np.einsum(subscripts, *operands, optimize=True)
+    if xp is np:  # an array, not a NumPy scalar, for a 0-d result
+        return np.asarray(np.einsum(subscripts, *operands, optimize=len(operands) > 2))
     return native(subscripts, *operands)
 
 
