@@ -13,6 +13,7 @@ from . import namespace, testing
 from .namespace import *
 from .api import Grads, Params, WithGradient, back, gradient, nobacksies, withgradient
 from .broadcast import broadcast
+from .rules.indexed import at
 from .checks import sync_checks
 from .functional import checkpoint, forward, hessian, hook, hvp, jacobian, notrack, stop_gradient
 from .forward_mode import jacfwd, jvp

@@ -19,7 +19,7 @@ import types
 import numpy as np
 
 from . import creation
-from .rules import elementwise, manipulation, nn, reductions, shape
+from .rules import einsum, elementwise, manipulation, nn, reductions, shape
 from .rules import linalg as linalg_rules
 
 __array_api_version__ = "2024.12"
@@ -44,7 +44,7 @@ _SHARED.update(
 _SHARED.update(
     _names(linalg_rules, "matmul matrix_transpose tensordot vecdot kron diagm logdet outer trace")
 )
-_SHARED.update(tril=creation.tril, triu=creation.triu)
+_SHARED.update(tril=creation.tril, triu=creation.triu, einsum=einsum.einsum)
 _CONSTANTS = dict(e=math.e, pi=math.pi, inf=math.inf, nan=math.nan, newaxis=None)
 
 linalg = types.ModuleType("tracker_gpu.linalg", "The standard's linalg extension, differentiable.")

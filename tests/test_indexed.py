@@ -1,0 +1,151 @@
+"""tg.at: values against NumPy (np.add.at and friends, assignment for set), gradients in x and v
+against finite differences on every backend, repeated indices, broadcast values, no mutation."""
+
+import numpy as np
+import pytest
+from helpers import check, check_nested, numpy_of
+
+import tracker_gpu as tg
+
+SHAPE = (4, 5)
+MASK = np.random.default_rng(3).uniform(size=SHAPE) > 0.5
+
+# name: an index into an array of SHAPE, in NumPy terms (arrays become the backend's)
+KEYS = {
+    "int": 1,
+    "negative-int": -1,
+    "slice": slice(1, 3),
+    "step-slice": (slice(None), slice(None, None, 2)),
+    "int-slice": (2, slice(1, 4)),
+    "ints": (1, 3),
+    "array": np.array([2, 0, 3]),
+    "array-repeated": np.array([0, 2, 0, 3, 0]),
+    "arrays-repeated": (np.array([0, 1, 0, 3]), np.array([2, 2, 2, 4])),
+    "slice-array-repeated": (slice(None), np.array([1, 1, 4, 1])),
+    "mask": MASK,
+    "mask-rows": np.array([True, False, True, True]),
+    "ellipsis": (Ellipsis, 2),
+}
+METHODS = ["set", "add", "subtract", "multiply", "min", "max"]
+UFUNCS = {
+    "add": np.add,
+    "subtract": np.subtract,
+    "multiply": np.multiply,
+    "min": np.minimum,
+    "max": np.maximum,
+}
+
+
+def randn(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def numpy_reference(x, key, v, method):
+    y = x.copy()
+    if method == "set":
+        y[key] = v  # NumPy's assignment: the last value wins where an element repeats
+    else:
+        UFUNCS[method].at(y, key, np.broadcast_to(v, y[key].shape))
+    return y
+
+
+def on(backend, key):
+    if isinstance(key, tuple):
+        return tuple(on(backend, k) for k in key)
+    if isinstance(key, np.ndarray):
+        return backend.asarray(key)
+    return key
+
+
+def selected_shape(key):
+    return np.zeros(SHAPE)[key].shape
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("name", KEYS)
+def test_value(backend, name, method):
+    key = KEYS[name]
+    x, v = randn(*SHAPE), randn(*selected_shape(key), seed=1)
+    expected = numpy_reference(x, key, v, method)
+    bx, bv = backend.asarray(x), backend.asarray(v)
+    got = getattr(tg.at(bx)[on(backend, key)], method)(bv)
+    assert not tg.istracked(got)
+    np.testing.assert_allclose(numpy_of(backend, got), expected, rtol=1e-14, atol=1e-14)
+    np.testing.assert_array_equal(numpy_of(backend, bx), x)  # x is not written to
+    tracked = getattr(tg.at(tg.param(bx), on(backend, key)), method)(tg.param(bv))
+    assert tg.istracked(tracked)
+    np.testing.assert_allclose(numpy_of(backend, tracked), expected, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("name", KEYS)
+def test_gradient(backend, name, method):
+    key = on(backend, KEYS[name])
+    x = backend.asarray(randn(*SHAPE))
+    v = backend.asarray(randn(*selected_shape(KEYS[name]), seed=1))
+    check(backend, lambda x, v: getattr(tg.at(x)[key], method)(v), x, v)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("name", ["array-repeated", "arrays-repeated", "slice", "mask"])
+def test_broadcast_value(backend, name, method):
+    """v of the last axis's size or a 0-d array broadcasts to x[idx]; so does a number."""
+    key = KEYS[name]
+    x = randn(*SHAPE)
+    sel = selected_shape(key)
+    for v in [randn(*sel[-1:], seed=2), np.array(0.7), randn(1, seed=3)]:
+        expected = numpy_reference(x, key, v, method)
+        bv = backend.asarray(v)
+        got = getattr(tg.at(backend.asarray(x))[on(backend, key)], method)(bv)
+        np.testing.assert_allclose(numpy_of(backend, got), expected, rtol=1e-14, atol=1e-14)
+        k = on(backend, key)
+        check(backend, lambda x, v, k=k: getattr(tg.at(x)[k], method)(v), backend.asarray(x), bv)
+    got = getattr(tg.at(tg.param(backend.asarray(x)))[on(backend, key)], method)(0.7)
+    expected = numpy_reference(x, key, np.array(0.7), method)
+    np.testing.assert_allclose(numpy_of(backend, got), expected, rtol=1e-14, atol=1e-14)
+
+
+def test_repeated_add_accumulates(backend):
+    x = backend.asarray(np.zeros(3))
+    got = tg.at(x)[backend.asarray(np.array([1, 1, 1, 0]))].add(1.0)
+    np.testing.assert_array_equal(numpy_of(backend, got), [1.0, 3.0, 0.0])
+
+
+def test_repeated_set_last_wins_gradient(backend):
+    """Only the last value written to a repeated position gets a gradient; x gets none there."""
+    x = backend.asarray(np.ones(3))
+    v = backend.asarray(np.array([2.0, 3.0, 4.0]))
+    key = backend.asarray(np.array([1, 0, 1]))
+    y = tg.at(x)[key].set(v)
+    np.testing.assert_array_equal(numpy_of(backend, y), [3.0, 4.0, 1.0])
+    gx, gv = tg.gradient(lambda x, v: tg.sum(tg.at(x)[key].set(v) * y), x, v)
+    np.testing.assert_array_equal(numpy_of(backend, gx), [0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(numpy_of(backend, gv), [0.0, 3.0, 4.0])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_second_order(backend, method):
+    key = on(backend, KEYS["array-repeated"])
+    x = backend.asarray(randn(*SHAPE))
+    v = backend.asarray(randn(*selected_shape(KEYS["array-repeated"]), seed=1))
+
+    def in_x(x):
+        y = getattr(tg.at(x)[key], method)(x[0, :] * v)
+        return y * y
+
+    def in_v(v):
+        y = getattr(tg.at(x)[key], method)(v)
+        return y * y * y
+
+    check_nested(backend, in_x, x)
+    check_nested(backend, in_v, v)
+
+
+def test_refused(backend):
+    x = backend.asarray(randn(*SHAPE))
+    with pytest.raises(ValueError, match="broadcast"):
+        tg.at(x)[1].set(backend.asarray(randn(4)))
+    with pytest.raises(ValueError, match="no index"):
+        tg.at(x).set(1.0)
+    with pytest.raises(ValueError, match="twice"):
+        tg.at(x, 1)[2]
