@@ -8,8 +8,8 @@ Workloads (float64 chains on a 1-element array, where the cost is all per-operat
 a float32 MLP step where it is not):
 - chain y*c: `y = y * 1.0001`, `--ops` times, then the gradient of `sum(y)`.
 - chain mixed: the same length cycling through `y * c`, `sin(y)`, `y + c`, `tanh(y)`.
-- MLP step: 784-128-10, tanh, logit cross-entropy of a batch, forward + backward + a momentum
-  step (`v = 0.9 v + eta g; x -= v`, Optimisers.jl's Momentum), the model's arrays shared.
+- MLP step: 784-128-10, tanh, logit cross-entropy of a batch, forward + backward + Adam (the
+  textbook form, Kingma & Ba 2015, in every peer), from the same initial parameters.
 
 Every peer computes the same formulation: NumPy by hand keeps each chain's inputs in the
 forward pass and multiplies the derivatives in the backward pass (what a tape does, written
@@ -21,7 +21,7 @@ installed. Not measured: memory (see memory.py), the cost of the first call (rec
 JAX's tracing and compilation).
 
 `--backend cupy` (a GPU; a step of `ci/gpu`): the MLP step on CuPy, eager and compiled (replayed
-as a CUDA graph), beside PyTorch CUDA eager with SGD's momentum, each checked against NumPy by
+as a CUDA graph), beside PyTorch CUDA eager with `torch.optim.Adam`, each checked against NumPy by
 hand first; timed with CUDA events over blocks of consecutive steps (host overhead included),
 the steppers interleaved block by block. Targets: the compiled step at least 3x faster than the
 eager one, and faster than PyTorch's.
@@ -42,7 +42,7 @@ from tracker_gpu import nn, optim
 
 C = 1.0001
 SIZES = (784, 128, 10)
-ETA, RHO = 0.01, 0.9
+LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.999, 1e-8
 
 
 # --- the chains
@@ -156,7 +156,20 @@ def params_of(model):
             model.layers[1].weight, model.layers[1].bias]  # fmt: skip
 
 
-def numpy_step(params, velocities, x, onehot):
+def adam_by_hand(xp, params, moments, t, grads):
+    """Adam's update as the paper writes it; `t` the step count before this step."""
+    t = t + 1
+    new_params, new_moments = [], []
+    for p, g, (m, v) in zip(params, grads, moments):
+        m = BETA1 * m + (1 - BETA1) * g
+        v = BETA2 * v + (1 - BETA2) * g * g
+        m_hat, v_hat = m / (1 - BETA1**t), v / (1 - BETA2**t)
+        new_params.append(p - LR * m_hat / (xp.sqrt(v_hat) + EPS))
+        new_moments.append((m, v))
+    return new_params, new_moments, t
+
+
+def numpy_step(params, moments, t, x, onehot):
     w1, b1, w2, b2 = params
     h = np.tanh(x @ w1.T + b1)
     logits = h @ w2.T + b2
@@ -166,8 +179,7 @@ def numpy_step(params, velocities, x, onehot):
     dlogits = (np.exp(logp) - onehot) / x.shape[0]
     dz1 = (dlogits @ w2) * (1 - h * h)
     grads = [dz1.T @ x, dz1.sum(axis=0), dlogits.T @ h, dlogits.sum(axis=0)]
-    velocities = [RHO * v + ETA * g for v, g in zip(velocities, grads)]
-    return loss, [p - v for p, v in zip(params, velocities)], velocities
+    return (loss, *adam_by_hand(np, params, moments, t, grads))
 
 
 def torch_mlp(model, x, labels, device="cpu"):
@@ -175,7 +187,7 @@ def torch_mlp(model, x, labels, device="cpu"):
 
     params = [torch.tensor(np.array(p), device=device, requires_grad=True)
               for p in params_of(model)]  # fmt: skip
-    opt = torch.optim.SGD(params, lr=ETA, momentum=RHO)  # v = 0.9 v + g; x -= eta v: same cost
+    opt = torch.optim.Adam(params, lr=LR, betas=(BETA1, BETA2), eps=EPS)
     tx, ty = torch.from_numpy(x).to(device), torch.from_numpy(labels).to(device)
 
     def step():
@@ -200,18 +212,18 @@ def jax_mlp(model, x, labels):
         return -jnp.mean(jnp.sum(onehot * jax.nn.log_softmax(logits), axis=1))
 
     @jax.jit
-    def step(params, velocities, x, onehot):
+    def step(params, moments, t, x, onehot):
         loss, grads = jax.value_and_grad(loss_of)(params, x, onehot)
-        velocities = [RHO * v + ETA * g for v, g in zip(velocities, grads)]
-        return loss, [p - v for p, v in zip(params, velocities)], velocities
+        return (loss, *adam_by_hand(jnp, params, moments, t, grads))
 
     onehot = jnp.asarray(np.eye(SIZES[-1], dtype=np.float32)[labels])
-    current = [[jnp.asarray(p) for p in params_of(model)], None]
-    current[1] = [jnp.zeros_like(p) for p in current[0]]
+    params = [jnp.asarray(p) for p in params_of(model)]
+    current = [params, [(jnp.zeros_like(p), jnp.zeros_like(p)) for p in params], jnp.float32(0)]
     jx = jnp.asarray(x)
 
     def run():
-        loss, current[0], current[1] = step(*current, jx, onehot)
+        loss, *state = step(*current, jx, onehot)
+        current[:] = state
         return jax.block_until_ready(loss)
 
     return run
@@ -220,12 +232,12 @@ def jax_mlp(model, x, labels):
 def mlp_steppers(batch):
     x, labels, model = make_problem(batch)
     onehot = np.eye(SIZES[-1], dtype=np.float32)[labels]
-    rule = optim.Momentum(ETA, RHO)
+    rule = optim.Adam(LR, (BETA1, BETA2), EPS)
     compiled = tg.compile(tracker_step)
     current = {
         "eager": (model, optim.setup(rule, model)),
         "compiled": (model, optim.setup(rule, model)),
-        "numpy": (params_of(model), [np.zeros_like(p) for p in params_of(model)]),
+        "numpy": (params_of(model), [(np.zeros_like(p),) * 2 for p in params_of(model)], 0),
     }
 
     def tracker(kind, step):
@@ -237,8 +249,8 @@ def mlp_steppers(batch):
         return run
 
     def by_hand():
-        loss, params, velocities = numpy_step(*current["numpy"], x, onehot)
-        current["numpy"] = (params, velocities)
+        loss, *state = numpy_step(*current["numpy"], x, onehot)
+        current["numpy"] = state
         return loss
 
     steppers = {
@@ -296,10 +308,10 @@ def gpu_run(args):
         return None
     x, labels, model = make_problem(args.batch)
     onehot = np.eye(SIZES[-1], dtype=np.float32)[labels]
-    params = (params_of(model), [np.zeros_like(p) for p in params_of(model)])
+    state = (params_of(model), [(np.zeros_like(p),) * 2 for p in params_of(model)], 0)
     expected = []
     for _ in range(3):
-        loss, *params = numpy_step(*params, x, onehot)
+        loss, *state = numpy_step(*state, x, onehot)
         expected.append(float(loss))
     steps = {name: cupy_mlp(cp, x, labels, model, compiled)
              for name, compiled in (("eager", False), ("compiled", True))}  # fmt: skip
@@ -336,7 +348,7 @@ def cupy_mlp(cp, x, labels, model, compiled):
     x, labels = cp.asarray(x), cp.asarray(labels)
     model = nn.place(model, xp="cupy")
     step = tg.compile(tracker_step) if compiled else tracker_step
-    current = [model, optim.setup(optim.Momentum(ETA, RHO), model)]
+    current = [model, optim.setup(optim.Adam(LR, (BETA1, BETA2), EPS), model)]
 
     def run():
         loss, state, new_model = step(*current, x, labels)

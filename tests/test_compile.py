@@ -135,7 +135,16 @@ def test_a_signature_that_changes_every_call_is_reported():
     assert step.cache_info().misses == 3
 
 
-@pytest.mark.parametrize("rule", [optim.Descent(0.1), optim.Momentum(0.05)], ids=repr)
+RULES = [
+    optim.Descent(0.1),
+    optim.Momentum(0.05),
+    optim.Adam(0.01),
+    optim.AdamW(0.01, weight_decay=0.1),
+    optim.AdaBelief(0.01),
+]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: type(rule).__name__)
 def test_a_training_step_is_one_program(rule):
     """`f` takes its own gradient and updates the model: the step returns `f`'s output, and
     replays give the eager step's losses and parameters."""

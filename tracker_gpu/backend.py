@@ -16,6 +16,7 @@ __all__ = [
     "namespace_of",
     "is_array",
     "is_cupy",
+    "is_numpy_namespace",
     "is_lazy",
     "device_of",
     "on_accelerator",
@@ -183,8 +184,12 @@ def check_same_device(arrays):
             )
 
 
-def _is_numpy_like(xp):
+def is_numpy_namespace(xp):
+    """Whether `xp` is NumPy's namespace (NumPy itself, or array-api-compat's wrapper)."""
     return xp is np or getattr(xp, "__name__", "") == "array_api_compat.numpy"
+
+
+_is_numpy_like = is_numpy_namespace
 
 
 def _is_dask(xp):

@@ -25,6 +25,7 @@ True
 CacheInfo(hits=1, misses=1, maxsize=32, currsize=1, eager=0)
 """
 
+import copy
 import functools
 import warnings
 from collections import OrderedDict, namedtuple
@@ -79,7 +80,8 @@ class Compiled:
         functools.update_wrapper(self, f, updated=())
 
     def __call__(self, *args):
-        args = tuple(top_level(a, i) for i, a in enumerate(args))
+        memo = {}
+        args = tuple(_prepared(top_level(a, i), memo) for i, a in enumerate(args))
         key, arrays = signature_and_arrays(args)
         program = self._programs.get(key)
         if program is None:
@@ -152,6 +154,38 @@ def _traced_run(f, args, recorder, wrt=None):
     loss = val[0] if isinstance(val, tuple) else val
     found = backprop(loss, inputs.values(), nest=False)
     return WithGradient(val, gradients_in_place(args, inputs, found, nest=False, chosen=chosen))
+
+
+def _prepared(x, memo):
+    """`x` with each object that has a `__tracker_compile__` method replaced by what it returns
+    (an optimiser's `Leaf` gives its step counts as 0-d arrays, so that a replay reads them
+    rather than fixing them); each object once, so that what was shared stays shared; the
+    containers around a replaced object rebuilt, the others kept."""
+    hook = getattr(type(x), "__tracker_compile__", None)
+    if hook is not None:
+        if id(x) not in memo:
+            memo[id(x)] = hook(x)
+        return memo[id(x)]
+    if isinstance(x, dict):
+        values = [_prepared(v, memo) for v in x.values()]
+        changed = any(a is not b for a, b in zip(values, x.values()))
+        return type(x)(zip(x.keys(), values)) if changed else x
+    if isinstance(x, (tuple, list)):
+        values = [_prepared(v, memo) for v in x]
+        if not any(a is not b for a, b in zip(values, x)):
+            return x
+        return type(x)(*values) if hasattr(x, "_fields") else type(x)(values)
+    fields = getattr(type(x), "__dataclass_fields__", None)
+    if fields is None or isinstance(x, type):
+        return x
+    out = x
+    for name in fields:
+        value = getattr(x, name)
+        new = _prepared(value, memo)
+        if new is not value:
+            out = copy.copy(x) if out is x else out
+            object.__setattr__(out, name, new)  # frozen dataclasses too
+    return out
 
 
 @dataclass

@@ -11,7 +11,9 @@ by hand.
 """
 
 from .. import draws
+from ..backend import is_numpy_namespace
 from ..primitive import Primitive, _fit
+from ..rules import elementwise as ew
 from ..rules.reductions import _sum as _SUM
 from ..tape import Node
 from .recorder import Call, Draw, Walk
@@ -55,9 +57,10 @@ def generate(program):
         for slot in last.get(point[:2], ())
         if slot in local and slot not in program.outputs
     ]
+    reusable = _Reuse(program, last, local)
     for index, step in enumerate(program.steps):
         if isinstance(step, Call):
-            _forward(src, step)
+            _forward(src, step, reusable.buffer(index, step))
         elif isinstance(step, Draw):
             rng, like = src.bind("R", step.rng), src.bind("L", step.like)
             src.emit(f"v{step.out} = DRAW({rng}, {step.shape!r}, {like})")
@@ -72,9 +75,14 @@ def generate(program):
 
 
 # --- forward
-def _forward(src, step):
+def _forward(src, step, buffer=None):
     values = [f"v{i}" for i in step.inputs]
-    template = _template(step.node.rule, step.kw) if _own_forward(step) else None
+    if buffer is not None:  # an arithmetic step into an input's buffer, read here for the last time
+        xp = src.bind("XP", step.xp)
+        name = _UFUNCS[step.function]
+        src.emit(f"v{step.out} = {xp}.{name}({', '.join(values)}, out=v{buffer})")
+        return
+    template = _template_of(step)
     if template is not None:
         xp = src.bind("XP", step.xp)
         src.emit(f"v{step.out} = {template.forward(xp, *values)}")
@@ -95,6 +103,51 @@ def _own_forward(step):
 def _template(rule, kw):
     template = TEMPLATES.get(rule) if isinstance(rule, Primitive) else None
     return template if template is not None and template.applies(kw) else None
+
+
+def _template_of(step):
+    """The template standing in for a step's forward: its rule's, or, for a value computed
+    with no gradient (an optimiser's update), the template of the forward it called."""
+    if _own_forward(step):
+        return _template(step.node.rule, step.kw)
+    template = _BY_FORWARD.get(step.function)
+    return template if template is not None and template.applies(step.kw) else None
+
+
+_BY_FORWARD = {rule.forward: template for rule, template in TEMPLATES.items()}
+_UFUNCS = {ew.add.forward: "add", ew.subtract.forward: "subtract",
+           ew.multiply.forward: "multiply", ew.divide.forward: "divide"}  # fmt: skip
+
+
+class _Reuse:
+    """Which arithmetic steps may write into the buffer of an operand (NumPy only): one that
+    this program made itself with an arithmetic template (a fresh array, no view of another),
+    of the result's shape and dtype, and read here for the last time."""
+
+    def __init__(self, program, last, local):
+        self.last, self.local, self.outputs = last, local, set(program.outputs)
+        self.fresh = {}  # slot -> (shape, dtype) of a fresh array made by an arithmetic step
+        self.inputs = program.inputs
+
+    def buffer(self, index, step):
+        function = step.function
+        template = _template_of(step)
+        if template is None or not is_numpy_namespace(step.xp):
+            return None
+        shape, dtype = tuple(step.node.shape), step.node.dtype
+        found = None
+        if function in _UFUNCS and len(step.inputs) == 2 and shape:
+            dying = set(self.last.get((index, None), ())) - self.outputs
+            for slot in step.inputs:
+                if slot in dying and slot in self.local and self.fresh.get(slot) == (shape, dtype):
+                    found = slot
+                    break
+        if shape and function in _FRESH:
+            self.fresh[step.out] = (shape, dtype)
+        return found
+
+
+_FRESH = {rule.forward for rule in TEMPLATES if rule is not _SUM}
 
 
 # --- backward

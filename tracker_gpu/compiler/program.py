@@ -8,6 +8,7 @@ walk of the recorded nodes with its counts known (`tape.replay`), so that the fu
 serve it, and on a GPU the whole replay is one CUDA graph (`graphs.py`).
 """
 
+import copy
 import sys
 import threading
 import warnings
@@ -48,6 +49,7 @@ class Program:
         self.start = [None if i < self.inputs or i in self.made else v for i, v in values]
         self.result = tree_map(lambda v: _slot(recorder, v), result)
         self.outputs = sorted({v.index for v in tree_leaves(self.result) if isinstance(v, _Slot)})
+        self._rebuild = _builder(self.result)
         for node in recorder.nodes:  # the recording's values are not the program's
             node.saved = None
         self.interpreted = on_host_now() or any(is_cupy(a) for a in arrays)
@@ -67,7 +69,7 @@ class Program:
             with self._lock:  # the recorded nodes hold this run's pending gradients
                 graph = self._captured(arrays)
                 env = graph.run(arrays) if graph is not None else self.interpret(arrays)
-        return tree_map(lambda v: env[v.index] if isinstance(v, _Slot) else v, self.result)
+        return self._rebuild(env)
 
     def interpret(self, arrays):
         """The environment after running the steps one by one on `arrays`."""
@@ -96,6 +98,35 @@ class Program:
             )
             return None
         return self.graph
+
+
+def _builder(template):
+    """A function of the environment that builds `template` with each slot's value in its
+    place, made once: cheaper on every replay than mapping over the structure."""
+    if isinstance(template, _Slot):
+        index = template.index
+        return lambda env: env[index]
+    if isinstance(template, dict):
+        keys, parts = list(template), [_builder(v) for v in template.values()]
+        kind = type(template)
+        return lambda env: kind(zip(keys, [part(env) for part in parts]))
+    if isinstance(template, (tuple, list)):
+        parts, kind = [_builder(v) for v in template], type(template)
+        if hasattr(template, "_fields"):  # a named tuple
+            return lambda env: kind(*[part(env) for part in parts])
+        return lambda env: kind([part(env) for part in parts])
+    fields = getattr(type(template), "__dataclass_fields__", None)
+    if fields is None or isinstance(template, type):
+        return lambda env: template
+    parts = [(name, _builder(getattr(template, name))) for name in fields]
+
+    def dataclass_instance(env):
+        out = copy.copy(template)
+        for name, part in parts:
+            object.__setattr__(out, name, part(env))
+        return out
+
+    return dataclass_instance
 
 
 def _slot(recorder, value):

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 from ..backend import namespace_of
+from ..rules.elementwise import astype, sqrt
 from .rules import Rule, check_beta, check_fraction, check_nonnegative
 
 __all__ = ["Adam", "AdamW", "RMSProp", "AdaGrad", "AdaBelief", "Lion"]
@@ -31,6 +32,16 @@ def _moving(average, value, beta):
     return out
 
 
+def _root(value):
+    return math.sqrt(value) if isinstance(value, (int, float)) else sqrt(value)
+
+
+def _scalar(value, like):
+    """A step's scalar as the arrays take it: a Python number as it is; a 0-d array (a step
+    count under tg.compile, in float64) cast to `like`'s dtype, so that it does not promote."""
+    return value if isinstance(value, (int, float)) else astype(value, like.dtype)
+
+
 def _adam_moments(rule, state, dx):
     """Adam's moments after `dx`, and the direction `m_hat / (sqrt(v_hat) + epsilon)` up to the
     scalar factor returned with it."""
@@ -39,11 +50,12 @@ def _adam_moments(rule, state, dx):
     new_m = _moving(m, dx, beta1)
     new_v = _moving(v, dx * dx, beta2)
     # the bias corrections folded into two scalars (Kingma & Ba, end of section 2)
-    correction = math.sqrt(1 - beta2_t)
+    correction = _root(1 - beta2_t)
     direction = namespace_of(v).sqrt(new_v)
-    direction += rule.epsilon * correction
+    direction += _scalar(rule.epsilon * correction, direction)
     direction = new_m / direction
-    return (new_m, new_v, (beta1_t * beta1, beta2_t * beta2)), direction, correction / (1 - beta1_t)
+    scale = _scalar(correction / (1 - beta1_t), direction)
+    return (new_m, new_v, (beta1_t * beta1, beta2_t * beta2)), direction, scale
 
 
 def _moments_init(rule, x):
@@ -182,9 +194,9 @@ class AdaBelief(Rule):
         surprise = dx - new_m
         new_s = _moving(s, surprise * surprise, beta2)
         new_s += self.epsilon
-        root = xp.sqrt(new_s / (1 - beta2_t))
+        root = xp.sqrt(new_s / _scalar(1 - beta2_t, new_s))
         root += self.epsilon
-        delta = new_m * (self.eta / (1 - beta1_t)) / root
+        delta = new_m * _scalar(self.eta / (1 - beta1_t), new_m) / root
         return (new_m, new_s, (beta1_t * beta1, beta2_t * beta2)), delta
 
 

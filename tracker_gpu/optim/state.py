@@ -23,8 +23,10 @@ True
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import recording
-from ..backend import is_array, namespace_of
+from ..backend import device_of, is_array, namespace_of
 from ..cuda import dispatch
 from ..primitive import detached
 from ..pytree import tree_map
@@ -47,8 +49,38 @@ class Leaf:
     state: Any
     frozen: bool = False
 
+    def __tracker_compile__(self):
+        """This Leaf as `tg.compile` takes it: the Python numbers of the state (Adam's step
+        counts `beta**t`) as 0-d float64 arrays beside the state's arrays, so that a recording
+        reads them as inputs and every replay advances them, instead of a signature per step."""
+        leaves = _flat(self.state)
+        if not any(_is_count(v) for v in leaves):
+            return self
+        arrays = [v for v in leaves if is_array(v) and not isinstance(v, np.generic)]
+        if not arrays:
+            return self
+        xp, device = namespace_of(arrays[0]), device_of(arrays[0])
+
+        def counted(v):  # NumPy scalars too: what a replay on NumPy returns for 0-d arrays
+            if type(v) is tuple or type(v) is list:
+                return type(v)(counted(part) for part in v)
+            return xp.asarray(v, dtype=xp.float64, device=device) if _is_count(v) else v
+
+        return Leaf(self.rule, counted(self.state), self.frozen)
+
     def __repr__(self):
         return f"Leaf({self.rule!r}{', frozen' if self.frozen else ''})"
+
+
+def _is_count(v):
+    return type(v) is float or isinstance(v, np.floating)
+
+
+def _flat(state):
+    """The leaves of a rule's state (nested tuples), quickly: this runs at every compiled call."""
+    if type(state) is tuple or type(state) is list:
+        return [leaf for part in state for leaf in _flat(part)]
+    return [state]
 
 
 # --- one parameter's step: the seam for fused kernels
