@@ -31,6 +31,8 @@ import warnings
 from collections import OrderedDict, namedtuple
 from dataclasses import dataclass
 
+import numpy as np
+
 from .. import recording
 from ..api import (
     HandOut,
@@ -156,12 +158,18 @@ def _traced_run(f, args, recorder, wrt=None):
     return WithGradient(val, gradients_in_place(args, inputs, found, nest=False, chosen=chosen))
 
 
+_LEAVES = frozenset((np.ndarray, int, float, bool, str, type(None)))  # nothing to look into
+
+
 def _prepared(x, memo):
     """`x` with each object that has a `__tracker_compile__` method replaced by what it returns
     (an optimiser's `Leaf` gives its step counts as 0-d arrays, so that a replay reads them
     rather than fixing them); each object once, so that what was shared stays shared; the
     containers around a replaced object rebuilt, the others kept."""
-    hook = getattr(type(x), "__tracker_compile__", None)
+    kind = type(x)
+    if kind in _LEAVES:
+        return x
+    hook = getattr(kind, "__tracker_compile__", None)
     if hook is not None:
         if id(x) not in memo:
             memo[id(x)] = hook(x)
