@@ -36,13 +36,13 @@ import sys
 import time
 
 import numpy as np
+from train_step import BETA1, BETA2, EPS, LR, SIZES, make_problem
+from train_step import numpy_step as by_hand_step
 
 import tracker_gpu as tg
 from tracker_gpu import nn, optim
 
 C = 1.0001
-SIZES = (784, 128, 10)
-LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.999, 1e-8
 
 
 # --- the chains
@@ -136,15 +136,6 @@ def chain_steppers(kinds):
 
 
 # --- the MLP step
-def make_problem(batch, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((batch, SIZES[0])).astype(np.float32)
-    labels = rng.integers(0, SIZES[-1], size=batch)
-    model = nn.Chain(nn.Dense(SIZES[0], SIZES[1], nn.tanh, rng=rng),
-                     nn.Dense(SIZES[1], SIZES[2], rng=rng))  # fmt: skip
-    return x, labels, model
-
-
 def tracker_step(model, state, x, labels):
     loss, (grads,) = tg.withgradient(lambda m: nn.logitcrossentropy(m(x), labels), model)
     state, model = optim.update(state, model, grads)
@@ -157,7 +148,7 @@ def params_of(model):
 
 
 def adam_by_hand(xp, params, moments, t, grads):
-    """Adam's update as the paper writes it; `t` the step count before this step."""
+    """Adam's update as the paper writes it, for JAX; `t` the step count before this step."""
     t = t + 1
     new_params, new_moments = [], []
     for p, g, (m, v) in zip(params, grads, moments):
@@ -170,16 +161,9 @@ def adam_by_hand(xp, params, moments, t, grads):
 
 
 def numpy_step(params, moments, t, x, onehot):
-    w1, b1, w2, b2 = params
-    h = np.tanh(x @ w1.T + b1)
-    logits = h @ w2.T + b2
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    loss = -np.mean(np.sum(onehot * logp, axis=1))
-    dlogits = (np.exp(logp) - onehot) / x.shape[0]
-    dz1 = (dlogits @ w2) * (1 - h * h)
-    grads = [dz1.T @ x, dz1.sum(axis=0), dlogits.T @ h, dlogits.sum(axis=0)]
-    return (loss, *adam_by_hand(np, params, moments, t, grads))
+    """train_step.py's step by hand (the forward, the gradients, Adam), the loss first."""
+    params, moments, t, loss = by_hand_step(params, moments, t, x, onehot)
+    return loss, params, moments, t
 
 
 def torch_mlp(model, x, labels, device="cpu"):
