@@ -336,3 +336,22 @@ def test_wrt_leaves_a_float_batch_to_be_read_anew():
         assert gx is None and float(val) == float(eager_val)
         np.testing.assert_array_equal(gw, ew)
     assert step.cache_info().hits == 2
+
+
+def test_a_buffer_written_in_place_is_no_view_of_a_live_value(backend):
+    """A replay on NumPy writes arithmetic into an operand's buffer at its last use; a reshape
+    of that operand, read afterwards, must keep its values."""
+
+    def f(x):
+        a = x * 2.0
+        view = tg.reshape(a, (-1,))
+        b = a * 3.0  # the last use of `a`
+        return tg.sum(b) + tg.sum(view * view)
+
+    step = tg.compile(f)
+    for k in range(3):
+        (x,) = _inputs(backend, [(2, 3)], k)
+        val, (g,) = step(x)
+        expected, (eg,) = tg.withgradient(f, x)
+        assert float(val) == float(expected)
+        np.testing.assert_array_equal(backend.to_numpy(g), backend.to_numpy(eg))

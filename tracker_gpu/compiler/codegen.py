@@ -122,12 +122,13 @@ _UFUNCS = {ew.add.forward: "add", ew.subtract.forward: "subtract",
 class _Reuse:
     """Which arithmetic steps may write into the buffer of an operand (NumPy only): one that
     this program made itself with an arithmetic template (a fresh array, no view of another),
-    of the result's shape and dtype, and read here for the last time."""
+    of the result's shape and dtype, read here for the last time, and never handed to anything
+    but these templates (a reshape, a rule's forward or a pullback could keep a view of it)."""
 
     def __init__(self, program, last, local):
         self.last, self.local, self.outputs = last, local, set(program.outputs)
         self.fresh = {}  # slot -> (shape, dtype) of a fresh array made by an arithmetic step
-        self.inputs = program.inputs
+        self.exposed = _exposed(program)
 
     def buffer(self, index, step):
         function = step.function
@@ -142,12 +143,30 @@ class _Reuse:
                 if slot in dying and slot in self.local and self.fresh.get(slot) == (shape, dtype):
                     found = slot
                     break
-        if shape and function in _FRESH:
+        if shape and function in _FRESH and step.out not in self.exposed:
             self.fresh[step.out] = (shape, dtype)
         return found
 
 
 _FRESH = {rule.forward for rule in TEMPLATES if rule is not _SUM}
+
+
+def _exposed(program):
+    """The slots read by anything but an arithmetic template: forwards without a template,
+    random draws' shapes, and every backward pass (its seed and what its pullbacks read)."""
+    calls = {id(s.node): s for s in program.steps if isinstance(s, Call)}
+    found = set()
+    for step in program.steps:
+        if isinstance(step, Call):
+            if _template_of(step) is None or step.function not in _FRESH:
+                found.update(step.inputs)
+        elif isinstance(step, Walk):
+            found.add(step.seed)
+            for node, _ in step.counted:
+                call = calls.get(id(node))
+                if call is not None:
+                    found.update(call.out if p == 0 else slot for p, slot in call.saves)
+    return found
 
 
 # --- backward
