@@ -6,6 +6,7 @@ library, dtype, device and shape, and agrees with finite differences (`tg.testin
 
 import array_api_compat
 import numpy as np
+import pytest
 
 import tracker_gpu as tg
 from tracker_gpu.testing import gradcheck
@@ -85,3 +86,20 @@ def numpy_of(backend, x):
 
 def is_contiguous_numpy(a):
     return isinstance(a, np.ndarray) and a.flags.c_contiguous
+
+
+def require(backend, *names):
+    """Skip where the backend's namespace lacks a function of the standard (`names` such as
+    "take_along_axis" or "linalg.det"), saying which."""
+    for name in names:
+        where = backend.xp
+        for part in name.split("."):
+            where = getattr(where, part, None)
+        if where is None:
+            pytest.skip(f"{backend.name} lacks {name} of the Array API standard")
+
+
+def require_array_attribute(backend, x, name):
+    """Skip where the backend's arrays lack an attribute of the standard (e.g. "mT")."""
+    if not hasattr(x, name):
+        pytest.skip(f"{backend.name} arrays lack the {name} attribute of the Array API standard")
