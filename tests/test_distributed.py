@@ -209,7 +209,7 @@ def test_the_main_job_trains_data_parallel(client, tmp_path, capsys):
     """`--scheduler` joins a running cluster, `--workers` starts one: both train the MLP as the
     single process does (up to the order of the shards' sums)."""
     train = pytest.importorskip("tracker_gpu.train")
-    common = ["--backend", "numpy", "--models", "mlp", "--epochs", "2", "--batch-size", "128"]
+    common = ["--backend", "numpy", "--models", "mlp", "--epochs", "2", "--batch-size", "256"]
     common += ["--plot", "", "--no-progress"]
     (local,) = train.run(common)
     (joined,) = train.run([*common, "--scheduler", client.scheduler.address])
@@ -217,7 +217,10 @@ def test_the_main_job_trains_data_parallel(client, tmp_path, capsys):
     for result in (joined, started):
         assert np.allclose(result.history["loss"], local.history["loss"], rtol=1e-6)
         assert result.history["test_accuracy"] == local.history["test_accuracy"]
-        assert_trees_close(result.model, local.model, rtol=1e-6)
+        ours, theirs = parameters(result.model), parameters(local.model)
+        assert ours.keys() == theirs.keys() and ours
+        for path in ours:  # float32 weights
+            assert np.allclose(ours[path], theirs[path], rtol=1e-5, atol=1e-6), path
     assert local.history["loss"][1] < local.history["loss"][0]
     assert "mlp: test accuracy" in capsys.readouterr().out
 
