@@ -147,8 +147,8 @@ DASK_LACKS = (
      lambda m: "Dask's svd lacks compute_uv, which array-api-compat's matrix_rank needs"),
     (NotImplementedError, r"Don't yet support nd fancy indexing",
      lambda m: "Dask lacks integer-array indexing on several axes (take, take_along_axis, sort)"),
-    (ValueError, r"zero-size array to reduction operation maximum which has no identity",
-     lambda m: "Dask's max fails on empty chunks even where the reduced axis is not empty"),
+    (ValueError, r"zero-size array to reduction operation (maximum|minimum) which has no identity",
+     lambda m: "Dask's max and min fail on empty chunks even where the reduced axis is not empty"),
     (ValueError, r"operands could not be broadcast together with shapes \(.*nan",
      lambda m: "Dask leaves the shape of a boolean-mask index unknown (nan) until computed"),
 )  # fmt: skip
