@@ -46,7 +46,7 @@ def test_the_device_alone_picks_the_library(backend):
     if backend.xp is np:
         pytest.skip("NumPy is the default library")
     if backend.name == "dask":
-        pytest.skip("Dask's device is NumPy's 'cpu': the device alone cannot pick Dask")
+        pytest.skip("the device alone cannot pick Dask: its device is NumPy's 'cpu' too")
     dense = nn.Dense(3, 2, rng=rng(), device=backend.device)
     same_library_and_device(backend, dense.weight)
 
