@@ -145,6 +145,8 @@ DASK_LACKS = (
      lambda m: "Dask's qr and svd take only tall-and-skinny or short-and-fat matrices"),
     (TypeError, r"svd\(\) got an unexpected keyword argument 'compute_uv'",
      lambda m: "Dask's svd lacks compute_uv, which array-api-compat's matrix_rank needs"),
+    (NotImplementedError, r"Only integer valued repeats supported",
+     lambda m: "Dask lacks repeat with an array of repeats"),
     (NotImplementedError, r"Don't yet support nd fancy indexing",
      lambda m: "Dask lacks integer-array indexing on several axes (take, take_along_axis, sort)"),
     (ValueError, r"zero-size array to reduction operation (maximum|minimum) which has no identity",
@@ -180,7 +182,7 @@ def _raised_in_dask(tb):
     """True where the error came from inside Dask (or its array-api-compat wrapper)."""
     while tb is not None:
         path = tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
-        if "/dask/" in path or "/array_api_compat/dask/" in path:
+        if "/dask/" in path or "/array_api_compat/" in path:
             return True
         tb = tb.tb_next
     return False
