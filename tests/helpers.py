@@ -104,10 +104,17 @@ def require(backend, *names):
         for part in name.split("."):
             where = getattr(where, part, None)
         if where is None:
-            pytest.skip(f"{backend.name} lacks {name} of the Array API standard")
+            pytest.skip(f"{_library(backend)} lacks {name} of the Array API standard")
 
 
 def require_array_attribute(backend, x, name):
     """Skip where the backend's arrays lack an attribute of the standard (e.g. "mT")."""
     if not hasattr(x, name):
-        pytest.skip(f"{backend.name} arrays lack the {name} attribute of the Array API standard")
+        pytest.skip(
+            f"{_library(backend)} arrays lack the {name} attribute of the Array API standard"
+        )
+
+
+def _library(backend):
+    """The backend's library as its skip reasons name it (the same words as conftest's)."""
+    return "Dask" if backend.name == "dask" else backend.name
