@@ -280,7 +280,7 @@ def main():
     dp, small = data_parallel(
         width=64 if quick else 1024,
         inputs=32 if quick else 512,
-        rows=256 if quick else 8192,
+        rows=256 if quick else 16384,
         steps=2 if quick else 10,
         small_steps=3 if quick else 30,
     )
