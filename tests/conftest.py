@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,3 +129,60 @@ def pytest_report_header(config):
 @pytest.fixture(scope="session")
 def backend(request) -> Backend:
     return BACKENDS[request.config.getoption("backend")]()
+
+
+# Dask's own refusals of parts of the Array API standard: a dask-row test that meets one (raised
+# inside Dask, with exactly this message) skips, saying what Dask lacks. Any other error fails.
+DASK_LACKS = (
+    (AttributeError, r"module 'array_api_compat\.dask\.array(\.linalg)?' has no attribute '(\w+)'",
+     lambda m: f"Dask lacks {'linalg.' if m[1] else ''}{m[2]} of the Array API standard"),
+    ((ValueError, NotImplementedError),
+     r"Dimension must be 2 to perform|Array must be 2D|SVD based norm not implemented for ndim",
+     lambda m: "Dask's linalg takes single matrices, not the standard's stacks of matrices"),
+    (ValueError, r"full_matrices=True is not supported by dask",
+     lambda m: "Dask lacks svd with full_matrices=True"),
+    (ValueError, r"Input must have the following properties",
+     lambda m: "Dask's qr and svd take only tall-and-skinny or short-and-fat matrices"),
+    (TypeError, r"svd\(\) got an unexpected keyword argument 'compute_uv'",
+     lambda m: "Dask's svd lacks compute_uv, which array-api-compat's matrix_rank needs"),
+    (NotImplementedError, r"Only integer valued repeats supported",
+     lambda m: "Dask lacks repeat with an array of repeats"),
+    (NotImplementedError, r"Don't yet support nd fancy indexing",
+     lambda m: "Dask lacks integer-array indexing on several axes (take, take_along_axis, sort)"),
+    (ValueError, r"zero-size array to reduction operation (maximum|minimum) which has no identity",
+     lambda m: "Dask's max and min fail on empty chunks even where the reduced axis is not empty"),
+    (ValueError, r"operands could not be broadcast together with shapes \(.*nan",
+     lambda m: "Dask leaves the shape of a boolean-mask index unknown (nan) until computed"),
+)  # fmt: skip
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    outcome = yield
+    if pyfuncitem.config.getoption("backend") != "dask" or outcome.excinfo is None:
+        return
+    reason = dask_lacks(outcome.excinfo[1])
+    if reason is not None:
+        outcome.force_exception(pytest.skip.Exception(reason, _use_item_location=True))
+
+
+def dask_lacks(exc):
+    """The reason to skip for one of Dask's refusals in `DASK_LACKS`, else None."""
+    named = re.match(DASK_LACKS[0][1], str(exc))  # the message names Dask's namespace
+    if exc.__traceback__ is None or not (named or _raised_in_dask(exc.__traceback__)):
+        return None
+    for kinds, pattern, reason in DASK_LACKS:
+        found = isinstance(exc, kinds) and re.search(pattern, str(exc))
+        if found:
+            return reason(found)
+    return None
+
+
+def _raised_in_dask(tb):
+    """True where the error came from inside Dask (or its array-api-compat wrapper)."""
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
+        if "/dask/" in path or "/array_api_compat/" in path:
+            return True
+        tb = tb.tb_next
+    return False

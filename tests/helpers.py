@@ -6,6 +6,7 @@ library, dtype, device and shape, and agrees with finite differences (`tg.testin
 
 import array_api_compat
 import numpy as np
+import pytest
 
 import tracker_gpu as tg
 from tracker_gpu.testing import gradcheck
@@ -63,7 +64,7 @@ def check(backend, f, *xs, zero=False, **options):
     for x, g in zip(xs, grads):
         if tg.backend.is_array(x) and not (zero and g is None):
             check_like(backend, g, x)
-    assert gradcheck(f, *xs, **options)
+    assert gradcheck(f, *xs, **lazy_options(backend, options))
     return grads
 
 
@@ -76,7 +77,15 @@ def check_nested(backend, f, *xs, **options):
         return tg.gradient(lambda *a: tg.sum(f(*a) * w), *args, nest=True)[0]
 
     assert tg.istracked(first(*xs))
-    assert gradcheck(first, *xs, **options)
+    assert gradcheck(first, *xs, **lazy_options(backend, options))
+
+
+def lazy_options(backend, options):
+    """gradcheck's options; on Dask, where every perturbed input builds a graph of the whole
+    function (milliseconds an operation), 3 random directions rather than every element."""
+    if backend.name == "dask":
+        return {"directions": 3} | options
+    return options
 
 
 def numpy_of(backend, x):
@@ -85,3 +94,27 @@ def numpy_of(backend, x):
 
 def is_contiguous_numpy(a):
     return isinstance(a, np.ndarray) and a.flags.c_contiguous
+
+
+def require(backend, *names):
+    """Skip where the backend's namespace lacks a function of the standard (`names` such as
+    "take_along_axis" or "linalg.det"), saying which."""
+    for name in names:
+        where = backend.xp
+        for part in name.split("."):
+            where = getattr(where, part, None)
+        if where is None:
+            pytest.skip(f"{_library(backend)} lacks {name} of the Array API standard")
+
+
+def require_array_attribute(backend, x, name):
+    """Skip where the backend's arrays lack an attribute of the standard (e.g. "mT")."""
+    if not hasattr(x, name):
+        pytest.skip(
+            f"{_library(backend)} arrays lack the {name} attribute of the Array API standard"
+        )
+
+
+def _library(backend):
+    """The backend's library as its skip reasons name it (the same words as conftest's)."""
+    return "Dask" if backend.name == "dask" else backend.name

@@ -528,7 +528,7 @@ def test_len_and_float_of_tracked_values_of_the_wrong_rank(backend):
     x = leaf(backend, [1.0, 2.0])
     with pytest.raises(TypeError, match="len"):
         len(tg.sum(x))
-    with pytest.raises((TypeError, ValueError), match="0-dimensional|one element|0 dim"):
+    with pytest.raises((TypeError, ValueError), match="0-dimensional|one element|0 dim|length-1"):
         float(x)  # the library's error
     assert len(x) == 2 and float(tg.sum(x)) == 3.0
 

@@ -162,3 +162,18 @@ def test_compile(tmp_path):
         assert {"tracker_gpu eager", "tracker_gpu compiled", "NumPy by hand"} <= set(row)
         assert all(us > 0 for us in row.values())
     assert "target MLP step: compiled within 10% of NumPy by hand" in out
+
+
+def test_distributed_quick(tmp_path):
+    pytest.importorskip("distributed", reason='pip install "tracker-gpu[dask]"')
+    out = run("distributed.py", "--quick", "--json", str(tmp_path / "d"))
+    document = json.loads((tmp_path / "d").read_text())
+    ooc = document["out_of_core"]
+    assert ooc["relative_difference"] < 1e-10  # tracker_gpu's gradient is the hand-written one
+    assert all(r["seconds"] > 0 and r["peak"] > 0 for r in ooc["runs"].values())
+    assert set(document["data_parallel"]["rates"]) == {"1", "2"}
+    assert document["overhead"]["cluster"] > 0
+    assert len(document["targets"]) == 2
+    for target in document["targets"]:
+        assert isinstance(target["met"], bool)
+        assert f"({'met' if target['met'] else 'MISSED'})" in out

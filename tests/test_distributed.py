@@ -203,3 +203,33 @@ def test_out_of_core_gradient_on_a_worker_smaller_than_the_data():
         yi = np.sign(xi[:, 0] + 0.5 * xi[:, 1])
         expected -= (xi * (yi / (1 + np.exp(yi * (xi @ w))))[:, None]).sum(axis=0) / rows
     assert np.allclose(grad, expected, rtol=1e-10)
+
+
+def test_the_main_job_trains_data_parallel(client, tmp_path, capsys):
+    """`--scheduler` joins a running cluster, `--workers` starts one: both train the MLP as the
+    single process does (up to the order of the shards' sums)."""
+    train = pytest.importorskip("tracker_gpu.train")
+    common = ["--backend", "numpy", "--models", "mlp", "--epochs", "2", "--batch-size", "256"]
+    common += ["--plot", "", "--no-progress"]
+    (local,) = train.run(common)
+    (joined,) = train.run([*common, "--scheduler", client.scheduler.address])
+    (started,) = train.run([*common, "--workers", "1"])
+    for result in (joined, started):
+        assert np.allclose(result.history["loss"], local.history["loss"], rtol=1e-6)
+        assert result.history["test_accuracy"] == local.history["test_accuracy"]
+        ours, theirs = parameters(result.model), parameters(local.model)
+        assert ours.keys() == theirs.keys() and ours
+        for path in ours:  # float32 weights
+            assert np.allclose(ours[path], theirs[path], rtol=1e-5, atol=1e-6), path
+    assert local.history["loss"][1] < local.history["loss"][0]
+    assert "mlp: test accuracy" in capsys.readouterr().out
+
+
+def test_the_main_job_refuses_bad_cluster_arguments(capsys):
+    train = pytest.importorskip("tracker_gpu.train")
+    with pytest.raises(SystemExit):
+        train.main(["--workers", "2", "--scheduler", "tcp://127.0.0.1:8786"])
+    assert "pass one of them" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main(["--backend", "torch", "--workers", "2", "--no-progress", "--plot", ""])
+    assert "pass --backend numpy" in capsys.readouterr().err

@@ -154,6 +154,14 @@ def _live_tracked_arrays():
     return sum(type(o) is tg.TrackedArray for o in gc.get_objects())
 
 
+def _eager_loop(backend):
+    if backend.name == "dask":
+        pytest.skip(
+            "a dask parameter updated in a loop is a lazy graph of every step so far, by design: "
+            "flat memory over 1000 steps is checked on the eager backends"
+        )
+
+
 def _flat(train_step, steps=1000, early=100):
     """Run `train_step()` `steps` times; return (memory, peak, live tracked arrays) after step
     `early` and after the last, each peak over the ten steps before it. Each window starts
@@ -179,6 +187,7 @@ SLACK = 32 * 1024  # bytes: caches warming up, allocator noise; a leak of one gr
 
 
 def test_a_gradient_training_loop_has_flat_memory(backend):
+    _eager_loop(backend)
     params, loss = _mlp(backend)
     state = {"params": params, "first": None}
 
@@ -196,6 +205,7 @@ def test_a_gradient_training_loop_has_flat_memory(backend):
 
 
 def test_a_back_and_update_training_loop_has_flat_memory(backend):
+    _eager_loop(backend)
     arrays, loss = _mlp(backend)
     params = {k: tg.param(v) for k, v in arrays.items()}
 

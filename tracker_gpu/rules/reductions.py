@@ -12,7 +12,7 @@ array([0., 6., 0.])
 
 import builtins
 
-from ..backend import namespace_of
+from ..backend import device_of, namespace_of
 from ..primitive import Primitive, record, tracking
 from ..tape import Node
 from ..tracked import TrackedArray, data
@@ -195,7 +195,7 @@ def _first_extremum(arg, x, axis):
     lead = tuple(moved.shape[: len(kept)])
     flat = xp.reshape(moved, lead + (_count(x.shape, axis),))  # not -1: x may be empty
     index = getattr(xp, arg)(flat, axis=-1, keepdims=True)
-    positions = xp.arange(flat.shape[-1], device=x.device if hasattr(x, "device") else None)
+    positions = xp.arange(flat.shape[-1], device=device_of(x))
     hit = xp.reshape(positions == index, tuple(moved.shape))
     inverse = tuple(sorted(range(ndim), key=lambda i: order[i]))
     return xp.permute_dims(hit, inverse)

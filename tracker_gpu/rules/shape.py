@@ -133,6 +133,8 @@ def _getitem_forward(xp, x, key):
 def _index_adjoint_forward(xp, g, shape, key):
     """Zeros of `shape` with `g` added at `key` (repeated integer indices accumulate)."""
     z = xp.zeros(shape, dtype=g.dtype, device=device_of(g))
+    if 0 in tuple(g.shape):  # an empty selection adds nothing (Dask refuses to assign it)
+        return z
     if not _has_integer_array(key):
         key, g = _without_new_axes(xp, key, g, z)
         z[key] = g

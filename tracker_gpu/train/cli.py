@@ -2,6 +2,7 @@
 own errors, then each model trained, its test accuracy printed and the plot written."""
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from .data import SKLEARN_MISSING, digits
 from .devices import select_backend
-from .loop import train
+from .loop import data_parallel_step, train, train_step
 from .models import RECIPES
 from .plots import plot
 
@@ -56,6 +57,16 @@ def parser():
         help="go on from the checkpoints DIR/<model>.npz (as --save wrote them)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")  # fmt: skip
+    p.add_argument(
+        "--workers",
+        type=_positive(int),
+        help="train data-parallel on a local Dask cluster of N worker processes",
+    )
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="train data-parallel on the running Dask cluster at ADDRESS (tcp://host:8786)",
+    )
     return p
 
 
@@ -80,7 +91,21 @@ def _checked(p, argv):
         args.where = select_backend(args.backend, args.device)
     except ValueError as error:
         p.error(str(error))
+    _check_cluster(p, args)
     return args
+
+
+def _check_cluster(p, args):
+    if not (args.workers or args.scheduler):
+        return
+    if args.workers and args.scheduler:
+        p.error("--workers starts a cluster, --scheduler joins one: pass one of them")
+    if args.where[0] != "numpy":
+        p.error("--workers and --scheduler train on NumPy arrays: pass --backend numpy")
+    try:
+        importlib.import_module("distributed")
+    except ImportError:
+        p.error('data-parallel training needs dask.distributed: pip install "tracker-gpu[dask]"')
 
 
 def _check_modules(p, args):
@@ -119,24 +144,42 @@ def run(argv):
         flush=True,
     )
     results = []
-    for name in args.names:
-        result = train(
-            name,
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            seed=args.seed,
-            xp=xp,
-            device=device,
-            data=data,
-            progress=not args.no_progress,
-            save=_checkpoint(args.save, name) if args.save else None,
-            resume=_checkpoint(args.resume, name) if args.resume else None,
-        )
-        results.append(result)
-        print(f"{name}: test accuracy {result.test_accuracy:.3f} ({result.seconds:.1f} s)",
-              flush=True)  # fmt: skip
+    with _cluster(args) as client:
+        step = train_step if client is None else data_parallel_step(client)
+        for name in args.names:
+            results.append(_train_one(args, name, data, step))
     if args.plot:
         plot(results, args.plot)
         print(f"plot written to {args.plot}")
     return results
+
+
+def _cluster(args):
+    """The Dask client of `--workers` or `--scheduler`, for the whole run; else None."""
+    if not (args.workers or args.scheduler):
+        return contextlib.nullcontext()
+    from tracker_gpu.distributed import cluster
+
+    return cluster(workers=args.workers, scheduler=args.scheduler)
+
+
+def _train_one(args, name, data, step):
+    """Train model `name`, print its test accuracy, and return its `Result`."""
+    xp, device, _ = args.where
+    result = train(
+        name,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        xp=xp,
+        device=device,
+        data=data,
+        progress=not args.no_progress,
+        save=_checkpoint(args.save, name) if args.save else None,
+        resume=_checkpoint(args.resume, name) if args.resume else None,
+        step=step,
+    )
+    print(f"{name}: test accuracy {result.test_accuracy:.3f} ({result.seconds:.1f} s)",
+          flush=True)  # fmt: skip
+    return result

@@ -18,7 +18,15 @@ from .data import batches, digits
 from .devices import one_thread
 from .models import RECIPES
 
-__all__ = ["Result", "train", "fit", "train_step", "accuracy", "schedule_for"]
+__all__ = [
+    "Result",
+    "train",
+    "fit",
+    "train_step",
+    "data_parallel_step",
+    "accuracy",
+    "schedule_for",
+]
 
 
 def loss_function(model, x, y):
@@ -33,6 +41,18 @@ def train_step(model, state, x, y):
     (loss, logits), (grads,) = tg.withgradient(lambda m: loss_function(m, x, y), model)
     state, model = optim.update(state, model, grads)
     return tg.data(loss), tg.data(logits), model, state
+
+
+def data_parallel_step(client):
+    """A `train_step` whose gradient is computed on the Dask cluster of `client`, the batch split
+    across its workers (`tracker_gpu.distributed.step`); pass it to `train` as `step`."""
+    from tracker_gpu.distributed import step as cluster_step
+
+    def step(model, state, x, y):
+        (loss, logits), model, state = cluster_step(client, loss_function, model, state, x, y)
+        return loss, logits, model, state
+
+    return step
 
 
 def accuracy(model, x, y):
