@@ -122,6 +122,27 @@ def _one_thread_each():
 _LIMITS = []
 
 
+# Rows that run every test. The other rows run only the tests that take the `backend` fixture
+# (and the modules that choose their row themselves): a test that makes its own NumPy arrays
+# would run the same way there, a second time.
+EVERY_TEST = ("numpy", "numpy-fused")
+CHOOSE_THEIR_ROW = ("test_dask", "test_distributed")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("backend") in EVERY_TEST:
+        return
+    kept, dropped = [], []
+    for item in items:
+        takes_backend = "backend" in getattr(item, "fixturenames", ())
+        module = getattr(item, "module", None)
+        chooses = module is not None and module.__name__.rpartition(".")[2] in CHOOSE_THEIR_ROW
+        (kept if takes_backend or chooses else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 def pytest_report_header(config):
     return f"tracker_gpu backend: {config.getoption('backend')}"
 
