@@ -27,12 +27,10 @@ def jvp(f, primals, tangents):
     the tangent comes back in the same structure."""
     primals, tangents = tuple(primals), tuple(tangents)
     _check_tangents(primals, tangents)
-    seen = []
 
     def pulled_back(*cotangents):
         def weighted(*xs):
             out = f(*xs)
-            seen.append(out)
             parts = [_sum(multiply(y, u)) for y, u in zip(_leaves(out), cotangents)]
             return _total(parts)
 
@@ -48,13 +46,14 @@ def jvp(f, primals, tangents):
     cotangents = [_zeros_like(y) for y in _leaves(value)]
     found = gradient(pulled_back, *cotangents)
     outputs = iter(_zeros_like(y) if g is None else g for y, g in zip(_leaves(value), found))
-    return _plain(value), tree_map(lambda _: next(outputs), _plain(value))
+    plain = _plain(value)
+    return plain, tree_map(lambda v: next(outputs) if _is_array(v) else v, plain)
 
 
 def jacfwd(f, x):
-    """The Jacobian of `f` at the array `x` by forward mode, one `jvp` per element of `x`: the
-    same layout as `jacobian` (`f(x).shape + x.shape`), cheaper when `x` has fewer elements
-    than `f(x)`.
+    """The Jacobian of `f` at the array `x` by forward mode, one `jvp` per element of `x`, in
+    `jacobian`'s layout (`f(x).shape + x.shape`). A column costs about three reverse passes, so
+    it is the cheaper of the two where `f(x)` has over three times as many elements as `x`.
 
     >>> import numpy as np, tracker_gpu as tg
     >>> tg.jacfwd(lambda x: tg.stack([x[0] * x[1], 3.0 * x[0]]), np.array([2.0, 5.0]))
