@@ -11,7 +11,7 @@ from helpers import require
 
 import tracker_gpu as tg
 from tracker_gpu import nn, optim
-from tracker_gpu.compiler import graphs
+from tracker_gpu.compiler import codegen, graphs
 from tracker_gpu.cuda import on_host
 
 RNG = np.random.default_rng(0)
@@ -353,8 +353,9 @@ def test_a_buffer_written_in_place_is_no_view_of_a_live_value(backend):
 
     step = tg.compile(f)
     for k in range(3):
-        (x,) = _inputs(backend, [(2, 3)], k)
+        (x,) = _inputs(backend, [(64, 80)], k)  # large enough to be written in place
         val, (g,) = step(x)
         expected, (eg,) = tg.withgradient(f, x)
         assert float(val) == float(expected)
         np.testing.assert_array_equal(backend.to_numpy(g), backend.to_numpy(eg))
+    assert codegen.REUSE_FROM <= 64 * 80

@@ -120,9 +120,10 @@ _UFUNCS = {ew.add.forward: "add", ew.subtract.forward: "subtract",
 
 
 class _Reuse:
-    """Which arithmetic steps may write into the buffer of an operand (NumPy only): one that
-    this program made itself with an arithmetic template (a fresh array, no view of another),
-    of the result's shape and dtype, read here for the last time, and never handed to anything
+    """Which arithmetic steps may write into the buffer of an operand (NumPy only, arrays of
+    REUSE_FROM elements or more): one that this program made itself with an arithmetic template
+    (a fresh array, no view of another), of the result's shape and dtype, read here for the
+    last time, and never handed to anything
     but these templates (a reshape, a rule's forward or a pullback could keep a view of it)."""
 
     def __init__(self, program, last, local):
@@ -137,7 +138,7 @@ class _Reuse:
             return None
         shape, dtype = tuple(step.node.shape), step.node.dtype
         found = None
-        if function in _UFUNCS and len(step.inputs) == 2 and shape:
+        if function in _UFUNCS and len(step.inputs) == 2 and _size(shape) >= REUSE_FROM:
             dying = set(self.last.get((index, None), ())) - self.outputs
             for slot in step.inputs:
                 if slot in dying and slot in self.local and self.fresh.get(slot) == (shape, dtype):
@@ -149,6 +150,15 @@ class _Reuse:
 
 
 _FRESH = {rule.forward for rule in TEMPLATES if rule is not _SUM}
+# Elements from which writing into a buffer pays: below, `out=` costs more than a new array.
+REUSE_FROM = 1 << 12
+
+
+def _size(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _exposed(program):
