@@ -142,7 +142,7 @@ def memory_key(x):
 def check_same_library(xp, x):
     """Refuse a plain array of another library than `xp` in one operation."""
     other = namespace_of(x)
-    if other is not xp and not (_is_numpy_like(other) and _is_numpy_like(xp)):
+    if other is not xp and not (is_numpy_namespace(other) and is_numpy_namespace(xp)):
         raise TypeError(
             f"cannot mix arrays of {_library(xp)} and {_library(other)} in one operation; "
             f"convert one of them, e.g. with {_library(xp)}'s asarray"
@@ -153,11 +153,11 @@ def common_library(xp, x):
     """The namespace of an operation on arrays of `xp` and the array `x`: `xp`, or Dask's where
     one side is Dask and the other NumPy; other mixes of libraries raise."""
     other = namespace_of(x)
-    if other is xp or (_is_numpy_like(other) and _is_numpy_like(xp)):
+    if other is xp or (is_numpy_namespace(other) and is_numpy_namespace(xp)):
         return xp
-    if _is_dask(other) and _is_numpy_like(xp):
+    if _is_dask(other) and is_numpy_namespace(xp):
         return other
-    if _is_dask(xp) and _is_numpy_like(other):
+    if _is_dask(xp) and is_numpy_namespace(other):
         return xp
     check_same_library(xp, x)
 
@@ -187,9 +187,6 @@ def check_same_device(arrays):
 def is_numpy_namespace(xp):
     """Whether `xp` is NumPy's namespace (NumPy itself, or array-api-compat's wrapper)."""
     return xp is np or getattr(xp, "__name__", "") == "array_api_compat.numpy"
-
-
-_is_numpy_like = is_numpy_namespace
 
 
 def _is_dask(xp):

@@ -11,8 +11,10 @@ at the cost of about three passes.
 (array([1., 9.]), array([2., 3.]))
 """
 
+import math
+
 from . import backend
-from .api import gradient
+from .api import gradient, untracked
 from .pytree import tree_leaves, tree_map
 from .rules.elementwise import multiply
 from .rules.reductions import sum as _sum
@@ -46,7 +48,7 @@ def jvp(f, primals, tangents):
     cotangents = [_zeros_like(y) for y in _leaves(value)]
     found = gradient(pulled_back, *cotangents)
     outputs = iter(_zeros_like(y) if g is None else g for y, g in zip(_leaves(value), found))
-    plain = _plain(value)
+    plain = untracked(value)
     return plain, tree_map(lambda v: next(outputs) if _is_array(v) else v, plain)
 
 
@@ -62,9 +64,7 @@ def jacfwd(f, x):
     """
     x = data(x)
     xp = backend.namespace_of(x)
-    n = 1
-    for d in x.shape:
-        n *= d
+    n = math.prod(x.shape)
     eye = xp.eye(n, dtype=x.dtype, device=backend.device_of(x))
     columns, out_shape = [], ()
     for j in range(n):
@@ -80,10 +80,6 @@ def _leaves(value):
 
 def _is_array(v):
     return isinstance(v, TrackedArray) or backend.is_array(v)
-
-
-def _plain(value):
-    return tree_map(lambda v: data(v) if _is_array(v) else v, value)
 
 
 def _zeros_like(y):

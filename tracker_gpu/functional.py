@@ -67,8 +67,14 @@ def jacobian(f, *args, wrt=0):
         raise TypeError("jacobian needs the point: tg.jacobian(f, x)")
     if isinstance(wrt, tuple):
         return tuple(jacobian(f, *args, wrt=i) for i in sorted(positions(wrt, len(args))))
+    along, x = _along(f, args, wrt)
+    return _jacobian(along, x)
+
+
+def _along(f, args, wrt):
+    """`(g, x)`: `f` as a function of its argument at position `wrt` alone, and that argument."""
     (i,) = positions(wrt, len(args))
-    return _jacobian(lambda x: f(*args[:i], x, *args[i + 1 :]), args[i])
+    return (lambda x: f(*args[:i], x, *args[i + 1 :])), args[i]
 
 
 def _jacobian(f, x):
@@ -103,12 +109,8 @@ def hessian(f, *args, wrt=0):
         raise TypeError("hessian needs the point: tg.hessian(f, x)")
     if not isinstance(wrt, int) or isinstance(wrt, bool):
         raise TypeError(f"hessian takes one argument's position as wrt, got {wrt!r}")
-    (i,) = positions(wrt, len(args))
-
-    def at(x):
-        return f(*args[:i], x, *args[i + 1 :])
-
-    return _jacobian(lambda x: gradient(at, x, nest=True)[0], args[i])
+    along, x = _along(f, args, wrt)
+    return _jacobian(lambda x: gradient(along, x, nest=True)[0], x)
 
 
 def hvp(f, x, v):

@@ -42,13 +42,14 @@ from ..api import (
     positions,
     top_level,
     track_inputs,
+    withgradient,
 )
 from ..pytree import tree_map
 from ..recording import RecordingError
 from ..tracked import TrackedArray
 from .program import Program
 from .recorder import Recorder
-from .signature import arrays_of, signature_and_arrays
+from .signature import VALUES, arrays_of, signature_and_arrays
 
 __all__ = ["compile", "Compiled", "RecordingError"]
 
@@ -123,9 +124,9 @@ class Compiled:
         warnings.warn(
             f"tg.compile of {getattr(self.f, '__name__', 'f')!r} has recorded {self._misses} "
             f"programs and drops the oldest: its signature changes from call to call. A Python "
-            "number inside the arguments is part of the signature (an optimiser state that "
-            "counts steps, such as Adam's, or a schedule's step); pass such a number as a 0-d "
-            "array, or raise maxsize if the shapes really vary that much",
+            "number inside the arguments is part of the signature (a schedule's step count, "
+            "say); pass such a number as a 0-d array, or raise maxsize if the shapes really "
+            "vary that much",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -158,7 +159,7 @@ def _traced_run(f, args, recorder, wrt=None):
     return WithGradient(val, gradients_in_place(args, inputs, found, nest=False, chosen=chosen))
 
 
-_LEAVES = frozenset((np.ndarray, int, float, bool, str, type(None)))  # nothing to look into
+_LEAVES = VALUES | {np.ndarray}  # nothing to look into
 
 
 def _prepared(x, memo):
@@ -204,8 +205,6 @@ class _Own:
 
 
 def _eager(f, args, wrt=None):
-    from ..api import withgradient
-
     return withgradient(f, *args, wrt=wrt)
 
 

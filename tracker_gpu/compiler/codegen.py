@@ -10,6 +10,8 @@ interpreter's loop over steps is gone: what remains is close to the same computa
 by hand.
 """
 
+import math
+
 from .. import draws
 from ..backend import is_numpy_namespace
 from ..primitive import Primitive, _fit
@@ -138,7 +140,7 @@ class _Reuse:
             return None
         shape, dtype = tuple(step.node.shape), step.node.dtype
         found = None
-        if function in _UFUNCS and len(step.inputs) == 2 and _size(shape) >= REUSE_FROM:
+        if function in _UFUNCS and len(step.inputs) == 2 and math.prod(shape) >= REUSE_FROM:
             dying = set(self.last.get((index, None), ())) - self.outputs
             for slot in step.inputs:
                 if slot in dying and slot in self.local and self.fresh.get(slot) == (shape, dtype):
@@ -152,13 +154,6 @@ class _Reuse:
 _FRESH = {rule.forward for rule in TEMPLATES if rule is not _SUM}
 # Elements from which writing into a buffer pays: below, `out=` costs more than a new array.
 REUSE_FROM = 1 << 12
-
-
-def _size(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _exposed(program):

@@ -18,7 +18,7 @@ from ..tracked import TrackedArray
 
 __all__ = ["signature", "arrays_of", "signature_and_arrays"]
 
-_VALUES = frozenset((int, float, bool, str, type(None), complex))
+VALUES = frozenset((int, float, bool, str, type(None), complex))  # described by their value
 
 
 def signature(args):
@@ -42,7 +42,7 @@ def _describe(x, seen):
     if type(x) is np.ndarray:  # the common case, without the generic lookups below
         _, order = seen.setdefault(id(x), (x, len(seen)))
         return ("array", np.ndarray, x.shape, x.dtype, "cpu", order)
-    if type(x) in _VALUES:
+    if type(x) in VALUES:
         return ("value", type(x), x)
     if isinstance(x, TrackedArray):
         raise TypeError(
