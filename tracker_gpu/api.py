@@ -76,14 +76,13 @@ def scalar_seed(y):
 
 def given_seed(y, dy):
     """The seed `dy` checked against `y`, as a new array (the user's `dy` is never aliased)."""
-    _check_real(y)
     xp = y._xp
     dy = data(dy)
     if type(dy) in SCALARS or isinstance(dy, (list, tuple)):
         dy = xp.asarray(dy, dtype=y.dtype, device=y.device)
     backend.check_same_library(xp, dy)
-    if xp.isdtype(dy.dtype, "complex floating"):
-        raise TypeError("a complex seed is not supported; pass a real seed of y's dtype")
+    if xp.isdtype(dy.dtype, "complex floating") and not xp.isdtype(y.dtype, "complex floating"):
+        raise TypeError("a complex seed for a real value; pass a real seed of y's dtype")
     if tuple(dy.shape) != tuple(y.shape):
         raise ValueError(f"seed of shape {tuple(dy.shape)} for a value of shape {tuple(y.shape)}")
     if backend.device_of(dy) != y.device:
@@ -97,9 +96,9 @@ def given_seed(y, dy):
 def _check_real(y):
     if y._xp.isdtype(y.dtype, "complex floating"):
         raise TypeError(
-            f"cannot differentiate a complex value (dtype {y.dtype}): complex numbers are not "
-            "supported yet; differentiate a real loss, e.g. of real and imaginary parts kept "
-            "as separate real arrays"
+            f"cannot differentiate a complex value (dtype {y.dtype}) without a seed: a loss "
+            "must be real; take tg.real, tg.abs or a sum of squares of it, or pass a seed "
+            "(back(y, dy))"
         )
 
 
@@ -294,10 +293,8 @@ def _input(x, nest, recorded=False):
     if not backend.is_array(x):
         return None
     xp = backend.namespace_of(x)
-    if xp.isdtype(x.dtype, "real floating"):
+    if xp.isdtype(x.dtype, ("real floating", "complex floating")):
         return leaf(x)
-    if xp.isdtype(x.dtype, "complex floating"):
-        raise TypeError("complex inputs are not supported yet; split real and imaginary parts")
     return None  # integers and booleans: data, passed to f as they are
 
 

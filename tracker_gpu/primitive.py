@@ -355,15 +355,21 @@ def _library_with_plain_operands(xp, values):
 
 def _fit(ga, a, name):
     """Sum a gradient down to the shape of its argument (a node), and cast it to its dtype."""
-    from .rules.elementwise import astype
+    from .rules.elementwise import astype, real
     from .rules.shape import unbroadcast
 
     shape = a.shape
     if ga.shape != shape:
         ga = unbroadcast(ga, shape, name)
     if ga.dtype != a.dtype:
+        if _is_complex(ga.dtype) and not _is_complex(a.dtype):
+            ga = real(ga)  # a real argument of a complex function: its part of the gradient
         ga = astype(ga, a.dtype)
     return ga
+
+
+def _is_complex(dtype):
+    return getattr(dtype, "kind", None) == "c" or "complex" in str(dtype)
 
 
 # --- custom rules: Tracker's `track` + `@grad`

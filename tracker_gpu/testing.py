@@ -11,7 +11,7 @@ import numpy as np
 
 from . import backend
 from .api import gradient
-from .rules.elementwise import multiply
+from .rules.elementwise import is_complex, multiply, real
 from .rules.reductions import sum as _sum
 from .tracked import data
 
@@ -25,16 +25,24 @@ class GradcheckError(AssertionError):
 def gradcheck(f, *xs, eps=1e-6, rtol=1e-5, atol=1e-5, directions=None, seed=0):
     """Check `gradient` of `sum(w * f(*xs))` (w random, fixed) against finite differences.
 
-    `xs` are float64 arrays of any library. Every element is perturbed when the inputs are small
-    (or `directions=None` and they hold at most 64 elements), else `directions` random
-    directions are checked. Returns True, or raises `GradcheckError` naming the input and the
-    largest disagreement.
+    `xs` are float64 or complex128 arrays of any library. Every element is perturbed when the
+    inputs are small (or `directions=None` and they hold at most 64 elements), else `directions`
+    random directions are checked; a complex element is perturbed along its real and its
+    imaginary axis. A complex `f` is checked through `real(sum(w * f(*xs)))`, w complex. The
+    gradient of a real loss L in z = x + iy is dL/dx + i dL/dy (PyTorch's convention), so its
+    derivative along a direction v is real(sum(conj(grad) * v)). Returns True, or raises
+    `GradcheckError` naming the input and the largest disagreement.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> tg.testing.gradcheck(lambda z: tg.exp(z) * tg.conj(z), np.array([0.5 + 1j, -1 - 2j]))
+    True
     """
     rng = np.random.default_rng(seed)
     weights = _weights(f, xs, rng)
 
     def loss(*args):
-        return _sum(multiply(f(*args), weights))
+        weighted = _sum(multiply(f(*args), weights))
+        return real(weighted) if is_complex(weighted) else weighted
 
     analytic = gradient(loss, *xs)
     for i, x in enumerate(xs):
@@ -43,9 +51,11 @@ def gradcheck(f, *xs, eps=1e-6, rtol=1e-5, atol=1e-5, directions=None, seed=0):
         g = analytic[i]
         g = np.zeros(x.shape) if g is None else _to_numpy(data(g))
         along = list(_directions(x, directions, rng))
+        if is_complex(x):
+            along += [1j * v for v in along]
         numerics = _central_differences(loss, xs, i, along, eps)
         for v, numeric in zip(along, numerics):
-            expected = float(np.sum(g * v))
+            expected = float(np.real(np.sum(np.conj(g) * v)))
             if not abs(numeric - expected) <= atol + rtol * abs(numeric):
                 raise GradcheckError(
                     f"input {i}: gradient gives {expected!r} along a direction, finite "
@@ -58,6 +68,8 @@ def _weights(f, xs, rng):
     y = data(f(*xs))
     xp = backend.namespace_of(y)
     w = rng.uniform(0.5, 1.5, size=tuple(y.shape))
+    if is_complex(y):
+        w = w + 1j * rng.uniform(-1.0, 1.0, size=tuple(y.shape))
     return xp.asarray(w, dtype=y.dtype, device=backend.device_of(y))
 
 

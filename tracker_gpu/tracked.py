@@ -259,13 +259,8 @@ def param(x):
 
 
 def _float_dtype(xp, x, device):
-    if xp.isdtype(x.dtype, "real floating"):
+    if xp.isdtype(x.dtype, ("real floating", "complex floating")):
         return x.dtype
-    if xp.isdtype(x.dtype, "complex floating"):
-        raise TypeError(
-            "complex arrays are not supported yet; differentiate the real and imaginary "
-            "parts as separate real arrays"
-        )
     if xp.isdtype(x.dtype, ("integral", "bool")):
         return xp.__array_namespace_info__().default_dtypes(device=device)["real floating"]
     raise TypeError(f"cannot make a parameter of dtype {x.dtype}; pass a numeric array")
@@ -276,7 +271,7 @@ def leaf(x):
     if type(x) in SCALARS:
         return param(x)
     xp = namespace_of(x)
-    if not xp.isdtype(x.dtype, "real floating"):
+    if not xp.isdtype(x.dtype, ("real floating", "complex floating")):
         return param(x)
     return TrackedArray(x, xp)
 
@@ -332,7 +327,7 @@ def update(x, dx):
     if type(dx) in SCALARS or isinstance(dx, (list, tuple)):
         dx = xp.asarray(dx, dtype=x.dtype, device=x.device)
     backend.check_same_library(xp, dx)
-    if xp.isdtype(dx.dtype, "complex floating"):
+    if xp.isdtype(dx.dtype, "complex floating") and not xp.isdtype(x.dtype, "complex floating"):
         raise TypeError("update: a complex step for a real parameter; pass a real step")
     shape, step_shape = tuple(x.shape), tuple(dx.shape)
     if step_shape != shape and not _broadcasts(step_shape, shape):

@@ -52,6 +52,7 @@ __all__ = [
     "abs",
     "sign",
     "real",
+    "imag",
     "conj",
     "maximum",
     "minimum",
@@ -192,11 +193,44 @@ tanh = _unary("tanh", lambda g, ans, x: g * (1 - ans * ans), "ans")
 asinh = _unary("asinh", lambda g, ans, x: g / sqrt(x * x + 1), "x")
 acosh = _unary("acosh", lambda g, ans, x: g / sqrt(x * x - 1), "x")
 atanh = _unary("atanh", lambda g, ans, x: g / (1 - x * x), "x")
-# abs'(0) = +1, as Tracker
-abs = _unary("abs", lambda g, ans, x: where(data(x) >= 0, g, -g), "x")
+
+
+def _abs_vjp(g, ans, x):
+    if not is_complex(x):
+        return where(data(x) >= 0, g, -g)  # abs'(0) = +1, as Tracker
+    unit = where(data(ans) == 0, zeros_like(x), x / where(data(ans) == 0, 1.0, ans))
+    return g * unit  # the gradient of |z| is z / |z| (0 at 0, as PyTorch)
+
+
+def _imag_vjp(g, ans, x):
+    return astype(g, complex_dtype(namespace_of(data(g)), g.dtype)) * 1j
+
+
+abs = _unary("abs", _abs_vjp, "x ans")
 sign = _unary("sign", lambda g, ans, x: None, "")
 real = _unary("real", lambda g, ans, x: g, "")
-conj = _unary("conj", lambda g, ans, x: g, "")
+imag = _unary("imag", _imag_vjp, "")
+conj = _unary("conj", lambda g, ans, x: conj(g), "")
+
+
+def is_complex(x):
+    """Whether `x` (tracked or plain) holds complex numbers."""
+    x = data(x)
+    if type(x) in SCALARS:
+        return type(x) is complex
+    return namespace_of(x).isdtype(x.dtype, "complex floating")
+
+
+def complex_dtype(xp, dtype):
+    """The complex dtype of the precision of the real `dtype` (complex64 for float32)."""
+    return xp.complex64 if dtype == xp.float32 else xp.complex128
+
+
+def conjugate_derivative(x):
+    """`conj(x)` for complex `x`, `x` itself otherwise: a holomorphic function's vjp is
+    `g * conj(f'(z))` (PyTorch's convention, so that `z - lr * grad` descends)."""
+    return conj(x) if is_complex(x) else x
+
 
 # --- binary functions
 # Ties of maximum/minimum send the gradient to the second argument, as Tracker does.
@@ -321,7 +355,7 @@ PLAIN_FUNCTIONS = {
         "ceil floor trunc round signbit isfinite isinf isnan equal not_equal greater "
         "greater_equal less less_equal logical_and logical_or logical_xor logical_not "
         "bitwise_and bitwise_or bitwise_xor bitwise_invert bitwise_left_shift "
-        "bitwise_right_shift floor_divide nextafter imag"
+        "bitwise_right_shift floor_divide nextafter"
     ).split()
 }
 floor_divide = _plain_floor_divide = PLAIN_FUNCTIONS["floor_divide"]
