@@ -122,15 +122,15 @@ subtract = _binary(
 multiply = _binary(
     "multiply",
     lambda xp, x, y: x * y,
-    lambda g, ans, x, y: g * y,
-    lambda g, ans, x, y: g * x,
+    lambda g, ans, x, y: g * conjugate_derivative(y),
+    lambda g, ans, x, y: g * conjugate_derivative(x),
     ("y", "x"),
 )
 divide = _binary(
     "divide",
     lambda xp, x, y: x / y,
-    lambda g, ans, x, y: g / y,
-    lambda g, ans, x, y: -g * ans / y,
+    lambda g, ans, x, y: g / conjugate_derivative(y),
+    lambda g, ans, x, y: -g * conjugate_derivative(ans / y),
     ("y", "ans y"),
 )
 
@@ -138,14 +138,14 @@ divide = _binary(
 # At x = 0, d/dx x**0 = 0 and d/dy x**y = 0 (y > 0), not 0 * inf and -inf * 0 (as JAX, PyTorch).
 def _pow_vjp_x(g, ans, x, y):
     if type(y) in SCALARS:
-        return g * y * x ** (y - 1 if y != 0 else 1)
-    return g * y * x ** where(data(y) == 0, 1.0, y - 1)
+        return g * conjugate_derivative(y * x ** (y - 1 if y != 0 else 1))
+    return g * conjugate_derivative(y * x ** where(data(y) == 0, 1.0, y - 1))
 
 
 def _pow_vjp_y(g, ans, x, y):
     if type(x) in SCALARS:
-        return g * (log(x) if x != 0 else 0.0) * ans
-    return g * log(where(data(x) == 0, 1.0, x)) * ans
+        return g * conjugate_derivative((log(x) if x != 0 else 0.0) * ans)
+    return g * conjugate_derivative(log(where(data(x) == 0, 1.0, x)) * ans)
 
 
 pow = _binary("pow", lambda xp, x, y: x**y, _pow_vjp_x, _pow_vjp_y, ("x y", "x ans"))
@@ -218,6 +218,9 @@ def is_complex(x):
     x = data(x)
     if type(x) in SCALARS:
         return type(x) is complex
+    kind = getattr(x.dtype, "kind", None)  # NumPy's and CuPy's dtypes: the cheap answer
+    if kind is not None:
+        return kind == "c"
     return namespace_of(x).isdtype(x.dtype, "complex floating")
 
 
