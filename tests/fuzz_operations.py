@@ -3,7 +3,8 @@
 A `Program` is input shapes and a list of `Step`s; `evaluate` runs it with a step function:
 `apply_tg(convert)` for tracker_gpu, `apply_torch` for PyTorch, which rejects the program
 (Hypothesis's `reject`) where a step meets a kink or a tie. Every operation is written once for
-each library in the tables (`UNARY`, `BINARY`, `REDUCTIONS`, `ALONG`, `SHAPE_OPS`). `run_torch`
+each library in the tables (`UNARY`, `BINARY`, `REDUCTIONS`, `ALONG`, `SHAPE_OPS`, `AT`;
+`einsum` takes its subscripts as a parameter). `run_torch`
 gives PyTorch's output, gradients and Hessian-vector product, which the tests compare with
 tracker_gpu's, and rejects an output that is not finite or over `BIG`. A helper, not a test
 module: test_fuzz.py imports it once PyTorch is known to be installed.
@@ -267,6 +268,40 @@ def _tg_key(key, convert):
     return key
 
 
+# --- indexed updates, tg.at(x)[key].how(v): in PyTorch on the flattened x, at the flat
+# positions of x[key] (read off a grid of positions by `_torch_getitem`)
+AT = ("set", "add", "subtract", "multiply", "min", "max")
+SCATTER_REDUCE = {"multiply": "prod", "min": "amin", "max": "amax"}
+
+
+def _torch_at(x, v, how, key):
+    positions = _torch_getitem(torch.arange(x.numel()).reshape(x.shape), key)
+    v = torch.broadcast_to(v, positions.shape).reshape(-1)
+    positions, flat = positions.reshape(-1), x.reshape(-1)
+    if how in SCATTER_REDUCE:
+        if how in ("min", "max"):
+            _guard(_no_tie_at(flat, v, positions, how))
+        out = flat.scatter_reduce(0, positions, v, reduce=SCATTER_REDUCE[how], include_self=True)
+    elif how == "set":  # where a position is named twice, the last value written stays
+        last = {p: k for k, p in enumerate(positions.tolist())}
+        keep = torch.as_tensor(list(last.values()), dtype=torch.int64)
+        out = flat.index_put((positions[keep],), v[keep])
+    else:
+        out = flat.index_put((positions,), v if how == "add" else -v, accumulate=True)
+    return out.reshape(x.shape)
+
+
+def _no_tie_at(flat, v, positions, how):
+    """At each updated position, the winner of x's value and the values written there stands
+    `GAP` apart from the others."""
+    flat, v = _numpy(flat), _numpy(v)
+    candidates = {}
+    for p, value in zip(positions.tolist(), v.tolist()):
+        candidates.setdefault(p, [float(flat[p])]).append(value)
+    pick = max if how == "max" else min
+    return all(sum(abs(c - pick(cs)) < GAP for c in cs) == 1 for cs in candidates.values())
+
+
 def apply_tg(convert):
     """How a step runs in tracker_gpu; `convert` makes a NumPy constant an array of the backend."""
 
@@ -288,6 +323,11 @@ def apply_tg(convert):
             return args[0][_tg_key(p["key"], convert)]
         if op == "matmul":
             return args[0] @ args[1]
+        if op == "einsum":
+            return tg.einsum(p["subscripts"], *args)
+        if op == "at":
+            v = p["scalar"] if "scalar" in p else args[1]
+            return getattr(tg.at(args[0])[_tg_key(p["key"], convert)], p["how"])(v)
         if op in ("concat", "stack"):
             return getattr(tg, op)(list(args), axis=p["axis"])
         return SHAPE_OPS[op][0](args[0], p)
@@ -320,6 +360,11 @@ def apply_torch(step, args):
         return _torch_getitem(args[0], p["key"])
     if op == "matmul":
         return args[0] @ args[1]
+    if op == "einsum":
+        return torch.einsum(p["subscripts"], *args)
+    if op == "at":
+        v = torch.tensor(p["scalar"], dtype=torch.float64) if "scalar" in p else args[1]
+        return _torch_at(args[0], v, p["how"], p["key"])
     if op == "concat":
         return torch.cat(list(args), dim=p["axis"])
     if op == "stack":

@@ -2,15 +2,27 @@
 
 A program starts from one input of up to 3 dimensions and applies one to `max_steps` operations
 (elementwise, arithmetic with random broadcasting, reductions, operations along an axis, shape
-changes, indexing, matmul, where, concat and stack), drawing new inputs or reusing values where a
-second operand is needed. The shape of each value comes from running the step on tracker_gpu's
-plain path; a program with a value of more than `MAX_SIZE` elements or 4 dimensions is rejected.
+changes, indexing, matmul, einsum, where, concat and stack, indexed updates `tg.at`), drawing
+new inputs or reusing values where a second operand is needed. The shape of each value comes
+from running the step on tracker_gpu's plain path; a program with a value of more than
+`MAX_SIZE` elements or 4 dimensions is rejected.
 """
 
 import math
 
 import numpy as np
-from fuzz_operations import ALONG, BINARY, REDUCTIONS, UNARY, Ints, Mask, Program, Step, apply_tg
+from fuzz_operations import (
+    ALONG,
+    AT,
+    BINARY,
+    REDUCTIONS,
+    UNARY,
+    Ints,
+    Mask,
+    Program,
+    Step,
+    apply_tg,
+)
 from hypothesis import reject
 from hypothesis import strategies as st
 
@@ -54,7 +66,7 @@ class _Builder:
         shape = self.shapes[a]
         kinds = ["unary", "binary", "reduce", "shape", "matmul", "where"]
         if shape:
-            kinds += ["along", "index", "index", "join"]
+            kinds += ["along", "index", "index", "join", "einsum", "at"]
         kind = self.draw(st.sampled_from(kinds))
         return getattr(self, kind)(a, shape)
 
@@ -135,6 +147,48 @@ class _Builder:
         n = shape[0] if len(shape) == 1 else shape[-2]
         other = draw(st.sampled_from([(n,), (2, n), (3, n)]))
         return self.add(Step("matmul", (self.value(other, reuse=a), a)))
+
+    def einsum(self, a, shape):
+        """A sum over axes (the rest permuted), an outer product, a matrix product over the last
+        axis (batched over the first), or a trace over the last two axes."""
+        draw = self.draw
+        ndim = len(shape)
+        letters = "abcd"[:ndim]
+        kind = draw(st.sampled_from(["sum", "outer", "contract"] + ["trace"] * (ndim >= 2)))
+        if kind == "sum":
+            kept = draw(st.lists(st.sampled_from(letters), max_size=ndim, unique=True))
+            return self.add(Step("einsum", (a,), {"subscripts": f"{letters}->{''.join(kept)}"}))
+        if kind == "trace" and shape[-1] == shape[-2]:  # "ii->" over the last two axes
+            subscripts = f"{letters[:-1]}{letters[-2]}->{letters[:-2]}"
+            return self.add(Step("einsum", (a,), {"subscripts": subscripts}))
+        if kind == "trace":  # the trace of a @ b
+            b = self.value(shape[-1:] + shape[-2:-1], reuse=a)
+            subscripts = f"{letters},{letters[-1]}{letters[-2]}->{letters[:-2]}"
+            return self.add(Step("einsum", (a, b), {"subscripts": subscripts}))
+        m = draw(st.integers(1, 3))
+        if kind == "outer":
+            b = self.value((m,), reuse=a)
+            return self.add(Step("einsum", (a, b), {"subscripts": f"{letters},z->{letters}z"}))
+        if ndim == 3 and draw(st.booleans()):  # a batch of matrix products
+            b = self.value((shape[0], shape[2], m), reuse=a)
+            return self.add(Step("einsum", (a, b), {"subscripts": "abc,acz->abz"}))
+        b = self.value((shape[-1], m), reuse=a)
+        subscripts = f"{letters},{letters[-1]}z->{letters[:-1]}z"
+        return self.add(Step("einsum", (a, b), {"subscripts": subscripts}))
+
+    def at(self, a, shape):
+        """`tg.at(x)[key].how(v)`, with `v` a number or an array that broadcasts to x[key]."""
+        draw = self.draw
+        how = draw(st.sampled_from(AT))
+        key = draw(_keys(shape))
+        params = {"key": key, "how": how}
+        if how not in ("min", "max") and draw(st.integers(0, 3)) == 0:
+            params["scalar"] = draw(st.sampled_from([-1.5, 0.75, 2.0]))
+            return self.add(Step("at", (a,), params), shape)
+        selected = _shape_of(Step("getitem", (a,), {"key": key}), self.shapes)
+        dims = [draw(st.sampled_from([n, 1])) for n in selected]
+        v = self.value(tuple(dims[draw(st.integers(0, len(dims))) :]), reuse=a)
+        return self.add(Step("at", (a, v), params), shape)
 
     def where(self, a, shape):
         draw = self.draw

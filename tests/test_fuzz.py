@@ -3,12 +3,14 @@
 Hypothesis draws programs: compositions of one to five tracker_gpu operations (elementwise
 functions on safe domains, arithmetic with random broadcasting, reductions over random axes with
 and without keepdims, reshapes and transposes, slices and integer index arrays with repeats,
-matmul, softmax and logsumexp, where and maximum, concat and stack), over float64 inputs and
+matmul and einsum, softmax and logsumexp, where and maximum, concat and stack, indexed updates
+`tg.at(x)[key].set/add/...` with repeated positions), over float64 inputs and
 constants. Each program runs through tracker_gpu and, operation for operation, through PyTorch
 autograd on the same data: the output, the gradients of a weighted sum of it, and for a subset
 the Hessian-vector products (`tg.hvp` against torch's double backward) must agree to tight
 tolerances. PyTorch computes slices and index arrays with `index_select`, a path independent of
-ours. Programs that come near a kink, a tie or an overflow (where the two are both right but
+ours; `tg.at` is checked against `index_put` and `scatter_reduce` at the positions of x[key].
+Programs that come near a kink, a tie or an overflow (where the two are both right but
 may differ) are rejected rather than compared.
 
 On NumPy, a third of the programs (those whose seed is a multiple of 3) run tracker_gpu's side
@@ -38,6 +40,7 @@ pytest.importorskip("torch", reason="differential testing needs PyTorch (pip ins
 
 from fuzz_operations import (
     ALONG,
+    AT,
     BINARY,
     REDUCTIONS,
     UNARY,
@@ -108,7 +111,7 @@ def assert_same(backend, tracked, plain, what):
 
 
 def _negative_steps(program):
-    keys = [step.params["key"] for step in program.steps if step.op == "getitem"]
+    keys = [step.params["key"] for step in program.steps if "key" in step.params]
     parts = [p for key in keys for p in (key if type(key) is tuple else (key,))]
     return any(isinstance(p, slice) and (p.step or 1) < 0 for p in parts)
 
@@ -219,6 +222,7 @@ def _single(op, params=None, shapes=((2, 3),)):
     return Program([(shape, False) for shape in shapes], steps, seed=3)
 
 
+AT_SHAPES = ((2, 3), (3, 2))  # x, and v for x[[1, 0, 1], 1:]: row 1 named twice
 ALONG_KW = {
     "sort": {"descending": True},
     "roll": {"shift": 1},
@@ -245,6 +249,22 @@ EACH_OPERATION = {
     "squeeze": _single("squeeze", {"axis": 1}, ((2, 1, 3),)),
     "broadcast_to": _single("broadcast_to", {"shape": (4, 2, 3)}),
     "moveaxis": _single("moveaxis", {"source": 0, "destination": -1}),
+    "einsum-matmul": _single("einsum", {"subscripts": "ij,jk->ik"}, ((2, 3), (3, 4))),
+    "einsum-batch": _single("einsum", {"subscripts": "bij,bjk->bik"}, ((2, 2, 3), (2, 3, 2))),
+    "einsum-trace": _single("einsum", {"subscripts": "ii->"}, ((3, 3),)),
+    "einsum-outer": _single("einsum", {"subscripts": "i,j->ij"}, ((2,), (3,))),
+    "einsum-sum": _single("einsum", {"subscripts": "ij->j"}),
+    **{
+        f"at-{how}": _single(
+            "at", {"key": (Ints([1, 0, 1]), slice(1, None)), "how": how}, AT_SHAPES
+        )
+        for how in AT
+    },
+    "at-mask": _single(
+        "at",
+        {"key": Mask([[True, False, True], [False, True, True]]), "how": "max"},
+        ((2, 3), (1,)),
+    ),
 }
 
 
