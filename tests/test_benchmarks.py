@@ -65,6 +65,14 @@ def test_overhead():
     assert "tracker_gpu" in run("overhead.py", "--ops", "100", "--repeats", "3")
 
 
+def test_higher_order():
+    """The Hessian two ways (the script asserts that they agree before it times them)."""
+    out = run("higher_order.py", "--repeats", "1", "--sizes", "3")
+    assert "hvp" in out
+    for name in ("tanh-layer", "logsumexp", "mlp-input"):
+        assert name in out
+
+
 def has_gpu():
     try:
         import cupy
