@@ -141,6 +141,35 @@ def test_second_derivative_matches_finite_differences(backend, name, kw, dtype):
     assert gradcheck(first, x, **lazy_options(backend, {}))
 
 
+@pytest.mark.parametrize(
+    ("name", "kw"), [("fft", {"n": 6}), ("rfft", {}), ("irfft", {"n": 5}), ("ihfft", {})]
+)
+def test_float32_stays_float32(backend, name, kw):
+    x64 = sample((3, 4), "float64", seed=4)
+    x = backend.asarray(x64.astype(np.float32))
+    f = tracked_transform(name, kw)
+    y = f(tg.param(x))
+    assert tg.data(y).dtype in (backend.xp.float32, backend.xp.complex64)
+    (g,) = tg.gradient(lambda x: real_loss(f(x)), x)
+    check_like(backend, g, x)
+    (g64,) = tg.gradient(lambda x: real_loss(f(x)), backend.asarray(x64))
+    assert np.allclose(numpy_of(backend, g), numpy_of(backend, g64), rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_step_equals_the_eager_one():
+    def loss(x):
+        spectrum = tg.fft.fftshift(tg.fft.rfftn(x, s=(3, 6), axes=(0, 1)))
+        return tg.sum(tg.real(tg.fft.ifftn(spectrum, s=(2, 3), axes=(0, 1))) ** 2)
+
+    x = sample((2, 4), "float64", seed=6)
+    step = tg.compile(loss)
+    for _ in range(3):
+        compiled = step(x)
+    eager = tg.withgradient(loss, x)
+    assert np.isclose(float(compiled.val), float(eager.val))
+    assert np.allclose(compiled.grad[0], eager.grad[0])
+
+
 # --- PyTorch's autograd as an independent reference
 def torch_transform(torch, name, kw):
     kw = dict(kw)
