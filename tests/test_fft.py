@@ -239,6 +239,8 @@ BAD = [
     (lambda x: tg.fft.irfft(x[:, :1]), ValueError, "pass its length"),
     (lambda x: tg.fft.fftshift(x, axes=3), ValueError, "axis 3 is out of range"),
     (lambda x: tg.fft.fftfreq(0), ValueError, "n must be a positive int"),
+    (lambda x: tg.fft.rfft([1.0, 2.0]), TypeError, "array.*, got list; convert it"),
+    (lambda x: tg.fft.fftshift(2.0), TypeError, "takes an array, got float"),
 ]
 
 

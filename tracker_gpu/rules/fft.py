@@ -32,7 +32,7 @@ import importlib
 
 import numpy as np
 
-from ..backend import device_of, is_lazy, namespace_of
+from ..backend import device_of, is_array, is_lazy, namespace_of
 from ..creation import _dtype_in, library_of_device
 from ..primitive import Primitive
 from ..tracked import data
@@ -137,6 +137,14 @@ def _norm(norm, name):
     return norm
 
 
+def _ndim(x, name):
+    if not is_array(data(x)):
+        raise TypeError(
+            f"{name} takes an array, got {type(x).__name__}; convert it with asarray first"
+        )
+    return x.ndim
+
+
 def _axis(axis, ndim, name):
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise TypeError(f"{name}: an axis must be an int, got {axis!r}")
@@ -151,6 +159,7 @@ def _axis(axis, ndim, name):
 def _axes(x, s, axes, name):
     """The transformed axes (non-negative) of the n-dimensional transforms, as the standard
     says: all of them by default, the last `len(s)` when only `s` is given."""
+    _ndim(x, name)
     if axes is None:
         count = x.ndim if s is None else len(s)
         if count > x.ndim:
@@ -218,7 +227,7 @@ def fft(x, /, *, n=None, axis=-1, norm="backward"):
     >>> tg.fft.fft(np.array([1.0, 0.0, 0.0, 0.0]), n=2)
     array([1.+0.j, 1.+0.j])
     """
-    axis = _axis(axis, x.ndim, "fft")
+    axis = _axis(axis, _ndim(x, "fft"), "fft")
     s = (_length(n, x.shape[axis], "fft"),)
     return _fft(_as_complex(x, "fft"), s=s, axes=(axis,), norm=_norm(norm, "fft"))
 
@@ -230,7 +239,7 @@ def ifft(x, /, *, n=None, axis=-1, norm="backward"):
     >>> tg.fft.ifft(np.array([4.0, 0.0, 0.0, 0.0]))
     array([1.+0.j, 1.+0.j, 1.+0.j, 1.+0.j])
     """
-    axis = _axis(axis, x.ndim, "ifft")
+    axis = _axis(axis, _ndim(x, "ifft"), "ifft")
     s = (_length(n, x.shape[axis], "ifft"),)
     return _ifft(_as_complex(x, "ifft"), s=s, axes=(axis,), norm=_norm(norm, "ifft"))
 
@@ -270,7 +279,7 @@ def rfft(x, /, *, n=None, axis=-1, norm="backward"):
     array([ 6. +0.j       , -1.5+0.8660254j])
     """
     _floating(x, "rfft", complex_ok=False)
-    axis = _axis(axis, x.ndim, "rfft")
+    axis = _axis(axis, _ndim(x, "rfft"), "rfft")
     s = (_length(n, x.shape[axis], "rfft"),)
     return _rfft(x, s=s, axes=(axis,), norm=_norm(norm, "rfft"))
 
@@ -283,7 +292,7 @@ def irfft(x, /, *, n=None, axis=-1, norm="backward"):
     >>> tg.fft.irfft(np.array([6.0, -1.5 + 0.8660254j]), n=3)
     array([1., 2., 3.])
     """
-    axis = _axis(axis, x.ndim, "irfft")
+    axis = _axis(axis, _ndim(x, "irfft"), "irfft")
     s = _sizes(x, None if n is None else (n,), (axis,), "irfft", real_output=True)
     return _irfft(_as_complex(x, "irfft"), s=s, axes=(axis,), norm=_norm(norm, "irfft"))
 
@@ -323,7 +332,7 @@ def hfft(x, /, *, n=None, axis=-1, norm="backward"):
     array([ 8., -2.,  0., -2.])
     """
     norm = _norm(norm, "hfft")
-    axis = _axis(axis, x.ndim, "hfft")
+    axis = _axis(axis, _ndim(x, "hfft"), "hfft")
     s = _sizes(x, None if n is None else (n,), (axis,), "hfft", real_output=True)
     return _irfft(conj(_as_complex(x, "hfft")), s=s, axes=(axis,), norm=DUAL[norm])
 
@@ -337,13 +346,14 @@ def ihfft(x, /, *, n=None, axis=-1, norm="backward"):
     """
     norm = _norm(norm, "ihfft")
     _floating(x, "ihfft", complex_ok=False)
-    axis = _axis(axis, x.ndim, "ihfft")
+    axis = _axis(axis, _ndim(x, "ihfft"), "ihfft")
     s = (_length(n, x.shape[axis], "ihfft"),)
     return conj(_rfft(x, s=s, axes=(axis,), norm=DUAL[norm]))
 
 
 # --- shifts: permutations, whose adjoint is the opposite shift
 def _shift_axes(x, axes, name):
+    _ndim(x, name)
     if axes is None:
         return tuple(range(x.ndim))
     axes = (axes,) if isinstance(axes, int) else tuple(axes)
