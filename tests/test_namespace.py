@@ -185,11 +185,11 @@ def test_asarray_of_a_tracked_value_keeps_the_tape():
 
 def test_a_function_we_do_not_differentiate_is_named(backend):
     xp = namespace(backend)
-    with pytest.raises(AttributeError, match="no differentiable 'fft'"):
-        _ = xp.fft
+    with pytest.raises(AttributeError, match="no differentiable 'fft2'"):
+        _ = xp.fft.fft2  # NumPy's, not the standard's
     with pytest.raises(AttributeError, match="no differentiable 'eig'"):
         _ = xp.linalg.eig
-    assert hasattr(xp, "sum") and not hasattr(xp, "fft")
+    assert hasattr(xp, "sum") and not hasattr(xp, "eig")
 
 
 def test_standard_edge_cases_found_by_the_conformance_suite():

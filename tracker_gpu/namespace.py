@@ -1,4 +1,5 @@
-"""The Array API namespace over tracked arrays (standard version 2024.12, with `linalg`).
+"""The Array API namespace over tracked arrays (standard version 2024.12, with `linalg` and
+`fft`).
 
 `x.__array_namespace__()` (and so `array_api_compat.array_namespace(x)`) returns a namespace
 bound to the library of `x`'s data: its dtypes are that library's, and its creation functions
@@ -20,6 +21,7 @@ import numpy as np
 
 from . import creation
 from .rules import einsum, elementwise, manipulation, nn, reductions, shape
+from .rules import fft as fft_rules
 from .rules import linalg as linalg_rules
 
 __array_api_version__ = "2024.12"
@@ -51,6 +53,25 @@ linalg = types.ModuleType("tracker_gpu.linalg", "The standard's linalg extension
 linalg.__dict__.update({name: getattr(linalg_rules, name) for name in linalg_rules.__all__})
 
 
+_FFT_TRANSFORMS = {
+    name: getattr(fft_rules, name) for name in fft_rules.__all__ if not name.endswith("freq")
+}
+_FFT = {}
+
+
+def _fft_for(xp):
+    """The standard's fft extension, its frequencies created by library `xp` (cached)."""
+    module = _FFT.get(xp)
+    if module is None:
+        module = types.ModuleType(
+            "tracker_gpu.fft", "The standard's fft extension, differentiable."
+        )
+        module.__dict__.update(_FFT_TRANSFORMS, **fft_rules.bound_functions(xp))
+        module.__getattr__ = __getattr__
+        _FFT[xp] = module
+    return module
+
+
 def _missing(name):
     raise AttributeError(
         f"tracker_gpu has no differentiable {name!r}; for its value without a gradient, call the "
@@ -63,7 +84,8 @@ def __getattr__(name):  # PEP 562: a clear error for what the namespace does not
 
 
 def _contents(xp):
-    contents = dict(_SHARED, **_CONSTANTS, linalg=linalg, __getattr__=__getattr__)
+    contents = dict(_SHARED, **_CONSTANTS, linalg=linalg, fft=_fft_for(xp))
+    contents.update(__getattr__=__getattr__)
     contents.update(creation.bound_functions(xp))
     contents.update(__array_api_version__=__array_api_version__)
     contents.update(__array_namespace_info__=xp.__array_namespace_info__)
