@@ -79,6 +79,10 @@ class Torch:
         dtype = self.t.promote_types(x.dtype, y.dtype)
         return self.t.matmul(x.to(dtype), y.to(dtype))
 
+    def einsum(self, subscripts, *xs):
+        dtype = self.t.complex128
+        return self.t.einsum(subscripts, *(x.to(dtype) for x in xs))
+
     def svd(self, x):
         return self.linalg.svd(x, full_matrices=False)
 
@@ -153,6 +157,10 @@ CASES = {
     "kron": (lambda m, x, y: m.kron(x, y), [crandn(2, 2), crandn(2, 3, seed=1)]),
     "diagm": (lambda m, x: m.diagm(x, k=1), [crandn(3)]),
     "einsum": (lambda m, x, y: m.einsum("bij,jk->bik", x, y), [crandn(2, 2, 3), crandn(3, 2)]),
+    "einsum-real-right": (
+        lambda m, x, y: m.einsum("ij,j->i", x, y),
+        [crandn(2, 3), np.random.default_rng(2).standard_normal(3)],
+    ),
     "einsum-diagonal": (lambda m, x, y: m.einsum("ii,i->", x, y), [crandn(3, 3), crandn(3)]),
     "inv": (lambda m, x: m.inv(x), [well_conditioned(2, 3, 3)]),
     "solve": (lambda m, a, b: m.solve(a, b), [well_conditioned(3, 3), crandn(3, 2, seed=1)]),

@@ -128,6 +128,9 @@ def _sizes(inputs, shapes):
 # --- the forward
 def _forward(xp, *operands, subscripts):
     native = getattr(xp, "einsum", None)
+    if len({x.dtype for x in operands}) > 1:  # real with complex: PyTorch's einsum refuses
+        dtype = xp.result_type(*operands)
+        operands = [x if x.dtype == dtype else xp.astype(x, dtype) for x in operands]
     if native is None:
         return _composed(xp, subscripts, operands)
     if xp is np:  # an array, not a NumPy scalar, for a 0-d result

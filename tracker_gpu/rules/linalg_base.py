@@ -70,9 +70,12 @@ def _matmul_vjp_y(g, ans, x, y):  # x^H @ g
     return matmul(matrix_transpose(x), g)
 
 
-matmul = Primitive(
-    "matmul", lambda xp, x, y: x @ y, (_matmul_vjp_x, _matmul_vjp_y), saves=("y", "x")
-)
+def _matmul_forward(xp, x, y):
+    # The namespace's matmul promotes a real operand with a complex one (PyTorch's @ refuses).
+    return x @ y if x.dtype == y.dtype else xp.matmul(x, y)
+
+
+matmul = Primitive("matmul", _matmul_forward, (_matmul_vjp_x, _matmul_vjp_y), saves=("y", "x"))
 
 
 # --- solve and inverse
