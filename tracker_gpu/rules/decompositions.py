@@ -42,7 +42,12 @@ def _tril(like, n, k=0):
     """A plain lower-triangular mask of ones (diagonal `k` and below), shaped (n, n)."""
     x = data(like)
     xp = namespace_of(x)
-    return xp.tril(xp.ones((n, n), dtype=x.dtype, device=device_of(x)), k=k)
+    if not is_complex(x):
+        return xp.tril(xp.ones((n, n), dtype=x.dtype, device=device_of(x)), k=k)
+    # Dask's tril warns that it casts a complex array to real: build the mask real
+    real_dtype = xp.float32 if x.dtype == xp.complex64 else xp.float64
+    mask = xp.tril(xp.ones((n, n), dtype=real_dtype, device=device_of(x)), k=k)
+    return xp.astype(mask, x.dtype)
 
 
 def _diag_embed(v):
