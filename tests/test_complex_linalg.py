@@ -1,7 +1,7 @@
 """The linalg extension, einsum and Tracker's extras on complex matrices: every function's
 gradient against finite differences on every backend (complex128, PyTorch's convention: the
-gradient of a real loss in z = a + ib is dL/da + i dL/db), and against PyTorch's autograd on
-the same inputs, as an independent reference.
+gradient of a real loss in z = a + ib is dL/da + i dL/db), some second derivatives too, and
+values and gradients against PyTorch's autograd on the same inputs, an independent reference.
 
 Each case is written once against a small adapter (`m`), which is tracker_gpu on the backend
 under test or PyTorch. Losses of the gauge-dependent factorisations (qr, eigh, svd) do not
@@ -223,6 +223,23 @@ def test_gradient(backend, name):
     for x, g in zip(xs, grads):
         check_like(backend, g, x)
     assert gradcheck(f, *xs, **lazy_options(backend, {}))
+
+
+# Second derivatives: the vjps on complex values are differentiable again (nest=True).
+NESTED = ["matmul", "vecdot", "einsum", "solve", "slogdet", "logdet", "cholesky", "qr-factors",
+          "eigh-vectors", "svd-tall", "svd-wide-moduli", "pinv", "matrix_norm-nuc"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NESTED)
+def test_second_derivative(backend, name):
+    f, xs = _build(backend, name)
+    w = backend.asarray(_weights(tuple(f(*xs).shape)))
+
+    def first(*args):
+        return tg.gradient(lambda *a: tg.real(tg.sum(f(*a) * w)), *args, nest=True)[0]
+
+    assert tg.istracked(first(*xs))
+    assert gradcheck(first, *xs, **lazy_options(backend, {"rtol": 1e-4, "atol": 1e-4}))
 
 
 @pytest.mark.parametrize("name", list(CASES))

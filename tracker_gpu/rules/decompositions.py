@@ -72,8 +72,10 @@ def _pack(xp, batch, parts):
 
 
 def _real_if_complex(x):
-    """The real part of complex tracked values that are real by construction (eigenvalues,
-    singular values): `_pack` made them complex to join them with their vectors."""
+    """The real part of complex values that are real by construction (eigenvalues, singular
+    values, and their gradients): `_pack` made them complex to join them with their vectors.
+    The vjps read them through it too, so that a nested pass sends no gradient into their
+    (constant zero) imaginary parts."""
     return real(x) if is_complex(x) else x
 
 
@@ -189,6 +191,7 @@ def _eigh_vjp(g, ans, x):
     batch, shapes = _eigh_shapes(x)
     w, v = _unpack(ans, batch, shapes)
     gw, gv = _unpack(g, batch, shapes)
+    w, gw = _real_if_complex(w), _real_if_complex(gw)
     inner = add(multiply(_inverse_gaps(w), matmul(_H(v), gv)), _diag_embed(gw))
     ga = matmul(matmul(v, inner), _H(v))
     return (ga + _H(ga)) * 0.5
@@ -198,7 +201,7 @@ def _eigvalsh_vjp(g, ans, x):
     batch, shapes = _eigh_shapes(x)
     # A nested pass takes the vectors from the full rule, so that they are differentiated too.
     v = eigh(x).eigenvectors if isinstance(x, TrackedArray) else _unpack(ans, batch, shapes)[1]
-    gw = _unpack(g, batch, shapes)[0]
+    gw = _real_if_complex(_unpack(g, batch, shapes)[0])
     return matmul(multiply(v, expand_dims(gw, axis=-2)), _H(v))
 
 
@@ -251,6 +254,7 @@ def _svd_vjp(g, ans, x):
     batch, shapes = _svd_shapes(x)
     u, s, vh = _unpack(ans, batch, shapes)
     gu, gs, gvh = _unpack(g, batch, shapes)
+    s, gs = _real_if_complex(s), _real_if_complex(gs)
     m, n = x.shape[-2:]
     k = min(m, n)
     f = _inverse_gaps(s * s)
@@ -280,7 +284,7 @@ def _svdvals_vjp(g, ans, x):
         u, _, vh = svd(x, full_matrices=False)
     else:
         u, _, vh = _unpack(ans, batch, shapes)
-    gs = _unpack(g, batch, shapes)[1]
+    gs = _real_if_complex(_unpack(g, batch, shapes)[1])
     return matmul(multiply(u, expand_dims(gs, axis=-2)), vh)
 
 

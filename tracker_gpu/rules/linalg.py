@@ -241,6 +241,7 @@ def _slogdet_vjp(g, ans, x):
     # the gradient is c x^-H with c = g_logabsdet - i Im(conj(g_sign) s) (PyTorch's rule).
     c = g[..., 1]
     if is_complex(ans):
+        c = real(c)  # logabsdet is real
         t = multiply(conj(g[..., 0]), ans[..., 0])
         c = subtract(c, subtract(t, conj(t)) * 0.5)
     return multiply(_as_matrix(c), _H(inv(x)))
