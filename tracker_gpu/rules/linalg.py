@@ -19,6 +19,15 @@ Conventions, as in PyTorch and JAX:
   `pinv` a matrix of locally constant rank. The `sign` of `slogdet`, `matrix_rank` and the
   `ord=0` vector norm are not differentiable (no gradient).
 
+Complex matrices (PyTorch's convention: the gradient of a real loss in z = a + ib is
+dL/da + i dL/db) are differentiated by every function here: the vjps use conjugate
+transposes; `vecdot` conjugates its first argument, as the standard says; `cholesky`, `eigh`
+and `eigvalsh` take Hermitian input and return Hermitian gradients; eigenvalues, singular
+values and `logabsdet` are real, and the `sign` of a complex `slogdet` is differentiable;
+`logdet` of a complex matrix is the complex logarithm. Losses of the vectors of `eigh` and
+`svd` must not depend on their phases (e.g. `abs` of them, or `U @ diag(S) @ Vh`); that is
+not checked. A real argument of a complex product gets the real part of its gradient.
+
 The rules live in three modules: `linalg_base` (the products, `solve` and `inv`, and the shared
 helpers), `decompositions` (`cholesky`, `qr`, `eigh`, `eigvalsh`, `svd`, `svdvals`, `pinv`) and
 this one, which holds the rest and lists the whole extension in `__all__`.
