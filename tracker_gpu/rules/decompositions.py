@@ -3,8 +3,10 @@
 
 Each forward calls the backend's `xp.linalg`; multi-output factorisations (`qr`, `eigh`, `svd`)
 are one tape node holding their outputs packed along the last axis, and the named tuple's
-fields are slices of it. The conventions (symmetric gradients, distinct eigenvalues, reduced
-factorisations) are in `tracker_gpu.rules.linalg`, which re-exports everything here.
+fields are slices of it (the real eigen- and singular values of a complex matrix are packed as
+complex numbers and returned as their real part). The conventions (symmetric gradients,
+distinct eigenvalues, reduced factorisations) are in `tracker_gpu.rules.linalg`, which
+re-exports everything here.
 """
 
 import math
@@ -13,8 +15,8 @@ from collections import namedtuple
 from ..backend import device_of, namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray, data
-from .elementwise import add, divide, multiply, subtract
-from .linalg_base import _T, _eye, _tracked, _xp, matmul, solve
+from .elementwise import add, divide, is_complex, multiply, real, subtract
+from .linalg_base import _H, _eye, _tracked, _xp, matmul, solve
 from .shape import concat, expand_dims, reshape
 
 __all__ = [
@@ -40,7 +42,12 @@ def _tril(like, n, k=0):
     """A plain lower-triangular mask of ones (diagonal `k` and below), shaped (n, n)."""
     x = data(like)
     xp = namespace_of(x)
-    return xp.tril(xp.ones((n, n), dtype=x.dtype, device=device_of(x)), k=k)
+    if not is_complex(x):
+        return xp.tril(xp.ones((n, n), dtype=x.dtype, device=device_of(x)), k=k)
+    # Dask's tril warns that it casts a complex array to real: build the mask real
+    real_dtype = xp.float32 if x.dtype == xp.complex64 else xp.float64
+    mask = xp.tril(xp.ones((n, n), dtype=real_dtype, device=device_of(x)), k=k)
+    return xp.astype(mask, x.dtype)
 
 
 def _diag_embed(v):
@@ -59,7 +66,17 @@ def _inverse_gaps(w):
 def _pack(xp, batch, parts):
     """Plain arrays with leading shape `batch`, flattened and joined along the last axis."""
     flat = [xp.reshape(p, batch + (math.prod(p.shape[len(batch) :]),)) for p in parts]
+    dtype = parts[-1].dtype  # the vectors' (complex where the values are real)
+    flat = [p if p.dtype == dtype else xp.astype(p, dtype) for p in flat]
     return xp.concat(flat, axis=-1)
+
+
+def _real_if_complex(x):
+    """The real part of complex values that are real by construction (eigenvalues, singular
+    values, and their gradients): `_pack` made them complex to join them with their vectors.
+    The vjps read them through it too, so that a nested pass sends no gradient into their
+    (constant zero) imaginary parts."""
+    return real(x) if is_complex(x) else x
 
 
 def _unpack(packed, batch, shapes):
@@ -75,23 +92,24 @@ def _unpack(packed, batch, shapes):
 
 # --- Cholesky
 def _cholesky_vjp(g, L, x):
-    # A = L L^T: gA = sym(L^-T Phi(L^T gL) L^-1), Phi = lower triangle with half the diagonal.
+    # A = L L^H: gA = herm(L^-H Phi(L^H gL) L^-1), Phi = lower triangle with half the diagonal.
     n = L.shape[-1]
     phi = _tril(L, n) - _eye(L, n) * 0.5
-    p = multiply(matmul(_T(L), g), phi)
-    left = solve(_T(L), p)  # L^-T P
-    s = _T(solve(_T(L), _T(left)))  # L^-T P L^-1
-    return (s + _T(s)) * 0.5
+    p = multiply(matmul(_H(L), g), phi)
+    left = solve(_H(L), p)  # L^-H P
+    s = _H(solve(_H(L), _H(left)))  # L^-H P L^-1
+    return (s + _H(s)) * 0.5
 
 
 _cholesky = Primitive("cholesky", lambda xp, x: xp.linalg.cholesky(x), (_cholesky_vjp,))
 
 
 def cholesky(x, /, *, upper=False):
-    """The Cholesky factor of each symmetric positive-definite matrix in `x`: lower `L` with
-    `x = L @ L.T`, or with `upper=True` its transpose. The gradient is symmetric."""
+    """The Cholesky factor of each symmetric (complex: Hermitian) positive-definite matrix in
+    `x`: lower `L` with `x = L @ L^H`, or with `upper=True` its conjugate transpose. The
+    gradient is symmetric (Hermitian)."""
     L = _cholesky(x)
-    return _T(L) if upper else L
+    return _H(L) if upper else L
 
 
 # --- QR
@@ -115,17 +133,22 @@ def _qr_vjp(g, ans, x):
         return _qr_tall_vjp(q, r, gq, gr)
     # x = [X | Y], r = [U | V]: X = q U is a square QR, and Y = q V.
     u, gu, gv = r[..., :, :m], gr[..., :, :m], gr[..., :, m:]
-    gx = _qr_tall_vjp(q, u, add(gq, matmul(x[..., :, m:], _T(gv))), gu)
+    gx = _qr_tall_vjp(q, u, add(gq, matmul(x[..., :, m:], _H(gv))), gu)
     return concat([gx, matmul(q, gv)], axis=-1)
 
 
 def _qr_tall_vjp(q, r, gq, gr):
-    # gA = (gQ + Q copyltu(M)) R^-T, M = R gR^T - gQ^T Q (Walter & Lehmann; PyTorch).
+    # gA = (gQ + Q copyltu(M)) R^-H, M = R gR^H - gQ^H Q (Walter & Lehmann; PyTorch), where
+    # copyltu(M) = tril(M, -1) + tril(M, -1)^H + Re(diag(M)) (R's diagonal is real).
     n = r.shape[-1]
-    m = subtract(matmul(r, _T(gr)), matmul(_T(gq), q))
-    sym = add(multiply(m, _tril(m, n)), _T(multiply(m, _tril(m, n, -1))))
+    m = subtract(matmul(r, _H(gr)), matmul(_H(gq), q))
+    if is_complex(m):
+        low = multiply(m, _tril(m, n, -1))
+        sym = add(add(low, _H(low)), multiply(real(m), _eye(m, n)))
+    else:
+        sym = add(multiply(m, _tril(m, n)), _H(multiply(m, _tril(m, n, -1))))
     b = add(gq, matmul(q, sym))
-    return _T(solve(r, _T(b)))
+    return _H(solve(r, _H(b)))
 
 
 _qr = Primitive("qr", _qr_forward, (_qr_vjp,))
@@ -163,21 +186,23 @@ def _eigh_shapes(x):
 
 
 def _eigh_vjp(g, ans, x):
-    # gA = V (diag(gw) + F o (V^T gV)) V^T, F_ij = 1 / (w_j - w_i); then symmetrised.
+    # gA = V (diag(gw) + F o (V^H gV)) V^H, F_ij = 1 / (w_j - w_i); then made Hermitian (which
+    # keeps F o skew(V^H gV), as PyTorch does; the loss must not depend on the vectors' phases).
     batch, shapes = _eigh_shapes(x)
     w, v = _unpack(ans, batch, shapes)
     gw, gv = _unpack(g, batch, shapes)
-    inner = add(multiply(_inverse_gaps(w), matmul(_T(v), gv)), _diag_embed(gw))
-    ga = matmul(matmul(v, inner), _T(v))
-    return (ga + _T(ga)) * 0.5
+    w, gw = _real_if_complex(w), _real_if_complex(gw)
+    inner = add(multiply(_inverse_gaps(w), matmul(_H(v), gv)), _diag_embed(gw))
+    ga = matmul(matmul(v, inner), _H(v))
+    return (ga + _H(ga)) * 0.5
 
 
 def _eigvalsh_vjp(g, ans, x):
     batch, shapes = _eigh_shapes(x)
     # A nested pass takes the vectors from the full rule, so that they are differentiated too.
     v = eigh(x).eigenvectors if isinstance(x, TrackedArray) else _unpack(ans, batch, shapes)[1]
-    gw = _unpack(g, batch, shapes)[0]
-    return matmul(multiply(v, expand_dims(gw, axis=-2)), _T(v))
+    gw = _real_if_complex(_unpack(g, batch, shapes)[0])
+    return matmul(multiply(v, expand_dims(gw, axis=-2)), _H(v))
 
 
 _eigh = Primitive("eigh", _eigh_forward, (_eigh_vjp,))
@@ -185,15 +210,18 @@ _eigvalsh = Primitive("eigvalsh", _eigh_forward, (_eigvalsh_vjp,))
 
 
 def eigh(x, /):
-    """Eigenvalues (ascending) and eigenvectors of each symmetric matrix in `x`.
+    """Eigenvalues (ascending, real) and eigenvectors of each symmetric (complex: Hermitian)
+    matrix in `x`.
 
-    The gradient needs distinct eigenvalues, and a loss that does not depend on the signs of
-    the eigenvectors; it is symmetric. Use `eigvalsh` when only the eigenvalues are needed.
+    The gradient needs distinct eigenvalues, and a loss that does not depend on the signs
+    (complex: phases) of the eigenvectors; it is symmetric (Hermitian). Use `eigvalsh` when
+    only the eigenvalues are needed.
     """
     if not _tracked(x):
         return EighResult(*_xp(x).linalg.eigh(x))
     batch, shapes = _eigh_shapes(x)
-    return EighResult(*_unpack(_eigh(x), batch, shapes))
+    w, v = _unpack(_eigh(x), batch, shapes)
+    return EighResult(_real_if_complex(w), v)
 
 
 def eigvalsh(x, /):
@@ -202,7 +230,7 @@ def eigvalsh(x, /):
     if not _tracked(x):
         return _xp(x).linalg.eigvalsh(x)
     batch, shapes = _eigh_shapes(x)
-    return _unpack(_eigvalsh(x), batch, shapes)[0]
+    return _real_if_complex(_unpack(_eigvalsh(x), batch, shapes)[0])
 
 
 # --- singular value decomposition
@@ -218,26 +246,34 @@ def _svd_forward(xp, x):
 
 
 def _svd_vjp(g, ans, x):
-    # Townsend (2016), real case; F_ij = 1 / (s_j^2 - s_i^2):
-    # gA = U [(F o skew(U^T gU)) S + S (F o skew(V^T gV)) + diag(gS)] V^T
-    #      + (I - U U^T) gU S^-1 V^T + U S^-1 gV^T (I - V V^T)
+    # Townsend (2016); F_ij = 1 / (s_j^2 - s_i^2), skew(X) = X - X^H:
+    # gA = U [(F o skew(U^H gU)) S + S (F o skew(V^H gV)) + diag(gS)] V^H
+    #      + (I - U U^H) gU S^-1 V^H + U S^-1 gV^H (I - V V^H),
+    # and for complex x also U diag(i Im(diag(U^H gU)) / S) V^H, the phase term (PyTorch's; the
+    # loss must not depend on the phases of the singular vectors).
     batch, shapes = _svd_shapes(x)
     u, s, vh = _unpack(ans, batch, shapes)
     gu, gs, gvh = _unpack(g, batch, shapes)
+    s, gs = _real_if_complex(s), _real_if_complex(gs)
     m, n = x.shape[-2:]
     k = min(m, n)
     f = _inverse_gaps(s * s)
-    utgu = matmul(_T(u), gu)
-    vtgv = matmul(vh, _T(gvh))
-    j = multiply(f, subtract(utgu, _T(utgu)))
-    kk = multiply(f, subtract(vtgv, _T(vtgv)))
+    utgu = matmul(_H(u), gu)
+    vtgv = matmul(vh, _H(gvh))
+    skew_u = subtract(utgu, _H(utgu))
+    j = multiply(f, skew_u)
+    kk = multiply(f, subtract(vtgv, _H(vtgv)))
     inner = add(multiply(j, expand_dims(s, axis=-2)), multiply(expand_dims(s, axis=-1), kk))
-    ga = matmul(matmul(u, add(inner, _diag_embed(gs))), vh)
+    inner = add(inner, _diag_embed(gs))
+    if is_complex(skew_u):
+        phase = multiply(skew_u, _eye(skew_u, k)) * 0.5  # i Im(diag(U^H gU))
+        inner = add(inner, divide(phase, expand_dims(s, axis=-1)))
+    ga = matmul(matmul(u, inner), vh)
     if m > k:
         rest = subtract(gu, matmul(u, utgu))
         ga = add(ga, matmul(divide(rest, expand_dims(s, axis=-2)), vh))
     if n > k:
-        rest = subtract(gvh, matmul(_T(vtgv), vh))
+        rest = subtract(gvh, matmul(_H(vtgv), vh))
         ga = add(ga, matmul(u, divide(rest, expand_dims(s, axis=-1))))
     return ga
 
@@ -248,7 +284,7 @@ def _svdvals_vjp(g, ans, x):
         u, _, vh = svd(x, full_matrices=False)
     else:
         u, _, vh = _unpack(ans, batch, shapes)
-    gs = _unpack(g, batch, shapes)[1]
+    gs = _real_if_complex(_unpack(g, batch, shapes)[1])
     return matmul(multiply(u, expand_dims(gs, axis=-2)), vh)
 
 
@@ -271,7 +307,8 @@ def svd(x, /, *, full_matrices=True):
             "extra singular vectors are not unique); pass full_matrices=False"
         )
     batch, shapes = _svd_shapes(x)
-    return SVDResult(*_unpack(_svd(x), batch, shapes))
+    u, s, vh = _unpack(_svd(x), batch, shapes)
+    return SVDResult(u, _real_if_complex(s), vh)
 
 
 def svdvals(x, /):
@@ -280,7 +317,7 @@ def svdvals(x, /):
     if not _tracked(x):
         return _xp(x).linalg.svdvals(x)
     batch, shapes = _svd_shapes(x)
-    return _unpack(_svdvals(x), batch, shapes)[1]
+    return _real_if_complex(_unpack(_svdvals(x), batch, shapes)[1])
 
 
 # --- pseudo-inverse and rank
@@ -289,8 +326,8 @@ def _pinv_forward(xp, x, rtol=None):
 
 
 def _pinv_vjp(g, p, x, rtol=None):
-    # Golub & Pereyra: dP = -P dA P + P P^T dA^T (I - A P) + (I - P A) dA^T P^T P.
-    pt, gt = _T(p), _T(g)
+    # Golub & Pereyra: dP = -P dA P + P P^H dA^H (I - A P) + (I - P A) dA^H P^H P.
+    pt, gt = _H(p), _H(g)
     out = -matmul(matmul(pt, g), pt)
     right = matmul(gt, matmul(p, pt))
     out = add(out, subtract(right, matmul(x, matmul(p, right))))

@@ -36,6 +36,7 @@ import numpy as np
 from ..backend import device_of, namespace_of
 from ..primitive import ByPosition, Primitive
 from ..tracked import data
+from .elementwise import conjugate_derivative
 
 __all__ = ["einsum"]
 
@@ -127,6 +128,9 @@ def _sizes(inputs, shapes):
 # --- the forward
 def _forward(xp, *operands, subscripts):
     native = getattr(xp, "einsum", None)
+    if len({x.dtype for x in operands}) > 1:  # real with complex: PyTorch's einsum refuses
+        dtype = xp.result_type(*operands)
+        operands = [x if x.dtype == dtype else xp.astype(x, dtype) for x in operands]
     if native is None:
         return _composed(xp, subscripts, operands)
     if xp is np:  # an array, not a NumPy scalar, for a 0-d result
@@ -205,7 +209,8 @@ def _vjp(i, g, ans, *operands, subscripts):
     shape = tuple(operands[i].shape)
     fresh = iter(c for c in LETTERS if c not in subscripts)
     parts = [output] + [p for j, p in enumerate(inputs) if j != i]
-    args = [g] + [x for j, x in enumerate(operands) if j != i]
+    # einsum is linear in each operand: the vjp contracts g with the others' conjugates
+    args = [g] + [conjugate_derivative(x) for j, x in enumerate(operands) if j != i]
     x = data(g)
     xp, device = namespace_of(x), device_of(x)
     renamed = ""

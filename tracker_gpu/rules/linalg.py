@@ -19,6 +19,15 @@ Conventions, as in PyTorch and JAX:
   `pinv` a matrix of locally constant rank. The `sign` of `slogdet`, `matrix_rank` and the
   `ord=0` vector norm are not differentiable (no gradient).
 
+Complex matrices (PyTorch's convention: the gradient of a real loss in z = a + ib is
+dL/da + i dL/db) are differentiated by every function here: the vjps use conjugate
+transposes; `vecdot` conjugates its first argument, as the standard says; `cholesky`, `eigh`
+and `eigvalsh` take Hermitian input and return Hermitian gradients; eigenvalues, singular
+values and `logabsdet` are real, and the `sign` of a complex `slogdet` is differentiable;
+`logdet` of a complex matrix is the complex logarithm. Losses of the vectors of `eigh` and
+`svd` must not depend on their phases (e.g. `abs` of them, or `U @ diag(S) @ Vh`); that is
+not checked. A real argument of a complex product gets the real part of its gradient.
+
 The rules live in three modules: `linalg_base` (the products, `solve` and `inv`, and the shared
 helpers), `decompositions` (`cholesky`, `qr`, `eigh`, `eigvalsh`, `svd`, `svdvals`, `pinv`) and
 this one, which holds the rest and lists the whole extension in `__all__`.
@@ -46,8 +55,9 @@ from . import decompositions
 from .decompositions import *  # noqa: F403 (re-exported: part of the extension)
 from .decompositions import svdvals
 from .elementwise import abs as _abs
-from .elementwise import multiply, subtract, where
-from .linalg_base import _T, _eye, _tracked, _xp, inv, matmul, matrix_transpose, solve
+from .elementwise import conj, is_complex, multiply, real, subtract, where
+from .elementwise import conjugate_derivative as _conj
+from .linalg_base import _H, _eye, _tracked, _xp, inv, matmul, matrix_transpose, solve
 from .reductions import expand, sumabs2_of
 from .reductions import max as _max
 from .reductions import min as _min
@@ -111,14 +121,16 @@ def tensordot(x1, x2, /, *, axes=2):
 
 
 def vecdot(x1, x2, /, *, axis=-1):
-    """The dot product of `x1` and `x2` along `axis` (real arrays), broadcasting the other axes;
-    the contracted axis must have the same size in both, as the standard says."""
+    """The dot product of `x1` and `x2` along `axis`, broadcasting the other axes: the sum of
+    `conj(x1) * x2` (the standard conjugates the first argument). The contracted axis must
+    have the same size in both, as the standard says."""
     if x1.shape[axis] != x2.shape[axis]:
         raise ValueError(
             f"vecdot: axis {axis} has size {x1.shape[axis]} in x1 and {x2.shape[axis]} in x2; "
             f"it must be the same in both (it is not broadcast)"
         )
-    if x1 is x2 and x1.ndim == 1 and isinstance(x1, TrackedArray) and tracking():
+    same = x1 is x2 and x1.ndim == 1 and isinstance(x1, TrackedArray)
+    if same and tracking() and not is_complex(x1):  # sum(x * x): a sumabs2 node
         value, how = x1._xp.vecdot(x1.data, x1.data), (_vecdot.forward, (x1._node,) * 2, {}, False)
         return sumabs2_of(x1._node, x1.data, x1._xp, value, how)
     return _vecdot(x1, x2, axis=axis)
@@ -128,6 +140,8 @@ def _vecdot_vjp(other):
     def vjp(g, ans, x1, x2, axis=-1):
         if axis >= 0:  # counted from the end of the broadcast shape, where g lacks it
             axis -= max(x1.ndim, x2.ndim)
+        if other:  # x1's: out = sum(conj(x1) * x2) is conjugate-linear in x1: conj(g) * x2
+            g = _conj(g)
         return multiply(expand_dims(g, axis=axis), (x1, x2)[other])
 
     return vjp
@@ -218,7 +232,7 @@ def diagm(v, /, *, k=0):
 det = Primitive(
     "det",
     lambda xp, x: xp.linalg.det(x),
-    (lambda g, ans, x: multiply(_as_matrix(g * ans), _T(inv(x))),),
+    (lambda g, ans, x: multiply(_as_matrix(g * _conj(ans)), _H(inv(x))),),
     saves="x ans",
     doc="The determinant of each matrix in `x`.",
 )
@@ -226,27 +240,54 @@ det = Primitive(
 
 def _slogdet_forward(xp, x):
     sign, logabsdet = xp.linalg.slogdet(x)
+    if logabsdet.dtype != sign.dtype:  # complex: packed with the complex sign
+        logabsdet = xp.astype(logabsdet, sign.dtype)
     return xp.stack([sign, logabsdet], axis=-1)
 
 
-_slogdet = Primitive(
-    "slogdet",
-    _slogdet_forward,
-    (lambda g, ans, x: multiply(_as_matrix(g[..., 1]), _T(inv(x))),),
+def _slogdet_vjp(g, ans, x):
+    # d logabsdet = Re tr(x^-1 dx); a complex sign s moves too: ds = s i Im tr(x^-1 dx), so
+    # the gradient is c x^-H with c = g_logabsdet - i Im(conj(g_sign) s) (PyTorch's rule).
+    c = g[..., 1]
+    if is_complex(ans):
+        c = real(c)  # logabsdet is real
+        t = multiply(conj(g[..., 0]), ans[..., 0])
+        c = subtract(c, subtract(t, conj(t)) * 0.5)
+    return multiply(_as_matrix(c), _H(inv(x)))
+
+
+_slogdet = Primitive("slogdet", _slogdet_forward, (_slogdet_vjp,), saves="x ans")
+
+
+def slogdet(x, /):
+    """`(sign, logabsdet)` of the determinant; `logabsdet` is differentiable, and so is the
+    sign of a complex matrix (on the unit circle; a real sign is a plain array)."""
+    if not _tracked(x):
+        return SlogdetResult(*_xp(x).linalg.slogdet(x))
+    both = _slogdet(x)
+    if is_complex(both):
+        return SlogdetResult(both[..., 0], real(both[..., 1]))
+    return SlogdetResult(data(both)[..., 0], both[..., 1])
+
+
+def _logdet_complex_forward(xp, x):
+    sign, logabsdet = xp.linalg.slogdet(x)
+    return xp.log(sign) + logabsdet
+
+
+_logdet_complex = Primitive(
+    "logdet",
+    _logdet_complex_forward,
+    (lambda g, ans, x: multiply(_as_matrix(g), _H(inv(x))),),  # holomorphic: g x^-H
     saves="x",
 )
 
 
-def slogdet(x, /):
-    """`(sign, logabsdet)` of the determinant; only `logabsdet` is differentiable."""
-    if not _tracked(x):
-        return SlogdetResult(*_xp(x).linalg.slogdet(x))
-    both = _slogdet(x)
-    return SlogdetResult(data(both)[..., 0], both[..., 1])
-
-
 def logdet(x, /):
-    """Tracker's `logdet`: `log(det(x))`, NaN where the determinant is negative."""
+    """Tracker's `logdet`: `log(det(x))`, NaN where the determinant of a real `x` is negative;
+    complex `x` has the complex logarithm (principal branch)."""
+    if is_complex(x):
+        return _logdet_complex(x)
     sign, logabsdet = slogdet(x)
     return where(sign < 0, math.nan, logabsdet)
 
@@ -290,7 +331,8 @@ def matrix_power(x, n, /):
 def _norm2_forward(xp, x, axis=None, keepdims=False):
     if _native(xp, "vector_norm"):
         return xp.linalg.vector_norm(x, axis=axis, keepdims=keepdims, ord=2)
-    return xp.sqrt(xp.sum(x * x, axis=axis, keepdims=keepdims))
+    square = xp.abs(x) ** 2 if is_complex(x) else x * x
+    return xp.sqrt(xp.sum(square, axis=axis, keepdims=keepdims))
 
 
 def _norm2_vjp(g, ans, x, axis=None, keepdims=False):

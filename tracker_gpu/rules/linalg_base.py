@@ -1,6 +1,11 @@
 """The base of the linear-algebra rules: `matrix_transpose`, `matmul`, `solve` and `inv`, and
 the helpers that `linalg` and `decompositions` share.
 
+Complex matrices follow PyTorch's convention: each vjp is the real one with every transpose of
+a saved value made a conjugate transpose (`_H`) and every derivative conjugated (`_conj`); both
+are the plain transpose and the value itself for real dtypes, so the real path does no extra
+array operation.
+
 Both of those modules build on this one, which imports neither, so the imports go one way;
 `linalg` re-exports the four rules, as part of the whole extension.
 """
@@ -8,6 +13,7 @@ Both of those modules build on this one, which imports neither, so the imports g
 from ..backend import device_of, namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray, data
+from .elementwise import conjugate_derivative as _conj
 from .elementwise import multiply
 from .shape import expand_dims, squeeze
 
@@ -32,6 +38,11 @@ def _T(x):
     return matrix_transpose(x)
 
 
+def _H(x):
+    """The conjugate transpose of complex `x`, the transpose of real `x`."""
+    return matrix_transpose(_conj(x))
+
+
 # --- products and transposes
 matrix_transpose = Primitive(
     "matrix_transpose",
@@ -41,7 +52,8 @@ matrix_transpose = Primitive(
 )
 
 
-def _matmul_vjp_x(g, ans, x, y):
+def _matmul_vjp_x(g, ans, x, y):  # g @ y^H
+    y = _conj(y)
     if y.ndim == 1:
         return g * y if x.ndim == 1 else expand_dims(g, axis=-1) * y
     if x.ndim == 1:
@@ -49,7 +61,8 @@ def _matmul_vjp_x(g, ans, x, y):
     return matmul(g, matrix_transpose(y))
 
 
-def _matmul_vjp_y(g, ans, x, y):
+def _matmul_vjp_y(g, ans, x, y):  # x^H @ g
+    x = _conj(x)
     if x.ndim == 1:
         return g * x if y.ndim == 1 else expand_dims(g, axis=-2) * expand_dims(x, axis=-1)
     if y.ndim == 1:
@@ -57,9 +70,12 @@ def _matmul_vjp_y(g, ans, x, y):
     return matmul(matrix_transpose(x), g)
 
 
-matmul = Primitive(
-    "matmul", lambda xp, x, y: x @ y, (_matmul_vjp_x, _matmul_vjp_y), saves=("y", "x")
-)
+def _matmul_forward(xp, x, y):
+    # The namespace's matmul promotes a real operand with a complex one (PyTorch's @ refuses).
+    return x @ y if x.dtype == y.dtype else xp.matmul(x, y)
+
+
+matmul = Primitive("matmul", _matmul_forward, (_matmul_vjp_x, _matmul_vjp_y), saves=("y", "x"))
 
 
 # --- solve and inverse
@@ -70,17 +86,17 @@ def _solve_forward(xp, a, b):
 
 
 def _solve_adjoint(g, a, vector):
-    """inv(a).T @ g: the gradient with respect to the right-hand side."""
+    """inv(a)^H @ g: the gradient with respect to the right-hand side."""
     if vector:
-        return squeeze(solve(_T(a), expand_dims(g, axis=-1)), axis=-1)
-    return solve(_T(a), g)
+        return squeeze(solve(_H(a), expand_dims(g, axis=-1)), axis=-1)
+    return solve(_H(a), g)
 
 
 def _solve_vjp_a(g, ans, a, b):
     gb = _solve_adjoint(g, a, b.ndim == 1)
     if b.ndim == 1:
-        return -multiply(expand_dims(gb, axis=-1), expand_dims(ans, axis=-2))
-    return -matmul(gb, _T(ans))
+        return -multiply(expand_dims(gb, axis=-1), expand_dims(_conj(ans), axis=-2))
+    return -matmul(gb, _H(ans))
 
 
 solve = Primitive(
@@ -94,7 +110,7 @@ solve = Primitive(
 
 
 def _inv_vjp(g, ans, x):
-    at = _T(ans)
+    at = _H(ans)
     return -matmul(matmul(at, g), at)
 
 
