@@ -50,11 +50,14 @@ class Step:
 @dataclass
 class Program:
     """Input shapes (`const` inputs are plain arrays, not differentiated), the steps, and the
-    seed of the data and of the loss weights; the output is the last step's value."""
+    seed of the data and of the loss weights; the output is the last step's value. Complex
+    programs (`dtype="complex128"`) take complex inputs and weights, and the loss is the real
+    part of the weighted sum."""
 
     inputs: list
     steps: list
     seed: int = 0
+    dtype: str = "float64"
 
     def arrays(self):
         rng = np.random.default_rng(self.seed)
@@ -62,10 +65,15 @@ class Program:
         for shape, _const in self.inputs:
             magnitude = rng.uniform(0.3, 2.0, size=shape)
             out.append(np.where(rng.random(shape) < 0.5, -magnitude, magnitude))
+        if self.dtype == "complex128":
+            imaginary = np.random.default_rng(self.seed + 3)
+            out = [a + 1j * imaginary.uniform(-1.0, 1.0, size=a.shape) for a in out]
         return out
 
     def weights(self, shape):
-        return np.random.default_rng(self.seed + 1).uniform(0.5, 1.5, size=shape)
+        rng = np.random.default_rng(self.seed + 1)
+        w = rng.uniform(0.5, 1.5, size=shape)
+        return w + 1j * rng.uniform(-1.0, 1.0, size=shape) if self.dtype == "complex128" else w
 
 
 def evaluate(program, inputs, apply):
@@ -88,7 +96,7 @@ def _numpy(t):
     t = t.detach()
     if t._is_zerotensor():  # what torch's double backward may give for a zero Hessian
         return np.zeros(tuple(t.shape))
-    return t.resolve_neg().numpy()
+    return t.resolve_neg().resolve_conj().numpy()
 
 
 def _distinct_along(x, dims, gap=GAP):
@@ -407,7 +415,7 @@ def run_torch(program, hvp_direction=None):
     times it (else None)."""
     arrays = program.arrays()
     inputs = [
-        torch.tensor(a, dtype=torch.float64, requires_grad=not const)
+        torch.tensor(a, dtype=getattr(torch, program.dtype), requires_grad=not const)
         for a, (_, const) in zip(arrays, program.inputs)
     ]
     out = evaluate(program, inputs, apply_torch)
@@ -415,6 +423,7 @@ def run_torch(program, hvp_direction=None):
         reject()
     w = torch.as_tensor(program.weights(tuple(out.shape)))
     loss = torch.sum(out * w)
+    loss = torch.real(loss) if loss.is_complex() else loss
     tracked = [x for x, (_, const) in zip(inputs, program.inputs) if not const]
     create = hvp_direction is not None
     if not loss.requires_grad:  # the output depends on constants only

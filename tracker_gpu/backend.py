@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 # Python numbers, by exact type: NumPy scalars subclass float but are arrays here.
-SCALARS = frozenset({int, float, bool})
+SCALARS = frozenset({int, float, bool, complex})
 _BY_TYPE = {np.ndarray: np, np.float64: np, np.float32: np}
 
 

@@ -22,6 +22,7 @@ from .backend import SCALARS, namespace_of
 from .cuda import codegen
 from .expr import ONE, RULES, ZERO, Expr, const, partials, topological
 from .primitive import ByPosition, Primitive
+from .rules.elementwise import conjugate_derivative, is_complex
 from .tracked import TrackedArray, data
 
 __all__ = ["broadcast", "trace", "Expr"]
@@ -51,6 +52,11 @@ class Symbol:
 def _expr(a):
     if isinstance(a, Symbol):
         return a.expr
+    if type(a) is complex:
+        raise TypeError(
+            f"broadcast: f may combine its arguments and real Python numbers, got {a!r}; pass "
+            "the complex number as an argument of f instead"
+        )
     if type(a) in SCALARS:
         return const(a)
     raise TypeError(
@@ -168,6 +174,7 @@ class _Compiled:
         self.name = f"broadcast({getattr(f, '__name__', 'f')})"
         self.out = trace(f, n)
         self.partials = partials(self.out, n)
+        self.not_holomorphic = sorted({x.op for x in topological([self.out])} - _HOLOMORPHIC)
         self.primitive = Primitive(
             self.name, self.forward, ByPosition(self.vjp), fused=self.fused_pullback
         )
@@ -179,11 +186,19 @@ class _Compiled:
     def vjp(self, i, g, ans, *args):
         tracked = any(isinstance(a, TrackedArray) for a in (g, *args))
         xp = sys.modules["tracker_gpu.namespace"] if tracked else namespace_of(data(g))
-        return g * evaluate(self.partials[i], xp, list(args))
+        # complex arguments: g * conj(f'), f being holomorphic (see `broadcast`)
+        return g * conjugate_derivative(evaluate(self.partials[i], xp, list(args)))
 
     def fused_pullback(self, ans, args, values, kw, g, pending):
         return codegen.backward(self, ans, args, values, g)
 
+
+# What broadcast differentiates for complex arguments: the functions whose derivative is one
+# complex number (conjugated in the vjp).
+_HOLOMORPHIC = frozenset(
+    "arg const add subtract multiply divide pow negative exp expm1 log log1p sqrt square "
+    "reciprocal sin cos tan sinh cosh tanh".split()
+)
 
 # Traced functions, least recently used first; define f once rather than a new lambda per call.
 _CACHE = OrderedDict()
@@ -194,7 +209,13 @@ def broadcast(f, *args):
     """`f` applied elementwise to the broadcast arguments, as one differentiable operation.
 
     `f` is a scalar function written with tracker_gpu's elementwise functions and operators; it
-    is traced once per function, argument count and dtypes.
+    is traced once per function, argument count and dtypes. With complex arguments, `f` must
+    be holomorphic (arithmetic, exp, log, sqrt, the trigonometric and hyperbolic functions).
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> z = np.array([1.0 + 1.0j])
+    >>> tg.gradient(lambda z: tg.real(tg.sum(tg.broadcast(lambda a: a * a, z))), z)[0]
+    array([2.-2.j])
     """
     key = (f, tuple(str(getattr(data(a), "dtype", type(a).__name__)) for a in args))
     compiled = _CACHE.get(key)
@@ -204,4 +225,9 @@ def broadcast(f, *args):
             _CACHE.popitem(last=False)
     else:
         _CACHE.move_to_end(key)
+    if compiled.not_holomorphic and any(is_complex(a) for a in args):
+        raise TypeError(
+            f"broadcast: with complex arguments f must be holomorphic, but it uses "
+            f"{', '.join(compiled.not_holomorphic)}; call f on the arrays directly (unfused)"
+        )
     return compiled.primitive(*args)

@@ -251,7 +251,7 @@ def param(x):
     if isinstance(x, TrackedArray):
         return identity(x)
     if type(x) in SCALARS:
-        x = np.float64(x)
+        x = np.complex128(x) if type(x) is complex else np.float64(x)
     xp = namespace_of(x)
     device = backend.device_of(x)
     dtype = _float_dtype(xp, x, device)

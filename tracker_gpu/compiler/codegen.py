@@ -14,7 +14,7 @@ import math
 
 from .. import draws
 from ..backend import is_numpy_namespace
-from ..primitive import Primitive, _fit
+from ..primitive import Primitive, _fit, _is_complex
 from ..rules import elementwise as ew
 from ..rules.reductions import _sum as _SUM
 from ..tape import Node
@@ -252,7 +252,8 @@ def _vjps(src, call, ans, values, indent):
     result may be None, or need fitting), else whether a template's result needs no fitting."""
     node = call.node
     rule = node.rule
-    template = _template(rule, node.ctx)
+    # the templates' vjps are the real formulas: complex values take the rule's own vjps
+    template = None if _is_complex(node.dtype) else _template(rule, node.ctx)
     found = []
     for j, (arg, vjp) in enumerate(zip(node.args, rule.vjps)):
         if vjp is None or type(arg) is not Node:

@@ -1,10 +1,10 @@
 """The one place that decides whether the fused path runs, and the registry it chooses from.
 
 `takes(*arrays)` is the decision: CuPy arrays take the fused path; NumPy arrays take it inside
-`on_host()` (the host build of the same kernels stands in for a GPU); nothing does inside
-`generic_only()`. The fused implementations register here by name: pullbacks and forwards by
-primitive name, optimiser steps by rule name. The rules never import them: a `Primitive` looks
-its name up when it is made, and `optim.step` looks its rule up.
+`on_host()` (the host build of the same kernels stands in for a GPU); complex arrays never do,
+nor anything inside `generic_only()`. The fused implementations register here by name:
+pullbacks and forwards by primitive name, optimiser steps by rule name. The rules never import
+them: a `Primitive` looks its name up when it is made, and `optim.step` looks its rule up.
 
 Setting the environment variable TRACKER_GPU_FUSED_ON_HOST=1 puts the whole process in
 `on_host()` (the test matrix's `numpy-fused` row).
@@ -57,12 +57,14 @@ def register(kind, *names):
 
 
 def takes(*arrays):
-    """Whether the fused path takes these arrays: CuPy arrays, or NumPy ones inside `on_host()`."""
+    """Whether the fused path takes these arrays: CuPy arrays, or NumPy ones inside `on_host()`,
+    of real dtypes (the kernels know no complex arithmetic: complex data takes the generic
+    path)."""
     if _state["off"]:
         return False
     if _state["host"]:
-        return all(type(a) is np.ndarray for a in arrays)
-    return all(is_cupy(a) for a in arrays)
+        return all(type(a) is np.ndarray and a.dtype.kind != "c" for a in arrays)
+    return all(is_cupy(a) and a.dtype.kind != "c" for a in arrays)
 
 
 def on_host_now():

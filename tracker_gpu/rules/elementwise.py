@@ -15,6 +15,7 @@ from .. import recording
 from ..backend import SCALARS, device_of, namespace_of
 from ..primitive import ByPosition, Primitive
 from ..recording import ACTIVE
+from ..tape import Node
 from ..tracked import data
 
 __all__ = [
@@ -76,6 +77,27 @@ def _unary(name, vjp, saves):
     return Primitive(name, forward, (vjp,), saves=saves)
 
 
+def _analytic(name, vjp, saves, complex_vjp=None):
+    """A unary function holomorphic off its branch cuts, whose `vjp` is `g * f'(x)` written
+    with `ans` and `x`. The standard's functions have real coefficients (`conj(f'(z))` is
+    `f'(conj(z))`), so for complex values the vjp, `g * conj(f'(z))`, is the same formula (or
+    `complex_vjp`, where the real one takes another branch) on the conjugates: real values
+    pay one dtype test, no array operation."""
+    holomorphic = complex_vjp or vjp
+
+    def conjugating_vjp(g, ans, x):
+        if not is_complex(g):
+            return vjp(g, ans, x)
+        return holomorphic(g, _conj_saved(ans), _conj_saved(x))
+
+    return _unary(name, conjugating_vjp, saves)
+
+
+def _conj_saved(v):
+    """The conjugate of a saved value; a stand-in (the node of a value not saved) as it is."""
+    return v if type(data(v)) is Node else conj(v)
+
+
 def _binary(name, forward, vjp_x, vjp_y, saves):
     """A binary function; `saves` is what each vjp reads, e.g. ("y", "x") for a product."""
     return Primitive(name, forward, (vjp_x, vjp_y), saves=saves)
@@ -95,8 +117,11 @@ def _as_arrays(xp, *args, device=None):
     like = next((a for a in args if type(a) not in SCALARS), None)
     if like is None:  # only numbers: the library's default dtype, on the given device
         return tuple(xp.asarray(a, device=device) for a in args)
+    dtype = like.dtype
+    if any(type(a) is complex for a in args) and not is_complex(like):
+        dtype = complex_dtype(xp, dtype)  # a complex number beside a real array: complex
     return tuple(
-        xp.asarray(a, dtype=like.dtype, device=device_of(like)) if type(a) in SCALARS else a
+        xp.asarray(a, dtype=dtype, device=device_of(like)) if type(a) in SCALARS else a
         for a in args
     )
 
@@ -172,27 +197,32 @@ def _astype_forward(xp, x, dtype, /, *, copy=True):
 astype = Primitive("astype", _astype_forward, (lambda g, ans, x, dtype, **kw: g, None), saves="")
 
 # --- unary functions: name and vjp
-exp = _unary("exp", lambda g, ans, x: g * ans, "ans")
-expm1 = _unary("expm1", lambda g, ans, x: g * (ans + 1), "ans")
-log = _unary("log", lambda g, ans, x: g / x, "x")
-log1p = _unary("log1p", lambda g, ans, x: g / (x + 1), "x")
-log2 = _unary("log2", lambda g, ans, x: g / (x * math.log(2)), "x")
-log10 = _unary("log10", lambda g, ans, x: g / (x * math.log(10)), "x")
-sqrt = _unary("sqrt", lambda g, ans, x: g / (ans * 2), "ans")
-square = _unary("square", lambda g, ans, x: g * (x * 2), "x")
-reciprocal = _unary("reciprocal", lambda g, ans, x: -g * ans * ans, "ans")
-sin = _unary("sin", lambda g, ans, x: g * cos(x), "x")
-cos = _unary("cos", lambda g, ans, x: -g * sin(x), "x")
-tan = _unary("tan", lambda g, ans, x: g * (ans * ans + 1), "ans")
-asin = _unary("asin", lambda g, ans, x: g / sqrt(1 - x * x), "x")
-acos = _unary("acos", lambda g, ans, x: -g / sqrt(1 - x * x), "x")
-atan = _unary("atan", lambda g, ans, x: g / (x * x + 1), "x")
-sinh = _unary("sinh", lambda g, ans, x: g * cosh(x), "x")
-cosh = _unary("cosh", lambda g, ans, x: g * sinh(x), "x")
-tanh = _unary("tanh", lambda g, ans, x: g * (1 - ans * ans), "ans")
-asinh = _unary("asinh", lambda g, ans, x: g / sqrt(x * x + 1), "x")
-acosh = _unary("acosh", lambda g, ans, x: g / sqrt(x * x - 1), "x")
-atanh = _unary("atanh", lambda g, ans, x: g / (1 - x * x), "x")
+exp = _analytic("exp", lambda g, ans, x: g * ans, "ans")
+expm1 = _analytic("expm1", lambda g, ans, x: g * (ans + 1), "ans")
+log = _analytic("log", lambda g, ans, x: g / x, "x")
+log1p = _analytic("log1p", lambda g, ans, x: g / (x + 1), "x")
+log2 = _analytic("log2", lambda g, ans, x: g / (x * math.log(2)), "x")
+log10 = _analytic("log10", lambda g, ans, x: g / (x * math.log(10)), "x")
+sqrt = _analytic("sqrt", lambda g, ans, x: g / (ans * 2), "ans")
+square = _analytic("square", lambda g, ans, x: g * (x * 2), "x")
+reciprocal = _analytic("reciprocal", lambda g, ans, x: -g * ans * ans, "ans")
+sin = _analytic("sin", lambda g, ans, x: g * cos(x), "x")
+cos = _analytic("cos", lambda g, ans, x: -g * sin(x), "x")
+tan = _analytic("tan", lambda g, ans, x: g * (ans * ans + 1), "ans")
+asin = _analytic("asin", lambda g, ans, x: g / sqrt(1 - x * x), "x")
+acos = _analytic("acos", lambda g, ans, x: -g / sqrt(1 - x * x), "x")
+atan = _analytic("atan", lambda g, ans, x: g / (x * x + 1), "x")
+sinh = _analytic("sinh", lambda g, ans, x: g * cosh(x), "x")
+cosh = _analytic("cosh", lambda g, ans, x: g * sinh(x), "x")
+tanh = _analytic("tanh", lambda g, ans, x: g * (1 - ans * ans), "ans")
+asinh = _analytic("asinh", lambda g, ans, x: g / sqrt(x * x + 1), "x")
+acosh = _analytic(
+    "acosh",
+    lambda g, ans, x: g / sqrt(x * x - 1),
+    "x",
+    lambda g, ans, x: g / (sqrt(x - 1) * sqrt(x + 1)),  # the branch of acosh(z) off the reals
+)
+atanh = _analytic("atanh", lambda g, ans, x: g / (1 - x * x), "x")
 
 
 def _abs_vjp(g, ans, x):
@@ -202,12 +232,23 @@ def _abs_vjp(g, ans, x):
     return g * unit  # the gradient of |z| is z / |z| (0 at 0, as PyTorch)
 
 
+def _sign_vjp(g, ans, x):
+    if not is_complex(x):
+        return None  # the sign of a real number is piecewise constant
+    # sign(z) = z / |z|: the gradient is (g - s real(g conj(s))) / |z|, 0 at 0 (as PyTorch)
+    r = abs(x)
+    nonzero = data(r) != 0
+    r = where(nonzero, r, 1.0)
+    s = x / r
+    return mask(nonzero, (g - s * real(g * conj(s))) / r)
+
+
 def _imag_vjp(g, ans, x):
     return astype(g, complex_dtype(namespace_of(data(g)), g.dtype)) * 1j
 
 
 abs = _unary("abs", _abs_vjp, "x ans")
-sign = _unary("sign", lambda g, ans, x: None, "")
+sign = _unary("sign", _sign_vjp, "x")
 real = _unary("real", lambda g, ans, x: g, "")
 imag = _unary("imag", _imag_vjp, "")
 conj = _unary("conj", lambda g, ans, x: conj(g), "")

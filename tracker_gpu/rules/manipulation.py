@@ -21,7 +21,7 @@ from .. import backend, recording
 from ..backend import device_of, namespace_of
 from ..primitive import ByPosition, Primitive
 from ..tracked import TrackedArray, data
-from .elementwise import multiply, subtract
+from .elementwise import conjugate_derivative, multiply, subtract
 from .shape import broadcast_to, concat, expand_dims, flip, getitem, permute_dims, reshape
 
 __all__ = [
@@ -155,12 +155,13 @@ def _linear_scan_forward(xp, a, b, *, axis, reverse):
 def _linear_scan_vjp_b(g, ans, a, b, *, axis, reverse):
     # The adjoint recurrence runs the other way, with its coefficients moved by one place:
     # s[k] = g[k] + a[k - 1] * s[k - 1] for a reverse scan.
+    a = conjugate_derivative(a)  # complex coefficients: the adjoint's are their conjugates
     return _linear_scan(_shift(a, axis, 1 if reverse else -1), g, axis=axis, reverse=not reverse)
 
 
 def _linear_scan_vjp_a(g, ans, a, b, *, axis, reverse):
     # a[j] multiplies the neighbour r[j + 1] (reverse) or r[j - 1] in the equation of r[j].
-    neighbour = _shift(ans, axis, -1 if reverse else 1)
+    neighbour = conjugate_derivative(_shift(ans, axis, -1 if reverse else 1))
     return multiply(_linear_scan_vjp_b(g, ans, a, b, axis=axis, reverse=reverse), neighbour)
 
 
@@ -184,6 +185,7 @@ def _cumulative_prod_vjp(g, ans, x, *, axis, dtype, include_initial):
         g = getitem(g, _along(axis, slice(1, None)))
     if x.shape[axis] == 0:
         return g
+    x = conjugate_derivative(x)  # complex x: the same formula on its conjugate
     before = _cumulative_prod(x, axis=axis, include_initial=True)
     before = getitem(before, _along(axis, slice(0, -1)))
     r = _linear_scan(_shift(x, axis, -1), g, axis=axis, reverse=True)

@@ -16,7 +16,17 @@ from ..backend import device_of, namespace_of
 from ..primitive import Primitive, record, tracking
 from ..tape import Node
 from ..tracked import TrackedArray, data
-from .elementwise import mask, multiply, pow, sqrt, square, where
+from .elementwise import (
+    conjugate_derivative,
+    is_complex,
+    mask,
+    multiply,
+    pow,
+    real,
+    sqrt,
+    square,
+    where,
+)
 from .shape import broadcast_to, permute_dims, reshape
 
 
@@ -73,12 +83,21 @@ def sum(x, /, *, axis=None, dtype=None, keepdims=False):
 
 def _sumabs2_forward(xp, x):
     flat = xp.reshape(x, (-1,))
+    if is_complex(flat):  # |z|^2 = re^2 + im^2, a real number
+        re, im = xp.real(flat), xp.imag(flat)
+        return re @ re + im @ im
     return flat @ flat
+
+
+def _sumabs2_vjp(g, ans, x):
+    if is_complex(g):  # vecdot(z, z), complex in dtype but real in value: its real part counts
+        g = real(g)
+    return x * (g * 2)  # the gradient of |z|^2 is 2z
 
 
 # Julia's sum(abs2, x), computed as the dot product of x with itself (as `x @ x` would be):
 # one node, and on the GPU one fused kernel for its pullback.
-sumabs2 = Primitive("sumabs2", _sumabs2_forward, (lambda g, ans, x: x * (g * 2),), saves="x")
+sumabs2 = Primitive("sumabs2", _sumabs2_forward, (_sumabs2_vjp,), saves="x")
 
 
 def sumabs2_of(node, x, xp, value, how):
@@ -88,9 +107,9 @@ def sumabs2_of(node, x, xp, value, how):
 
 
 def squared_base(y):
-    """`(node, value)` of `x` when the tracked `y` was recorded as `x**2`, `square(x)` or
-    `x * x` (each of which saved `x`), else None."""
-    if not isinstance(y, TrackedArray):
+    """`(node, value)` of `x` when the real tracked `y` was recorded as `x**2`, `square(x)` or
+    `x * x` (each of which saved `x`), else None (the sum of complex squares is no `sumabs2`)."""
+    if not isinstance(y, TrackedArray) or is_complex(y.data):
         return None
     node = y._node
     rule, args = node.rule, node.args
@@ -118,7 +137,7 @@ mean = Primitive(
 
 # --- prod: the gradient is the product of all the other elements, computed without dividing
 def _prod_vjp(g, ans, x, axis=None, keepdims=False, dtype=None):
-    return expand(g, x, axis, keepdims) * _others_along(x, axis)
+    return expand(g, x, axis, keepdims) * conjugate_derivative(_others_along(x, axis))
 
 
 prod = Primitive("prod", _reduction("prod"), (_prod_vjp,), saves="x")
@@ -160,7 +179,7 @@ def _others_vjp(g, ans, x):
     xp = namespace_of(data(x))
     eye = xp.eye(n, dtype=xp.bool, device=_device(x))
     rows = where(eye, xp.ones_like(data(x))[..., None, :], _expand_rows(x, n))
-    return sum(mask(~eye, _others(rows)) * g[..., :, None], axis=-2)
+    return sum(mask(~eye, conjugate_derivative(_others(rows))) * g[..., :, None], axis=-2)
 
 
 def _expand_rows(x, n):
@@ -207,12 +226,23 @@ min = Primitive("min", _reduction("min"), (_extremum_vjp("argmin"),), saves="x")
 
 # --- composites: differentiable through the rules above
 def var(x, /, *, axis=None, correction=0.0, keepdims=False):
-    """Variance over `axis`, divided by `n - correction`."""
+    """Variance over `axis`, divided by `n - correction` (real data, as the standard says)."""
+    _check_real("var", x)
     centred = x - mean(x, axis=axis, keepdims=True)
     n = _count(x.shape, axis)
     return sum(square(centred), axis=axis, keepdims=keepdims) / builtins.max(n - correction, 0)
 
 
 def std(x, /, *, axis=None, correction=0.0, keepdims=False):
-    """Standard deviation over `axis` (the square root of `var`)."""
+    """Standard deviation over `axis` (the square root of `var`; real data, as the standard
+    says)."""
+    _check_real("std", x)
     return sqrt(var(x, axis=axis, correction=correction, keepdims=keepdims))
+
+
+def _check_real(name, x):
+    if is_complex(x):
+        raise TypeError(
+            f"{name} of complex data: the Array API standard defines {name} for real data only; "
+            f"take it of the real and imaginary parts (tg.real, tg.imag), or of tg.abs(x)"
+        )
