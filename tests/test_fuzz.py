@@ -287,10 +287,13 @@ REAL_ONLY = set(
     "sigmoid relu clip maximum minimum hypot logaddexp atan2 max min var std logsumexp softmax "
     "logsoftmax sort matmul".split()
 )
+# min and max compare; PyTorch's scatter_reduce (the reference of "multiply") has no complex
+# gradient
+AT_REAL_ONLY = {"at-min", "at-max", "at-mask", "at-multiply"}
 EACH_COMPLEX_OPERATION = {
     name: Program(program.inputs, program.steps, program.seed, dtype="complex128")
     for name, program in EACH_OPERATION.items()
-    if program.steps[-1].op not in REAL_ONLY
+    if program.steps[-1].op not in REAL_ONLY and name not in AT_REAL_ONLY
 }
 
 
