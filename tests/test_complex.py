@@ -119,6 +119,20 @@ def test_var_and_std_refuse_complex_data(backend, name):
         getattr(tg, name)(z)
 
 
+@pytest.mark.parametrize("name", ["sigmoid", "relu", "softmax", "logsoftmax", "logsumexp"])
+def test_activations_refuse_complex_data(backend, name):
+    z = tg.param(backend.asarray(complex_values((3,))))
+    with pytest.raises(TypeError, match=f"{name} takes real data.*no order.*tg.real"):
+        getattr(tg, name)(z)
+
+
+def test_losses_refuse_complex_logits(backend):
+    z = tg.param(backend.asarray(complex_values((2, 3))))
+    labels = backend.asarray(np.eye(3)[[0, 2]])
+    with pytest.raises(TypeError, match="logitcrossentropy takes real data"):
+        tg.nn.logitcrossentropy(z, labels)
+
+
 INDEX = np.array([2, 0, 2])
 SHAPES = {
     "reshape": lambda z: tg.reshape(z, (4, 3)),

@@ -28,7 +28,7 @@ from ..checks import checking
 from ..primitive import Primitive
 from ..tracked import TrackedArray, data
 from .elementwise import add, astype, log, logaddexp, multiply, negative, subtract
-from .nn import logsoftmax, softmax
+from .nn import logsoftmax, real_only, softmax
 from .reductions import mean
 from .reductions import sum as _sum
 
@@ -214,6 +214,7 @@ def _logsoftmax_plain(xp, x, axis):
 
 
 def _lce_forward(xp, logits, targets, *, axis=-1, agg="mean", normalized=False):
+    real_only("logitcrossentropy", logits)
     total = -xp.sum(targets * _logsoftmax_plain(xp, logits, axis))
     return total / _samples(logits, axis) if agg == "mean" else total
 

@@ -13,13 +13,24 @@ array([0.5, 0.5])
 from ..backend import namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray, data
-from .elementwise import add, divide, exp, mask, multiply, sqrt, subtract, tanh
+from .elementwise import add, divide, exp, is_complex, mask, multiply, sqrt, subtract, tanh
 from .reductions import expand, mean
 from .reductions import sum as _sum
 from .shape import concat, getitem
 
 
+def real_only(name, x):
+    """Refuse complex `x`: activations, normalisers and losses order their inputs (max, > 0),
+    which complex numbers do not have."""
+    if is_complex(x):
+        raise TypeError(
+            f"{name} takes real data, got {x.dtype}: complex numbers have no order; apply it to "
+            "tg.real(z), tg.imag(z) or tg.abs(z)"
+        )
+
+
 def _sigmoid_forward(xp, x):
+    real_only("sigmoid", x)
     e = xp.exp(-xp.abs(x))
     return xp.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
@@ -30,20 +41,29 @@ sigmoid = Primitive(
     (lambda g, ans, x: g * ans * (1 - ans),),
     saves="ans",
 )
+
+
+def _relu_forward(xp, x):
+    real_only("relu", x)
+    return xp.where(x > 0, x, xp.zeros_like(x))
+
+
 relu = Primitive(
     "relu",
-    lambda xp, x: xp.where(x > 0, x, xp.zeros_like(x)),
+    _relu_forward,
     (lambda g, ans, x: mask(data(ans) > 0, g),),
     saves="ans",
 )
 
 
 def _softmax_forward(xp, x, /, *, axis=-1):
+    real_only("softmax", x)
     e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
     return e / xp.sum(e, axis=axis, keepdims=True)
 
 
 def _logsoftmax_forward(xp, x, /, *, axis=-1):
+    real_only("logsoftmax", x)
     shifted = x - xp.max(x, axis=axis, keepdims=True)
     return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
 
@@ -63,6 +83,7 @@ logsoftmax = Primitive(
 
 
 def _logsumexp_forward(xp, x, /, *, axis=None, keepdims=False):
+    real_only("logsumexp", x)
     m = xp.max(x, axis=axis, keepdims=True)
     m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))
     out = xp.log(xp.sum(xp.exp(x - m), axis=axis, keepdims=True)) + m
@@ -97,6 +118,7 @@ def _plain(*values):
 
 # --- the normalisation layers' statistics: one primitive
 def _normalise_forward(xp, x, /, *, axes, eps=1e-5):
+    real_only("normalise", x)
     centred = x - xp.mean(x, axis=axes, keepdims=True)
     variance = xp.mean(centred * centred, axis=axes, keepdims=True)
     return centred / xp.sqrt(variance + eps)
@@ -137,6 +159,8 @@ def _quarters(z, hidden, take):
 
 
 def _lstm_cell_forward(xp, z, c):
+    real_only("lstm_cell", z)
+    real_only("lstm_cell", c)
     hidden = c.shape[-1]
     gates = _sigmoid_forward(xp, z)  # the cell's quarter is not used
     i, f, _, o = _quarters(gates, hidden, lambda a, key: a[key])
