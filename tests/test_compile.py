@@ -172,6 +172,53 @@ def test_a_training_step_is_one_program(rule):
     assert step.cache_info().hits == 3
 
 
+def test_an_argument_left_out_replays(backend):
+    """A rule's argument given as None (clip's lower bound, a Dense layer's bias) is a constant
+    of the program like any other."""
+    f = tg.compile(lambda x: tg.sum(tg.clip(x, None, 0.5) * x))
+    for seed in range(2):
+        (x,) = _inputs(backend, [(5,)], seed)
+        val, (g,) = f(x)
+        plain = backend.to_numpy(x)
+        assert float(val) == pytest.approx(float(np.sum(np.minimum(plain, 0.5) * plain)))
+        expected = np.where(plain <= 0.5, 2 * plain, 0.5)
+        np.testing.assert_allclose(backend.to_numpy(g), expected, rtol=1e-12)
+
+
+SCHEDULED = [
+    optim.Scheduled(optim.Adam(0.01), optim.Cosine(0.01, steps=5, warmup=2, eta_min=0.001)),
+    optim.Scheduled(optim.AdamW(0.01), optim.Exp(0.01, decay=0.9)),
+    optim.Scheduled(optim.Momentum(0.05), optim.Step(0.05, decay=0.5, every=2)),
+]
+
+
+@pytest.mark.parametrize("rule", SCHEDULED, ids=lambda rule: type(rule.schedule).__name__)
+def test_a_scheduled_training_step_is_recorded_once(rule):
+    """The step count reaches the recording as an array, so every step replays one program,
+    past the warm-up and the end of the schedule; the rates agree with the eager ones to the
+    rounding of the library's pow and cos."""
+    model = nn.Chain(nn.Dense(4, 6, nn.tanh, rng=np.random.default_rng(1)), nn.Dense(6, 3))
+
+    def train_step(model, state, x, y):
+        loss, (g,) = tg.withgradient(lambda m: nn.logitcrossentropy(m(x), y), model)
+        state, model = optim.update(state, model, g)
+        return loss, state, model
+
+    step = tg.compile(train_step)
+    compiled = eager = (model, optim.setup(rule, model))
+    for seed in range(7):
+        rng = np.random.default_rng(seed)
+        x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 3, 8)
+        loss_c, *compiled_ = step(*compiled, x, y)
+        loss_e, *eager_ = train_step(*eager, x, y)
+        compiled, eager = tuple(reversed(compiled_)), tuple(reversed(eager_))
+        assert float(loss_c) == pytest.approx(float(loss_e), rel=1e-6)
+        np.testing.assert_allclose(
+            compiled[0].layers[0].weight, eager[0].layers[0].weight, rtol=1e-6, atol=1e-7
+        )
+    assert (step.cache_info().misses, step.cache_info().hits) == (1, 6)
+
+
 def test_a_hessian_vector_product_replays(backend):
     f = lambda x: tg.sum(tg.sin(x) ** 2 * x)  # noqa: E731
     hvp = tg.compile(lambda x, v: tg.sum(tg.gradient(f, x, nest=True)[0] * v))

@@ -48,7 +48,11 @@ class _Source:
 def generate(program):
     """`(run, source)`: the function `run(*arrays)` returning the values of
     `program.outputs` (slots) as a tuple, and its source."""
-    constants = {f"v{i}": v for i, v in enumerate(program.start) if v is not None}
+    constants = {  # None too: an argument left out (a Dense layer's bias=None, say)
+        f"v{i}": v
+        for i, v in enumerate(program.start)
+        if i >= program.inputs and i not in program.made
+    }
     src = _Source(constants)
     calls = {id(s.node): s for s in program.steps if isinstance(s, Call)}
     local = set(range(program.inputs)) | set(program.made)  # constants are globals: never del

@@ -16,7 +16,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..backend import namespace_of
+from ..backend import is_array, namespace_of
+from ..tracked import data
 
 __all__ = [
     "Rule",
@@ -48,7 +49,10 @@ class Rule:
 
 
 def check_nonnegative(rule, **values):
+    """A rate in an array (a schedule's, under tg.compile) is not read: it would stall a replay."""
     for name, value in values.items():
+        if is_array(data(value)):
+            continue
         if not value >= 0:
             raise ValueError(f"{type(rule).__name__}: {name} must be >= 0, got {value!r}")
 

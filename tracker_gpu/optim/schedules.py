@@ -20,6 +20,9 @@ taken, so a saved and reloaded state goes on where it stopped.
 import math
 from dataclasses import dataclass
 
+from ..backend import is_array
+from ..rules.elementwise import astype, cos, minimum, where
+from ..tracked import data as tg_data
 from .rules import Descent, Rule, check_nonnegative
 
 __all__ = ["Step", "Exp", "Cosine", "Scheduled"]
@@ -86,10 +89,21 @@ class Cosine:
             )
 
     def __call__(self, t):
+        if not isinstance(t, (int, float)):
+            return self._traced(t)
         if t < self.warmup:
             return self.eta * (t + 1) / self.warmup
         progress = min(1.0, (t - self.warmup) / max(self.steps - self.warmup, 1))
         return self.eta_min + (self.eta - self.eta_min) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def _traced(self, t):
+        """The rate at a step count held in a 0-d array (under tg.compile): the same formula,
+        without a Python branch."""
+        progress = minimum((t - self.warmup) / max(self.steps - self.warmup, 1), 1.0)
+        rate = self.eta_min + (self.eta - self.eta_min) * 0.5 * (1 + cos(progress * math.pi))
+        if not self.warmup:
+            return rate
+        return where(t < self.warmup, self.eta * (t + 1) / self.warmup, rate)
 
 
 @dataclass(frozen=True)
@@ -110,16 +124,21 @@ class Scheduled(Rule):
                 f"Scheduled needs a schedule (a function of the step), got {self.schedule!r}"
             )
 
-    def at(self, t):
-        """The rule as it runs at step `t`."""
-        return self.rule.adjust(**{self.field: self.schedule(t)})
+    def at(self, t, like=None):
+        """The rule as it runs at step `t`. A step count held in a 0-d array (as tg.compile
+        gives it, so that a replay reads it) gives a rate in an array, cast to the dtype of the
+        array `like`, as a Python number would be."""
+        rate = self.schedule(t)
+        if like is not None and is_array(tg_data(rate)):
+            rate = astype(rate, like.dtype)
+        return self.rule.adjust(**{self.field: rate})
 
     def init(self, x):
         return (0, self.rule.init(x))
 
     def apply(self, state, x, dx):
         t, inner = state
-        inner, delta = self.at(t).apply(inner, x, dx)
+        inner, delta = self.at(t, like=dx).apply(inner, x, dx)
         return (t + 1, inner), delta
 
     def adjust(self, **changes):

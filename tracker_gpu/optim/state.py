@@ -73,7 +73,9 @@ class Leaf:
 
 
 def _is_count(v):
-    return type(v) is float or isinstance(v, np.floating)
+    """A Python number of a state (Adam's `beta**t`, a schedule's step `t`), or the NumPy
+    scalar a replay on NumPy gives back for it."""
+    return type(v) is float or type(v) is int or isinstance(v, np.floating)
 
 
 def _flat(state):
@@ -90,12 +92,13 @@ def step(rule, param, grad, state):
     in the Array API. A `Scheduled` rule steps its rule as it runs at this step."""
     if type(rule) is Scheduled:
         t, inner = state
-        new_param, inner = step(rule.at(t), param, grad, inner)
+        new_param, inner = step(rule.at(t, like=grad), param, grad, inner)
         return new_param, (t + 1, inner)
     cls = type(rule)
     own = cls.__module__.rpartition(".")[0] == __package__
     fused = dispatch.STEPS.get(cls.__name__) if own else None
-    if fused is not None and dispatch.takes(param):
+    # the kernels take their scalars by value: a rate in an array (a schedule's) goes generic
+    if fused is not None and dispatch.takes(param) and not is_array(getattr(rule, "eta", 0.0)):
         done = fused(rule, param, grad, state)
         if done is not None:
             return done

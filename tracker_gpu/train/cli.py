@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .data import SKLEARN_MISSING, digits
 from .devices import select_backend
-from .loop import data_parallel_step, train, train_step
+from .loop import compiled_step, data_parallel_step, train, train_step
 from .models import RECIPES
 from .plots import plot
 
@@ -58,6 +58,11 @@ def parser():
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")  # fmt: skip
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="record each model's training step once with tg.compile and replay it",
+    )
+    p.add_argument(
         "--workers",
         type=_positive(int),
         help="train data-parallel on a local Dask cluster of N worker processes",
@@ -100,6 +105,9 @@ def _check_cluster(p, args):
         return
     if args.workers and args.scheduler:
         p.error("--workers starts a cluster, --scheduler joins one: pass one of them")
+    if args.compile:
+        p.error("--compile records a step on this machine; it cannot be combined with "
+                "--workers or --scheduler")  # fmt: skip
     if args.where[0] != "numpy":
         p.error("--workers and --scheduler train on NumPy arrays: pass --backend numpy")
     try:
@@ -145,13 +153,19 @@ def run(argv):
     )
     results = []
     with _cluster(args) as client:
-        step = train_step if client is None else data_parallel_step(client)
         for name in args.names:
+            step = _step_for(args, client)
             results.append(_train_one(args, name, data, step))
     if args.plot:
         plot(results, args.plot)
         print(f"plot written to {args.plot}")
     return results
+
+
+def _step_for(args, client):
+    if client is not None:
+        return data_parallel_step(client)
+    return compiled_step() if args.compile else train_step
 
 
 def _cluster(args):

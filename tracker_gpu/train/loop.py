@@ -23,6 +23,7 @@ __all__ = [
     "train",
     "fit",
     "train_step",
+    "compiled_step",
     "data_parallel_step",
     "accuracy",
     "schedule_for",
@@ -35,12 +36,29 @@ def loss_function(model, x, y):
     return nn.logitcrossentropy(logits, y), logits
 
 
+def _step(model, state, x, y):
+    (loss, logits), (grads,) = tg.withgradient(lambda m: loss_function(m, x, y), model)
+    state, model = optim.update(state, model, grads)
+    return loss, logits, model, state
+
+
 def train_step(model, state, x, y):
     """One step of training: `(loss, logits, model, state)`, the loss and logits as plain
     arrays on the data's device."""
-    (loss, logits), (grads,) = tg.withgradient(lambda m: loss_function(m, x, y), model)
-    state, model = optim.update(state, model, grads)
+    loss, logits, model, state = _step(model, state, x, y)
     return tg.data(loss), tg.data(logits), model, state
+
+
+def compiled_step():
+    """A `train_step` that `tg.compile` records once per batch shape and replays after (a
+    CUDA graph on CuPy); pass it to `train` as `step`, a new one for each model."""
+    replay = tg.compile(_step)
+
+    def step(model, state, x, y):
+        loss, logits, model, state = replay(model, state, x, y)
+        return tg.data(loss), tg.data(logits), model, state
+
+    return step
 
 
 def data_parallel_step(client):
