@@ -35,7 +35,7 @@ def _T(x):
 # --- products and transposes
 matrix_transpose = Primitive(
     "matrix_transpose",
-    lambda xp, x: xp.matrix_transpose(x),
+    lambda xp, x, /: xp.matrix_transpose(x),
     (lambda g, ans, x: matrix_transpose(g),),
     saves="",
 )
@@ -58,7 +58,11 @@ def _matmul_vjp_y(g, ans, x, y):
 
 
 matmul = Primitive(
-    "matmul", lambda xp, x, y: x @ y, (_matmul_vjp_x, _matmul_vjp_y), saves=("y", "x")
+    "matmul",
+    lambda xp, x, y: x @ y,
+    (_matmul_vjp_x, _matmul_vjp_y),
+    saves=("y", "x"),
+    signature=lambda x1, x2, /: None,
 )
 
 
@@ -90,6 +94,7 @@ solve = Primitive(
     saves=("ans a", "a"),
     doc="Solve `x1 @ out = x2` for square `x1` (..., M, M); `x2` is a vector (M,) or a "
     "batch of matrices (..., M, K).",
+    signature=lambda x1, x2, /: None,
 )
 
 
@@ -98,4 +103,4 @@ def _inv_vjp(g, ans, x):
     return -matmul(matmul(at, g), at)
 
 
-inv = Primitive("inv", lambda xp, x: xp.linalg.inv(x), (_inv_vjp,), doc="The matrix inverse.")
+inv = Primitive("inv", lambda xp, x, /: xp.linalg.inv(x), (_inv_vjp,), doc="The matrix inverse.")
