@@ -180,3 +180,29 @@ def test_index_of_a_zero_d_integer_array():
     assert [10, 20, 30][_tracked_integers(np, 2.0)] == 30
     with pytest.raises(TypeError, match="float64 cannot be used as an index.*astype"):
         [10, 20][tg.param(np.asarray(1.0))]
+
+
+def test_tracked_integer_arrays_index_like_plain_ones(backend):
+    x = tg.param(backend.asarray([10.0, 20.0, 30.0]))
+    k = _tracked_integers(backend, [2, 0])
+    picked = x[k]
+    taken = tg.take(x, k)
+    masked = x[x > 15.0]
+    for got, expected in ((picked, [30.0, 10.0]), (taken, [30.0, 10.0]), (masked, [20.0, 30.0])):
+        assert backend.to_numpy(tg.data(got)).tolist() == expected
+    tg.back(tg.sum(picked) + tg.sum(taken))
+    assert backend.to_numpy(tg.grad(x)).tolist() == [2.0, 0.0, 2.0]
+
+
+def test_asarray_of_a_nested_list_of_tracked_values_is_differentiable(backend):
+    x = tg.param(backend.asarray([[1.0, 2.0], [3.0, 4.0]]))
+    transposed = tg.asarray([[x[i, j] for i in range(2)] for j in range(2)])
+    assert backend.to_numpy(tg.data(transposed)).tolist() == [[1.0, 3.0], [2.0, 4.0]]
+    tg.back(tg.sum(transposed * backend.asarray([[1.0, 10.0], [100.0, 1000.0]])))
+    assert backend.to_numpy(tg.grad(x)).tolist() == [[1.0, 100.0], [10.0, 1000.0]]
+
+
+def test_dlpack_takes_the_standards_keywords():
+    x = tg.param(np.array([1.0, 2.0]))
+    assert np.from_dlpack(x).tolist() == [1.0, 2.0]
+    assert x.__dlpack__(max_version=(1, 0)) is not None

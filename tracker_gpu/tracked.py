@@ -68,9 +68,10 @@ class TrackedArray:
     def to_device(self, device, /, *, stream=None):
         return to_device(self, device)
 
-    def __dlpack__(self, **kwargs):
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """The data, exported (the tape stays here: what the consumer computes is not recorded)."""
-        return self.data.__dlpack__(**kwargs)
+        given = dict(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+        return self.data.__dlpack__(**{k: v for k, v in given.items() if v is not None})
 
     def __dlpack_device__(self):
         return self.data.__dlpack_device__()

@@ -209,8 +209,15 @@ def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
 # --- indexing: integer-array keys over every axis, so that the core's getitem (and its
 # accumulating adjoint) does the work on every library, array-api-strict included
 def _check_indices(indices, name):
+    """Indices as a plain array (a tracked integer array carries no gradient), or traced ones
+    while tg.compile records."""
     if isinstance(indices, TrackedArray) and recording.current() is None:
-        raise TypeError(f"{name}: indices must be a plain integer array, not a tracked one")
+        if not indices._xp.isdtype(indices.dtype, "integral"):
+            raise TypeError(
+                f"{name}: indices must be a plain integer array, not a tracked one of dtype "
+                f"{indices.dtype}"
+            )
+        return indices.data
     return indices
 
 

@@ -253,7 +253,12 @@ def _normalize_index(xp, x, k):
     if isinstance(k, (int, slice)) or k is None or k is Ellipsis:
         return k
     if isinstance(k, TrackedArray):
-        raise TypeError("an index must be a plain integer or boolean array, not a tracked one")
+        if not k._xp.isdtype(k.dtype, ("integral", "bool")):
+            raise TypeError(
+                "an index must be a plain integer or boolean array, not a tracked one of dtype "
+                f"{k.dtype}: pass tg.data(k) (an index passes no gradient on)"
+            )
+        k = k.data  # integers and booleans carry no gradient
     if isinstance(k, list) or (backend.is_array(k) and namespace_of(k) is not xp):
         device = x.device if isinstance(x, TrackedArray) else device_of(x)
         return xp.asarray(np.asarray(k), device=device)
