@@ -91,6 +91,8 @@ def bound_functions(default):
     def asarray(obj, /, *, dtype=None, device=None, copy=None):
         if isinstance(obj, TrackedArray):
             return _tracked_asarray(obj, dtype, device, copy)
+        if isinstance(obj, (list, tuple)) and _holds_tracked(obj):
+            return _stacked(obj, dtype, device)
         xp, dt = target(device, dtype)  # the bound library (or the device's), as the standard says
         return xp.asarray(obj, dtype=dt, device=device, copy=copy)
 
@@ -124,6 +126,37 @@ def _tracked_asarray(x, dtype, device, copy):
     if device is not None and device != x.device:
         x = to_device(x, device)
     return x
+
+
+def _holds_tracked(obj):
+    if isinstance(obj, (list, tuple)):
+        return any(_holds_tracked(o) for o in obj)
+    return isinstance(obj, TrackedArray)
+
+
+def _first_tracked(obj):
+    if isinstance(obj, (list, tuple)):
+        return next(t for t in map(_first_tracked, obj) if t is not None) if obj else None
+    return obj if isinstance(obj, TrackedArray) else None
+
+
+def _stacked(obj, dtype, device):
+    """A nested sequence holding tracked arrays, stacked: differentiable in each of them.
+    Python numbers take the dtype of the first tracked array (or `dtype`)."""
+    from .rules.shape import stack
+
+    like = _first_tracked(obj)
+    dtype = like.dtype if dtype is None else _dtype_in(like._xp, dtype)
+    device = like.device if device is None else device
+
+    def build(o):
+        if isinstance(o, (list, tuple)):
+            return stack([build(e) for e in o])
+        if isinstance(o, TrackedArray):
+            return _tracked_asarray(o, dtype, device, None)
+        return like._xp.asarray(o, dtype=dtype, device=device)
+
+    return build(obj)
 
 
 def _like(name):

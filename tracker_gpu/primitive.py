@@ -55,12 +55,29 @@ class Primitive:
     kernel, say) or None to fall back to the vjps. Nested passes always take the vjps, so
     that they stay differentiable. A fused forward registered under `name` likewise runs first
     and may decline.
+
+    `signature` is a function whose signature the primitive shows instead of the forward's (the
+    standard's `(x1, x2, /)` where the forward and `saves` say `x, y`).
     """
 
-    def __init__(self, name, forward, vjps, doc=None, fused=None, saves=None, differentiable=True):
+    def __init__(
+        self,
+        name,
+        forward,
+        vjps,
+        doc=None,
+        fused=None,
+        saves=None,
+        differentiable=True,
+        signature=None,
+    ):
         self.name = self.__name__ = self.__qualname__ = name
         self.differentiable = differentiable
-        self.__signature__ = _signature_without_namespace(forward)
+        self.__signature__ = (
+            _signature_without_namespace(forward)
+            if signature is None
+            else inspect.signature(signature)
+        )
         fused_forward = dispatch.FORWARDS.get(name)
         self.forward = forward if fused_forward is None else _fused_first(fused_forward, forward)
         self.vjps = vjps

@@ -6,6 +6,8 @@ plays the role of Tracker's `TrackedReal`. Here too is Tracker's API on tracked 
 `data`, `grad`, `isleaf`, `zero_grad`, `update`.
 """
 
+import operator
+
 import numpy as np
 
 from . import backend, recording
@@ -66,9 +68,10 @@ class TrackedArray:
     def to_device(self, device, /, *, stream=None):
         return to_device(self, device)
 
-    def __dlpack__(self, **kwargs):
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """The data, exported (the tape stays here: what the consumer computes is not recorded)."""
-        return self.data.__dlpack__(**kwargs)
+        given = dict(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+        return self.data.__dlpack__(**{k: v for k, v in given.items() if v is not None})
 
     def __dlpack_device__(self):
         return self.data.__dlpack_device__()
@@ -81,8 +84,8 @@ class TrackedArray:
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         """A NumPy array (or scalar) on the left of an operator: `ndarray * tracked` records
-        like `tracked * ndarray`; comparisons give plain booleans; any other NumPy function
-        raises an error naming the function to call instead."""
+        like `tracked * ndarray`; comparisons and bitwise operators give plain arrays; any
+        other NumPy function raises an error naming the function to call instead."""
         if "out" in kwargs:
             raise TypeError(
                 "cannot write a tracked result into a NumPy array (an in-place operator such "
@@ -91,7 +94,7 @@ class TrackedArray:
         if method == "__call__" and not kwargs:
             if ufunc.__name__ in _OPERATOR_UFUNCS:
                 return _OPERATOR_UFUNCS[ufunc.__name__](*inputs)
-            if ufunc.__name__ in _COMPARISONS:
+            if ufunc.__name__ in _COMPARISONS or ufunc.__name__ in _BITWISE:
                 return ufunc(*(data(a) for a in inputs))
         raise numpy_function_error(ufunc.__name__ if method == "__call__" else
                                    f"{ufunc.__name__}.{method}")  # fmt: skip
@@ -131,11 +134,69 @@ class TrackedArray:
         return getitem(self, key)
 
     def __setitem__(self, key, value):
-        raise TypeError(
-            "cannot assign into a TrackedArray: in-place writes would corrupt the recorded "
-            "gradient. Build a new array instead, e.g. tg.where(mask, value, x), "
-            "tg.concat([...]), or assign into tg.data(x) outside differentiation"
-        )
+        """The standard's assignment, for integer and boolean arrays (which carry no
+        gradient); a floating array refuses, naming the differentiable `tg.at(x)[key].set(v)`.
+
+        The write goes to a copy of the data, which then replaces it: a value a pullback has
+        saved (this array as the factor of a product, say) keeps what it was when recorded."""
+        xp = self._xp
+        if xp.isdtype(self.dtype, ("real floating", "complex floating")):
+            raise TypeError(
+                f"cannot assign into a TrackedArray of dtype {self.dtype}: in-place writes "
+                "would corrupt the recorded gradient. Build a new array instead: "
+                "tg.at(x)[key].set(value) (differentiable), tg.where(mask, value, x), "
+                "tg.concat([...]); or assign into tg.data(x) outside differentiation"
+            )
+        if isinstance(value, TrackedArray) and xp.isdtype(
+            value.dtype, ("real floating", "complex floating")
+        ):
+            raise TypeError(
+                f"cannot assign a differentiable TrackedArray (dtype {value.dtype}) into an "
+                f"array of dtype {self.dtype}: its gradient would be lost; assign "
+                "tg.data(value), or build a float array with tg.at(x)[key].set(value)"
+            )
+        _refuse_while_recording("x[key] = value (assignment into a tracked array)")
+        key = tuple(map(data, key)) if isinstance(key, tuple) else data(key)
+        written = xp.asarray(self.data, copy=True)
+        written[key] = data(value)
+        self.data = written
+
+    # --- bitwise operators: no gradient, plain arrays (traced ones while tg.compile records).
+    # Without in-place forms, as the arithmetic operators: `x &= y` rebinds x to `x & y`.
+    def __and__(self, other):
+        return _traced("bitwise_and", self, other)
+
+    def __rand__(self, other):
+        return _traced("bitwise_and", other, self)
+
+    def __or__(self, other):
+        return _traced("bitwise_or", self, other)
+
+    def __ror__(self, other):
+        return _traced("bitwise_or", other, self)
+
+    def __xor__(self, other):
+        return _traced("bitwise_xor", self, other)
+
+    def __rxor__(self, other):
+        return _traced("bitwise_xor", other, self)
+
+    def __lshift__(self, other):
+        return _traced("bitwise_left_shift", self, other)
+
+    def __rlshift__(self, other):
+        return _traced("bitwise_left_shift", other, self)
+
+    def __rshift__(self, other):
+        return _traced("bitwise_right_shift", self, other)
+
+    def __rrshift__(self, other):
+        return _traced("bitwise_right_shift", other, self)
+
+    def __invert__(self):
+        from .rules.elementwise import PLAIN_FUNCTIONS
+
+        return PLAIN_FUNCTIONS["bitwise_invert"](self)
 
     # --- comparisons: plain boolean arrays, as in Tracker (traced ones while tg.compile records)
     def __lt__(self, other):
@@ -177,7 +238,12 @@ class TrackedArray:
 
     def __index__(self):
         _refuse_while_recording("x used as an index (__index__)")
-        raise TypeError("a TrackedArray holds floats and cannot be used as an index")
+        if not self._xp.isdtype(self.dtype, "integral"):
+            raise TypeError(
+                f"a TrackedArray of dtype {self.dtype} cannot be used as an index; only a 0-d "
+                "integer array can (cast with tg.astype(x, tg.int64) if its values are whole)"
+            )
+        return operator.index(self.data)
 
     def __len__(self):
         if self.ndim == 0:
@@ -203,6 +269,7 @@ _STANDARD_NAMES = {
     "bitwise_left_shift", "right_shift": "bitwise_right_shift", "dot": "matmul",
 }  # fmt: skip
 _COMPARISONS = frozenset("less less_equal greater greater_equal equal not_equal".split())
+_BITWISE = frozenset("bitwise_and bitwise_or bitwise_xor invert left_shift right_shift".split())
 
 
 def numpy_function_error(name):

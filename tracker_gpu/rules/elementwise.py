@@ -9,6 +9,7 @@ constants of the derivative.
 array([1.])
 """
 
+import inspect
 import math
 
 from .. import recording
@@ -71,7 +72,7 @@ def _unary(name, vjp, saves):
     """A standard unary function whose vjp reads `saves` ("x", "ans" or ""); on the GPU its
     pullback may be fused (see `cuda.dispatch`)."""
 
-    def forward(xp, x):
+    def forward(xp, x, /):
         return getattr(xp, name)(x)
 
     return Primitive(name, forward, (vjp,), saves=saves)
@@ -100,7 +101,11 @@ def _conj_saved(v):
 
 def _binary(name, forward, vjp_x, vjp_y, saves):
     """A binary function; `saves` is what each vjp reads, e.g. ("y", "x") for a product."""
-    return Primitive(name, forward, (vjp_x, vjp_y), saves=saves)
+    return Primitive(name, forward, (vjp_x, vjp_y), saves=saves, signature=_binary_signature)
+
+
+def _binary_signature(x1, x2, /):
+    """The standard's signature of a binary elementwise function."""
 
 
 def _function(name):
@@ -181,16 +186,18 @@ remainder = _binary(
     lambda g, ans, x, y: -g * _plain_floor_divide(x, y),
     ("", "x y"),
 )
-negative = Primitive("negative", lambda xp, x: -x, (lambda g, ans, x: -g,), saves="")
-identity = Primitive("identity", lambda xp, x: x, (lambda g, ans, x: g,), saves="")
+negative = Primitive("negative", lambda xp, x, /: -x, (lambda g, ans, x: -g,), saves="")
+identity = Primitive("identity", lambda xp, x, /: x, (lambda g, ans, x: g,), saves="")
 
 
-def positive(x):
+def positive(x, /):
     return x
 
 
-def _astype_forward(xp, x, dtype, /, *, copy=True):
-    return xp.astype(x, dtype, copy=copy)
+def _astype_forward(xp, x, dtype, /, *, copy=True, device=None):
+    if device is None:
+        return xp.astype(x, dtype, copy=copy)
+    return xp.astype(x, dtype, copy=copy, device=device)
 
 
 # The cast back to the argument's dtype is done by the one place that fits gradients.
@@ -336,6 +343,7 @@ where = Primitive(
         lambda g, ans, c, x, y: where(c, zeros_like(g), g),
     ),
     saves="",  # the condition is a plain boolean array, kept as it was given
+    signature=lambda condition, x1, x2, /: None,
 )
 
 
@@ -373,7 +381,7 @@ def clip(x, /, min=None, max=None):
 
 # --- non-differentiable elementwise functions: plain arrays out (traced ones, with no gradient,
 # while tg.compile records, so that a replay computes them from its own inputs)
-def _plain(name):
+def _plain(name, signature):
     def forward(xp, *values, **kw):
         return getattr(xp, name)(*_as_arrays(xp, *values), **kw)
 
@@ -390,17 +398,23 @@ def _plain(name):
 
     plain_function.__name__ = name
     plain_function.__doc__ = f"The standard's `{name}` on plain values; not differentiable."
+    plain_function.__signature__ = inspect.signature(signature)
     return plain_function
 
 
-PLAIN_FUNCTIONS = {
-    name: _plain(name)
-    for name in (
-        "ceil floor trunc round signbit isfinite isinf isnan equal not_equal greater "
-        "greater_equal less less_equal logical_and logical_or logical_xor logical_not "
-        "bitwise_and bitwise_or bitwise_xor bitwise_invert bitwise_left_shift "
-        "bitwise_right_shift floor_divide nextafter"
-    ).split()
-}
+def _unary_signature(x, /):
+    """The standard's signature of a unary elementwise function."""
+
+
+_UNARY_PLAIN = (
+    "ceil floor trunc round signbit isfinite isinf isnan logical_not bitwise_invert"
+).split()
+_BINARY_PLAIN = (
+    "equal not_equal greater greater_equal less less_equal logical_and logical_or logical_xor "
+    "bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift floor_divide "
+    "nextafter"
+).split()
+PLAIN_FUNCTIONS = {name: _plain(name, _unary_signature) for name in _UNARY_PLAIN}
+PLAIN_FUNCTIONS.update({name: _plain(name, _binary_signature) for name in _BINARY_PLAIN})
 floor_divide = _plain_floor_divide = PLAIN_FUNCTIONS["floor_divide"]
 _plain_signbit = PLAIN_FUNCTIONS["signbit"]

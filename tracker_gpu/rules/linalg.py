@@ -231,7 +231,7 @@ def diagm(v, /, *, k=0):
 # --- determinants
 det = Primitive(
     "det",
-    lambda xp, x: xp.linalg.det(x),
+    lambda xp, x, /: xp.linalg.det(x),
     (lambda g, ans, x: multiply(_as_matrix(g * _conj(ans)), _H(inv(x))),),
     saves="x ans",
     doc="The determinant of each matrix in `x`.",

@@ -46,7 +46,7 @@ def _H(x):
 # --- products and transposes
 matrix_transpose = Primitive(
     "matrix_transpose",
-    lambda xp, x: xp.matrix_transpose(x),
+    lambda xp, x, /: xp.matrix_transpose(x),
     (lambda g, ans, x: matrix_transpose(g),),
     saves="",
 )
@@ -75,7 +75,13 @@ def _matmul_forward(xp, x, y):
     return x @ y if x.dtype == y.dtype else xp.matmul(x, y)
 
 
-matmul = Primitive("matmul", _matmul_forward, (_matmul_vjp_x, _matmul_vjp_y), saves=("y", "x"))
+matmul = Primitive(
+    "matmul",
+    _matmul_forward,
+    (_matmul_vjp_x, _matmul_vjp_y),
+    saves=("y", "x"),
+    signature=lambda x1, x2, /: None,
+)
 
 
 # --- solve and inverse
@@ -106,6 +112,7 @@ solve = Primitive(
     saves=("ans a", "a"),
     doc="Solve `x1 @ out = x2` for square `x1` (..., M, M); `x2` is a vector (M,) or a "
     "batch of matrices (..., M, K).",
+    signature=lambda x1, x2, /: None,
 )
 
 
@@ -114,4 +121,4 @@ def _inv_vjp(g, ans, x):
     return -matmul(matmul(at, g), at)
 
 
-inv = Primitive("inv", lambda xp, x: xp.linalg.inv(x), (_inv_vjp,), doc="The matrix inverse.")
+inv = Primitive("inv", lambda xp, x, /: xp.linalg.inv(x), (_inv_vjp,), doc="The matrix inverse.")

@@ -13,6 +13,7 @@ array([1., 8., 0.])
 """
 
 import builtins
+import inspect
 
 import array_api_compat
 import numpy as np
@@ -210,8 +211,15 @@ def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False):
 # --- indexing: integer-array keys over every axis, so that the core's getitem (and its
 # accumulating adjoint) does the work on every library, array-api-strict included
 def _check_indices(indices, name):
+    """Indices as a plain array (a tracked integer array carries no gradient), or traced ones
+    while tg.compile records."""
     if isinstance(indices, TrackedArray) and recording.current() is None:
-        raise TypeError(f"{name}: indices must be a plain integer array, not a tracked one")
+        if not indices._xp.isdtype(indices.dtype, "integral"):
+            raise TypeError(
+                f"{name}: indices must be a plain integer array, not a tracked one of dtype "
+                f"{indices.dtype}"
+            )
+        return indices.data
     return indices
 
 
@@ -413,7 +421,9 @@ def sort(x, /, *, axis=-1, descending=False, stable=True):
 # --- not differentiable: plain arrays in (tracked arguments are unwrapped), plain arrays out;
 # while tg.compile records, traced ones (recorded, with no gradient), or refused where the
 # result's shape depends on the data
-def _plain(name, shaped_by_data=False):
+def _plain(name, signature, shaped_by_data=False):
+    """`name` on plain values, showing the standard's `signature` (a function's)."""
+
     def forward(xp, *args, **kw):
         # the standard's signature (argsort's `descending`, say) is array-api-compat's, not
         # always the library's own
@@ -436,19 +446,20 @@ def _plain(name, shaped_by_data=False):
 
     plain_function.__name__ = plain_function.__qualname__ = name
     plain_function.__doc__ = f"The standard's `{name}` on plain values; not differentiable."
+    plain_function.__signature__ = inspect.signature(signature)
     return plain_function
 
 
-argsort = _plain("argsort")
-argmax = _plain("argmax")
-argmin = _plain("argmin")
-nonzero = _plain("nonzero", shaped_by_data=True)
-searchsorted = _plain("searchsorted")
-count_nonzero = _plain("count_nonzero")
-unique_values = _plain("unique_values", shaped_by_data=True)
-unique_counts = _plain("unique_counts", shaped_by_data=True)
-unique_inverse = _plain("unique_inverse", shaped_by_data=True)
-unique_all = _plain("unique_all", shaped_by_data=True)
-isin = _plain("isin")
-all = _plain("all")
-any = _plain("any")
+argsort = _plain("argsort", lambda x, /, *, axis=-1, descending=False, stable=True: None)
+argmax = _plain("argmax", lambda x, /, *, axis=None, keepdims=False: None)
+argmin = _plain("argmin", lambda x, /, *, axis=None, keepdims=False: None)
+nonzero = _plain("nonzero", lambda x, /: None, shaped_by_data=True)
+searchsorted = _plain("searchsorted", lambda x1, x2, /, *, side="left", sorter=None: None)
+count_nonzero = _plain("count_nonzero", lambda x, /, *, axis=None, keepdims=False: None)
+unique_values = _plain("unique_values", lambda x, /: None, shaped_by_data=True)
+unique_counts = _plain("unique_counts", lambda x, /: None, shaped_by_data=True)
+unique_inverse = _plain("unique_inverse", lambda x, /: None, shaped_by_data=True)
+unique_all = _plain("unique_all", lambda x, /: None, shaped_by_data=True)
+isin = _plain("isin", lambda x1, x2, /, *, invert=False: None)
+all = _plain("all", lambda x, /, *, axis=None, keepdims=False: None)
+any = _plain("any", lambda x, /, *, axis=None, keepdims=False: None)

@@ -55,8 +55,18 @@ def _count(shape, axis):
 
 
 def _reduction(name):
-    def forward(xp, x, /, *, axis=None, keepdims=False, **kw):
-        return getattr(xp, name)(x, axis=axis, keepdims=keepdims, **kw)
+    """The forward of a reduction that takes a `dtype` (sum, prod), with the standard's
+    signature."""
+
+    def forward(xp, x, /, *, axis=None, dtype=None, keepdims=False):
+        return getattr(xp, name)(x, axis=axis, dtype=dtype, keepdims=keepdims)
+
+    return forward
+
+
+def _reduction_without_dtype(name):
+    def forward(xp, x, /, *, axis=None, keepdims=False):
+        return getattr(xp, name)(x, axis=axis, keepdims=keepdims)
 
     return forward
 
@@ -125,7 +135,7 @@ def squared_base(y):
 
 mean = Primitive(
     "mean",
-    _reduction("mean"),
+    _reduction_without_dtype("mean"),
     (
         lambda g, ans, x, axis=None, keepdims=False: (
             expand(g, x, axis, keepdims) / _count(x.shape, axis)
@@ -220,8 +230,8 @@ def _first_extremum(arg, x, axis):
     return xp.permute_dims(hit, inverse)
 
 
-max = Primitive("max", _reduction("max"), (_extremum_vjp("argmax"),), saves="x")
-min = Primitive("min", _reduction("min"), (_extremum_vjp("argmin"),), saves="x")
+max = Primitive("max", _reduction_without_dtype("max"), (_extremum_vjp("argmax"),), saves="x")
+min = Primitive("min", _reduction_without_dtype("min"), (_extremum_vjp("argmin"),), saves="x")
 
 
 # --- composites: differentiable through the rules above

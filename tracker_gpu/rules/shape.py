@@ -15,23 +15,41 @@ from ..primitive import ByPosition, Primitive
 from ..tracked import TrackedArray, data
 
 
-def _method(name):
-    def forward(xp, x, *args, **kw):
-        return getattr(xp, name)(x, *args, **kw)
+# The forwards carry the standard's signatures (the namespace shows them).
+def _reshape_forward(xp, x, /, shape, *, copy=None):
+    return xp.reshape(x, shape) if copy is None else xp.reshape(x, shape, copy=copy)
 
-    return forward
+
+def _permute_dims_forward(xp, x, /, axes):
+    return xp.permute_dims(x, axes)
+
+
+def _expand_dims_forward(xp, x, /, axis):
+    return xp.expand_dims(x, axis=axis)
+
+
+def _squeeze_forward(xp, x, /, axis):
+    return xp.squeeze(x, axis=axis)
+
+
+def _flip_forward(xp, x, /, *, axis=None):
+    return xp.flip(x, axis=axis)
+
+
+def _broadcast_to_forward(xp, x, /, shape):
+    return xp.broadcast_to(x, shape)
 
 
 # Shapes, joins and indexing read only the shapes of their arguments: their nodes save nothing.
 reshape = Primitive(
     "reshape",
-    _method("reshape"),
+    _reshape_forward,
     (lambda g, ans, x, shape, **kw: reshape(g, x.shape), None),
     saves="",
 )
 permute_dims = Primitive(
     "permute_dims",
-    _method("permute_dims"),
+    _permute_dims_forward,
     (lambda g, ans, x, axes: permute_dims(g, _inverse(axes, len(x.shape))), None),
     saves="",
 )
@@ -44,17 +62,20 @@ def _inverse(axes, ndim):
 
 expand_dims = Primitive(
     "expand_dims",
-    _method("expand_dims"),
-    (lambda g, ans, x, **kw: reshape(g, x.shape),),
+    _expand_dims_forward,
+    (lambda g, ans, x, *axis, **kw: reshape(g, x.shape), None),
     saves="",
 )
 squeeze = Primitive(
-    "squeeze", _method("squeeze"), (lambda g, ans, x, **kw: reshape(g, x.shape),), saves=""
+    "squeeze",
+    _squeeze_forward,
+    (lambda g, ans, x, *axis, **kw: reshape(g, x.shape), None),
+    saves="",
 )
-flip = Primitive("flip", _method("flip"), (lambda g, ans, x, **kw: flip(g, **kw),), saves="")
+flip = Primitive("flip", _flip_forward, (lambda g, ans, x, **kw: flip(g, **kw),), saves="")
 # The gradient of broadcast_to is summed back to the argument's shape by the fitting step.
 broadcast_to = Primitive(
-    "broadcast_to", _method("broadcast_to"), (lambda g, ans, x, shape: g, None), saves=""
+    "broadcast_to", _broadcast_to_forward, (lambda g, ans, x, shape: g, None), saves=""
 )
 
 
@@ -232,7 +253,12 @@ def _normalize_index(xp, x, k):
     if isinstance(k, (int, slice)) or k is None or k is Ellipsis:
         return k
     if isinstance(k, TrackedArray):
-        raise TypeError("an index must be a plain integer or boolean array, not a tracked one")
+        if not k._xp.isdtype(k.dtype, ("integral", "bool")):
+            raise TypeError(
+                "an index must be a plain integer or boolean array, not a tracked one of dtype "
+                f"{k.dtype}: pass tg.data(k) (an index passes no gradient on)"
+            )
+        k = k.data  # integers and booleans carry no gradient
     if isinstance(k, list) or (backend.is_array(k) and namespace_of(k) is not xp):
         device = x.device if isinstance(x, TrackedArray) else device_of(x)
         return xp.asarray(np.asarray(k), device=device)
