@@ -54,7 +54,7 @@ FAMILIES = {
         "concat and stack": lambda x, y: tg.stack([tg.concat([x, y], axis=0)[1:4], y]),
         "getitem": lambda x, y: x[np.array([0, 2, 2])] * y[1],
         "expand, squeeze, flip": lambda x, y: (
-            tg.flip(tg.squeeze(tg.expand_dims(x, axis=0)), axis=1) * y
+            tg.flip(tg.squeeze(tg.expand_dims(x, axis=0), axis=0), axis=1) * y
         ),
         "broadcast_to": lambda x, y: tg.broadcast_to(x[:1], (3, 4)) * y,
         "cumulative": lambda x, y: tg.cumulative_sum(x, axis=1) * tg.cumulative_prod(y, axis=0),

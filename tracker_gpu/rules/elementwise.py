@@ -269,6 +269,8 @@ def is_complex(x):
     kind = getattr(x.dtype, "kind", None)  # NumPy's and CuPy's dtypes: the cheap answer
     if kind is not None:
         return kind == "c"
+    if type(x.dtype) is str:  # a symbol of tg.broadcast
+        return x.dtype.startswith("complex")
     return namespace_of(x).isdtype(x.dtype, "complex floating")
 
 
