@@ -292,22 +292,42 @@ _svd = Primitive("svd", _svd_forward, (_svd_vjp,))
 _svdvals = Primitive("svdvals", _svd_forward, (_svdvals_vjp,))
 
 
+def _complement_forward(xp, x):
+    """The singular vectors that `full_matrices=True` adds to a non-square `x`: the last
+    columns of U (tall `x`) or rows of Vh (wide `x`)."""
+    u, _, vh = xp.linalg.svd(x, full_matrices=True)
+    m, n = x.shape[-2:]
+    return u[..., :, n:] if m > n else vh[..., m:, :]
+
+
+def _complement_vjp(g, ans, x):
+    raise ValueError(
+        "the loss depends on the singular vectors that svd(x, full_matrices=True) adds to a "
+        "non-square matrix; they are not unique, so they have no gradient: pass "
+        "full_matrices=False, or use U and Vh of the reduced decomposition only"
+    )
+
+
+_complement = Primitive("svd_complement", _complement_forward, (_complement_vjp,), saves="")
+
+
 def svd(x, /, *, full_matrices=True):
     """`(U, S, Vh)` with `x = U @ diag(S) @ Vh`, singular values descending.
 
-    Differentiable with `full_matrices=False` (or square `x`), for distinct singular values and
-    a loss that does not depend on the signs of the singular vectors.
+    Differentiable for distinct singular values and a loss that does not depend on the signs
+    (phases) of the singular vectors. For a non-square `x`, `full_matrices=True` adds singular
+    vectors that are not unique: a loss that reads U or Vh then has no gradient (a clear error
+    in the backward pass, as in PyTorch); S alone, or `full_matrices=False`, differentiate.
     """
     if not _tracked(x):
         return SVDResult(*_xp(x).linalg.svd(x, full_matrices=full_matrices))
-    m, n = x.shape[-2:]
-    if full_matrices and m != n:
-        raise ValueError(
-            "svd(x, full_matrices=True) of a non-square matrix is not differentiable (the "
-            "extra singular vectors are not unique); pass full_matrices=False"
-        )
     batch, shapes = _svd_shapes(x)
     u, s, vh = _unpack(_svd(x), batch, shapes)
+    m, n = x.shape[-2:]
+    if full_matrices and m > n:
+        u = concat([u, _complement(x)], axis=-1)
+    elif full_matrices and m < n:
+        vh = concat([vh, _complement(x)], axis=-2)
     return SVDResult(u, _real_if_complex(s), vh)
 
 
