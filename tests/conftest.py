@@ -162,6 +162,8 @@ DASK_LACKS = (
      lambda m: "Dask's linalg takes single matrices, not the standard's stacks of matrices"),
     (ValueError, r"full_matrices=True is not supported by dask",
      lambda m: "Dask lacks svd with full_matrices=True"),
+    (ValueError, r"dask arrays only support using mode='reduced'",
+     lambda m: "Dask lacks qr with mode='complete'"),
     (ValueError, r"Input must have the following properties",
      lambda m: "Dask's qr and svd take only tall-and-skinny or short-and-fat matrices"),
     (TypeError, r"svd\(\) got an unexpected keyword argument 'compute_uv'",

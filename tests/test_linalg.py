@@ -474,11 +474,22 @@ def test_non_differentiable_results(backend):
     assert tg.gradient(lambda x: tg.sum(la.matrix_power(x, 0)), x)[0] is None
 
 
-def test_non_unique_factorisations_refuse_tracked_input(backend):
-    x = tg.param(backend.asarray(randn(4, 3)))
-    with pytest.raises(ValueError, match="mode='reduced'"):
-        la.qr(x, mode="complete")
-    assert la.svd(backend.asarray(randn(4, 3))).U.shape == (4, 4)  # plain input: as the backend
+@pytest.mark.parametrize("shape", [(3, 2), (5, 2)])
+def test_complete_qr_of_a_tall_matrix(backend, shape):
+    """Q completed to an orthogonal matrix, R padded with zero rows; R keeps its gradient; a
+    loss reading Q is refused in the backward pass, by name."""
+    x = backend.asarray(randn(*shape))
+    q, r = la.qr(tg.param(x), mode="complete")
+    m, n = shape
+    assert tuple(q.shape) == (m, m) and tuple(r.shape) == (m, n)
+    np.testing.assert_allclose(numpy_of(backend, q @ r), numpy_of(backend, x), atol=1e-12)
+    np.testing.assert_allclose(numpy_of(backend, q @ la.matrix_transpose(q)), np.eye(m),
+                               atol=1e-12)  # fmt: skip
+    (g,) = tg.gradient(lambda x: tg.sum(la.qr(x, mode="complete").R ** 2), x)
+    (reduced,) = tg.gradient(lambda x: tg.sum(la.qr(x).R ** 2), x)
+    np.testing.assert_allclose(numpy_of(backend, g), numpy_of(backend, reduced), atol=1e-12)
+    with pytest.raises(PullbackError, match="not unique.*pass mode='reduced'"):
+        tg.gradient(lambda x: tg.sum(la.qr(x, mode="complete").Q), x)
 
 
 def test_namespace_exposes_linalg(backend):

@@ -157,21 +157,24 @@ _qr = Primitive("qr", _qr_forward, (_qr_vjp,))
 def qr(x, /, *, mode="reduced"):
     """The QR factorisation `x = Q @ R` of each matrix in `x` (..., M, N), as `(Q, R)`.
 
-    Differentiable for full-rank `x` in `mode="reduced"` (and "complete" when M <= N, where the
-    two agree).
+    Differentiable for full-rank `x`. With `mode="complete"` and M > N, Q's added columns are
+    not unique: a loss that reads Q then has no gradient (a clear error in the backward pass);
+    R (its added rows are zeros) differentiates.
     """
     if not _tracked(x):
         return QRResult(*_xp(x).linalg.qr(x, mode=mode))
     m, n = x.shape[-2:]
     if mode not in ("reduced", "complete"):
         raise ValueError(f"qr mode must be 'reduced' or 'complete', got {mode!r}")
-    if mode == "complete" and m > n:
-        raise ValueError(
-            "qr(x, mode='complete') of a matrix with more rows than columns is not "
-            "differentiable (Q's extra columns are not unique); use mode='reduced'"
-        )
     batch, shapes = _qr_shapes(x)
-    return QRResult(*_unpack(_qr(x), batch, shapes))
+    q, r = _unpack(_qr(x), batch, shapes)
+    if mode == "complete" and m > n:
+        q = concat([q, _complement(x, of="qr")], axis=-1)
+        plain = data(r)
+        zeros = _xp(plain).zeros((*plain.shape[:-2], m - n, n), dtype=plain.dtype,
+                                 device=device_of(plain))  # fmt: skip
+        r = concat([r, zeros], axis=-2)
+    return QRResult(q, r)
 
 
 # --- symmetric eigendecomposition
@@ -292,23 +295,29 @@ _svd = Primitive("svd", _svd_forward, (_svd_vjp,))
 _svdvals = Primitive("svdvals", _svd_forward, (_svdvals_vjp,))
 
 
-def _complement_forward(xp, x):
-    """The singular vectors that `full_matrices=True` adds to a non-square `x`: the last
-    columns of U (tall `x`) or rows of Vh (wide `x`)."""
-    u, _, vh = xp.linalg.svd(x, full_matrices=True)
+def _complement_forward(xp, x, *, of):
+    """The vectors that a full decomposition adds to a non-square `x` (`of` "svd" or "qr"): the
+    last columns of U or Q (tall `x`) or rows of Vh (wide `x`)."""
     m, n = x.shape[-2:]
+    if of == "qr":
+        return xp.linalg.qr(x, mode="complete")[0][..., :, n:]
+    u, _, vh = xp.linalg.svd(x, full_matrices=True)
     return u[..., :, n:] if m > n else vh[..., m:, :]
 
 
-def _complement_vjp(g, ans, x):
+_FULL = {"svd": "svd(x, full_matrices=True)", "qr": "qr(x, mode='complete')"}
+_REDUCED = {"svd": "full_matrices=False", "qr": "mode='reduced'"}
+
+
+def _complement_vjp(g, ans, x, *, of):
     raise ValueError(
-        "the loss depends on the singular vectors that svd(x, full_matrices=True) adds to a "
-        "non-square matrix; they are not unique, so they have no gradient: pass "
-        "full_matrices=False, or use U and Vh of the reduced decomposition only"
+        f"the loss depends on the vectors that {_FULL[of]} adds to a non-square matrix; they "
+        f"are not unique, so they have no gradient: pass {_REDUCED[of]}, or read only the "
+        "factors of the reduced decomposition"
     )
 
 
-_complement = Primitive("svd_complement", _complement_forward, (_complement_vjp,), saves="")
+_complement = Primitive("complement", _complement_forward, (_complement_vjp,), saves="")
 
 
 def svd(x, /, *, full_matrices=True):
@@ -325,9 +334,9 @@ def svd(x, /, *, full_matrices=True):
     u, s, vh = _unpack(_svd(x), batch, shapes)
     m, n = x.shape[-2:]
     if full_matrices and m > n:
-        u = concat([u, _complement(x)], axis=-1)
+        u = concat([u, _complement(x, of="svd")], axis=-1)
     elif full_matrices and m < n:
-        vh = concat([vh, _complement(x)], axis=-2)
+        vh = concat([vh, _complement(x, of="svd")], axis=-2)
     return SVDResult(u, _real_if_complex(s), vh)
 
 
