@@ -11,7 +11,7 @@ To run the suite (data-apis/array-api-tests) against it, from a checkout of that
     pytest array_api_tests/ --max-examples 20
 
 and the same with ARRAY_API_TESTS_MODULE=array_api_compat.numpy for NumPy's own figures.
-The `fft` extension is included when the tracked namespace has one.
+Both extensions, `linalg` and `fft`, are included.
 """
 
 import functools
@@ -50,5 +50,4 @@ globals().update({name: _creating_tracked(getattr(namespace, name)) for name in 
 __array_api_version__ = namespace.__array_api_version__
 __array_namespace_info__ = namespace.__array_namespace_info__
 linalg = namespace.linalg
-if getattr(namespace, "fft", None) is not None:
-    fft = namespace.fft
+fft = namespace.fft

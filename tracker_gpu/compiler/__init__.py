@@ -25,7 +25,6 @@ True
 CacheInfo(hits=1, misses=1, maxsize=32, currsize=1, eager=0)
 """
 
-import copy
 import functools
 import warnings
 from collections import OrderedDict, namedtuple
@@ -47,7 +46,7 @@ from ..api import (
 from ..pytree import tree_map
 from ..recording import RecordingError
 from ..tracked import TrackedArray
-from .program import Program
+from .program import Program, shallow_copy
 from .recorder import Recorder
 from .signature import VALUES, arrays_of, signature_and_arrays
 
@@ -192,7 +191,7 @@ def _prepared(x, memo):
         value = getattr(x, name)
         new = _prepared(value, memo)
         if new is not value:
-            out = copy.copy(x) if out is x else out
+            out = shallow_copy(x) if out is x else out
             object.__setattr__(out, name, new)  # frozen dataclasses too
     return out
 

@@ -121,12 +121,31 @@ def _builder(template):
     parts = [(name, _builder(getattr(template, name))) for name in fields]
 
     def dataclass_instance(env):
-        out = copy.copy(template)
+        out = shallow_copy(template)
         for name, part in parts:
             object.__setattr__(out, name, part(env))
         return out
 
     return dataclass_instance
+
+
+def shallow_copy(x):
+    """`copy.copy(x)`, quicker for the plain objects (dataclasses) a replay rebuilds."""
+    kind = type(x)
+    plain = _PLAIN.get(kind)
+    if plain is None:
+        plain = _PLAIN[kind] = not (
+            hasattr(kind, "__copy__") or hasattr(kind, "__slots__") or not hasattr(x, "__dict__")
+        )
+    if not plain:
+        return copy.copy(x)
+    out = _new(kind)
+    out.__dict__.update(x.__dict__)
+    return out
+
+
+_PLAIN = {}  # type -> whether a copy of its instances is a new object with the same __dict__
+_new = object.__new__
 
 
 def _slot(recorder, value):

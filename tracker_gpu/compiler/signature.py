@@ -39,28 +39,54 @@ def signature_and_arrays(args):
 
 
 def _describe(x, seen):
-    if type(x) is np.ndarray:  # the common case, without the generic lookups below
+    kind = type(x)
+    if kind is np.ndarray:  # the common case, without the lookups below
         _, order = seen.setdefault(id(x), (x, len(seen)))
         return ("array", np.ndarray, x.shape, x.dtype, "cpu", order)
-    if type(x) in VALUES:
-        return ("value", type(x), x)
+    if kind in VALUES:
+        return ("value", kind, x)
+    describe = _BY_TYPE.get(kind)
+    if describe is None:
+        describe = _BY_TYPE[kind] = _describer(x)
+    return describe(x, seen)
+
+
+_BY_TYPE = {}  # type -> how its instances are described, found at its first instance
+
+
+def _describer(x):
+    kind = type(x)
     if isinstance(x, TrackedArray):
-        raise TypeError(
-            "tg.compile takes plain arrays: a tracked argument would tie every replay to the "
-            "graph it belongs to; pass tg.data(x), or call the compiled function outside "
-            "another gradient"
-        )
+        return _refuse_tracked
     if backend.is_array(x):
-        _, order = seen.setdefault(id(x), (x, len(seen)))  # repeats name their first place
-        device = str(backend.device_of(x))
-        return ("array", type(x), tuple(x.shape), x.dtype, device, order)
+        return _array
     if isinstance(x, dict):
-        return (type(x), tuple((k, _describe(v, seen)) for k, v in x.items()))
+        return lambda x, seen: (kind, tuple([(k, _describe(v, seen)) for k, v in x.items()]))
     if isinstance(x, (tuple, list)):
-        return (type(x), tuple(_describe(v, seen) for v in x))
-    fields = getattr(type(x), "__dataclass_fields__", None)
+        return lambda x, seen: (kind, tuple([_describe(v, seen) for v in x]))
+    fields = getattr(kind, "__dataclass_fields__", None)
     if fields is not None and not isinstance(x, type):  # a dataclass instance
-        return (type(x), tuple((name, _describe(getattr(x, name), seen)) for name in fields))
+        names = tuple(fields)
+        return lambda x, seen: (
+            kind,
+            tuple([(name, _describe(getattr(x, name), seen)) for name in names]),
+        )
+    return _object
+
+
+def _refuse_tracked(x, seen):
+    raise TypeError(
+        "tg.compile takes plain arrays: a tracked argument would tie every replay to the graph "
+        "it belongs to; pass tg.data(x), or call the compiled function outside another gradient"
+    )
+
+
+def _array(x, seen):
+    _, order = seen.setdefault(id(x), (x, len(seen)))  # repeats name their first place
+    return ("array", type(x), tuple(x.shape), x.dtype, str(backend.device_of(x)), order)
+
+
+def _object(x, seen):
     try:
         hash(x)
     except TypeError:
