@@ -152,30 +152,32 @@ subtract = _binary(
 multiply = _binary(
     "multiply",
     lambda xp, x, y: x * y,
-    lambda g, ans, x, y: g * conjugate_derivative(y),
-    lambda g, ans, x, y: g * conjugate_derivative(x),
+    lambda g, ans, x, y: g * _conj(y),
+    lambda g, ans, x, y: g * _conj(x),
     ("y", "x"),
 )
 divide = _binary(
     "divide",
     lambda xp, x, y: x / y,
-    lambda g, ans, x, y: g / conjugate_derivative(y),
-    lambda g, ans, x, y: -g * conjugate_derivative(ans / y),
+    lambda g, ans, x, y: g / _conj(y),
+    lambda g, ans, x, y: -g * _conj(ans) / _conj(y),
     ("y", "ans y"),
 )
 
 
+# The conjugates are taken factor by factor, so that on real data each vjp multiplies in the
+# order the fused kernels do (the same inf and nan at the edges of the domain).
 # At x = 0, d/dx x**0 = 0 and d/dy x**y = 0 (y > 0), not 0 * inf and -inf * 0 (as JAX, PyTorch).
 def _pow_vjp_x(g, ans, x, y):
     if type(y) in SCALARS:
-        return g * conjugate_derivative(y * x ** (y - 1 if y != 0 else 1))
-    return g * conjugate_derivative(y * x ** where(data(y) == 0, 1.0, y - 1))
+        return g * _conj(y) * _conj(x ** (y - 1 if y != 0 else 1))
+    return g * _conj(y) * _conj(x ** where(data(y) == 0, 1.0, y - 1))
 
 
 def _pow_vjp_y(g, ans, x, y):
     if type(x) in SCALARS:
-        return g * conjugate_derivative((log(x) if x != 0 else 0.0) * ans)
-    return g * conjugate_derivative(log(where(data(x) == 0, 1.0, x)) * ans)
+        return g * _conj(log(x) if x != 0 else 0.0) * _conj(ans)
+    return g * _conj(log(where(data(x) == 0, 1.0, x))) * _conj(ans)
 
 
 pow = _binary("pow", lambda xp, x, y: x**y, _pow_vjp_x, _pow_vjp_y, ("x y", "x ans"))
@@ -283,6 +285,9 @@ def conjugate_derivative(x):
     """`conj(x)` for complex `x`, `x` itself otherwise: a holomorphic function's vjp is
     `g * conj(f'(z))` (PyTorch's convention, so that `z - lr * grad` descends)."""
     return conj(x) if is_complex(x) else x
+
+
+_conj = conjugate_derivative
 
 
 # --- binary functions
