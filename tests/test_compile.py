@@ -185,6 +185,35 @@ def test_an_argument_left_out_replays(backend):
         np.testing.assert_allclose(backend.to_numpy(g), expected, rtol=1e-12)
 
 
+def test_a_float_batch_that_reaches_no_input_is_not_differentiated():
+    """A function that takes its own gradient reads a float batch `x` through a rule of its
+    own: the replay never runs that rule's pullback (eager, `x` is plain and gets none), and
+    the gradient is the eager one."""
+    pulled = []
+
+    @tg.rule
+    def features(x):
+        def pullback(g):
+            pulled.append(1)
+            return (g * 2.0,)
+
+        return x * 2.0, pullback
+
+    def step(w, x):
+        return tg.withgradient(lambda w: tg.sum(tg.tanh(features(x) * w)), w)
+
+    compiled = tg.compile(step)
+    w = np.array([0.5, -1.0])
+    for seed in range(3):
+        x = np.full(2, 0.3 + 0.1 * seed)
+        (val, (g,)), expected = compiled(w, x), step(w, x)
+        np.testing.assert_allclose(g, expected.grad[0], rtol=1e-12)
+        assert float(val) == pytest.approx(float(expected.val))
+    recorded = len(pulled)  # the recording runs the real pass once, as it is
+    compiled(w, np.full(2, 0.7))
+    assert len(pulled) == recorded and compiled.cache_info().hits >= 2
+
+
 SCHEDULED = [
     optim.Scheduled(optim.Adam(0.01), optim.Cosine(0.01, steps=5, warmup=2, eta_min=0.001)),
     optim.Scheduled(optim.AdamW(0.01), optim.Exp(0.01, decay=0.9)),

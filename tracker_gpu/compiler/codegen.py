@@ -184,8 +184,24 @@ UNSET, MAYBE, SET = "unset", "maybe", "set"  # what is known of a gradient at a 
 
 def _order(step, slots):
     """A walk's interior nodes in a reverse order of creation: every node's gradient is whole
-    when it is read."""
-    return sorted((node for node, _ in step.counted), key=lambda n: slots[id(n)], reverse=True)
+    when it is read. A walk that stops at given nodes (a gradient's inputs) keeps only the
+    nodes that lead to one of them: a float array that reaches no input (a data batch, read
+    by a function that takes its own gradient) is not differentiated."""
+    nodes = sorted((node for node, _ in step.counted), key=lambda n: slots[id(n)])
+    if step.stop:
+        useful = _leading_to_stop(step, nodes)
+        nodes = [node for node in nodes if id(node) in useful]
+    return nodes[::-1]
+
+
+def _leading_to_stop(step, nodes):
+    """The ids of the stop nodes and of the interior `nodes` (in order of creation, parents
+    first) from which one is reached."""
+    useful = {id(node) for node in step.stop}
+    for node in nodes:
+        if any(type(a) is Node and id(a) in useful for a in node.args):
+            useful.add(id(node))
+    return useful
 
 
 def _walk(src, index, step, calls, slots):
@@ -194,7 +210,9 @@ def _walk(src, index, step, calls, slots):
     is still None, surely set, or either, is followed through the code, so that a chain of
     template rules needs no test at all."""
     order = _order(step, slots)
-    reached = {id(n) for n in order} | {id(n) for n, _ in step.outputs}
+    stops = {id(n) for n in step.stop}
+    ends = [n for n, _ in step.outputs if not stops or id(n) in stops]
+    reached = {id(n) for n in order} | {id(n) for n in ends}
     root = slots[id(step.root)]
     gradients = {slots[id(n)] for n in order} | {slots[id(n)] for n, _ in step.outputs} | {root}
     src.emit(" = ".join(f"g{s}" for s in sorted(gradients)) + " = None")
