@@ -147,28 +147,39 @@ RULES = [
 ]
 
 
+def _train_step(model, state, x, y):
+    loss, (g,) = tg.withgradient(lambda m: nn.logitcrossentropy(m(x), y), model)
+    state, model = optim.update(state, model, g)
+    return loss, state, model
+
+
+def _compiled_beside_eager(rule, steps):
+    """A small model trained by `rule` for `steps` steps, compiled and eager side by side:
+    the compiled step, and for each step both losses and both first-layer weights."""
+    model = nn.Chain(nn.Dense(4, 6, nn.tanh, rng=np.random.default_rng(1)), nn.Dense(6, 3))
+    step = tg.compile(_train_step)
+    compiled = (model, optim.setup(rule, model))
+    eager = (model, optim.setup(rule, model))
+    seen = []
+    for seed in range(steps):
+        rng = np.random.default_rng(seed)
+        x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 3, 8)
+        loss_c, *compiled_ = step(*compiled, x, y)
+        loss_e, *eager_ = _train_step(*eager, x, y)
+        compiled, eager = tuple(reversed(compiled_)), tuple(reversed(eager_))
+        weights = compiled[0].layers[0].weight, eager[0].layers[0].weight
+        seen.append((float(loss_c), float(loss_e), *weights))
+    return step, seen
+
+
 @pytest.mark.parametrize("rule", RULES, ids=lambda rule: type(rule).__name__)
 def test_a_training_step_is_one_program(rule):
     """`f` takes its own gradient and updates the model: the step returns `f`'s output, and
     replays give the eager step's losses and parameters."""
-    model = nn.Chain(nn.Dense(4, 6, nn.tanh, rng=np.random.default_rng(1)), nn.Dense(6, 3))
-
-    def train_step(model, state, x, y):
-        loss, (g,) = tg.withgradient(lambda m: nn.logitcrossentropy(m(x), y), model)
-        state, model = optim.update(state, model, g)
-        return loss, state, model
-
-    step = tg.compile(train_step)
-    compiled = (model, optim.setup(rule, model))
-    eager = (model, optim.setup(rule, model))
-    for seed in range(4):
-        rng = np.random.default_rng(seed)
-        x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 3, 8)
-        loss_c, *compiled_ = step(*compiled, x, y)
-        loss_e, *eager_ = train_step(*eager, x, y)
-        compiled, eager = tuple(reversed(compiled_)), tuple(reversed(eager_))
-        assert float(loss_c) == float(loss_e)
-        np.testing.assert_array_equal(compiled[0].layers[0].weight, eager[0].layers[0].weight)
+    step, seen = _compiled_beside_eager(rule, 4)
+    for loss_c, loss_e, weight_c, weight_e in seen:
+        assert loss_c == loss_e
+        np.testing.assert_array_equal(weight_c, weight_e)
     assert step.cache_info().hits == 3
 
 
@@ -232,25 +243,10 @@ def test_a_scheduled_training_step_is_recorded_once(rule):
     """The step count reaches the recording as an array, so every step replays one program,
     past the warm-up and the end of the schedule; the rates agree with the eager ones to the
     rounding of the library's pow and cos."""
-    model = nn.Chain(nn.Dense(4, 6, nn.tanh, rng=np.random.default_rng(1)), nn.Dense(6, 3))
-
-    def train_step(model, state, x, y):
-        loss, (g,) = tg.withgradient(lambda m: nn.logitcrossentropy(m(x), y), model)
-        state, model = optim.update(state, model, g)
-        return loss, state, model
-
-    step = tg.compile(train_step)
-    compiled = eager = (model, optim.setup(rule, model))
-    for seed in range(7):
-        rng = np.random.default_rng(seed)
-        x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 3, 8)
-        loss_c, *compiled_ = step(*compiled, x, y)
-        loss_e, *eager_ = train_step(*eager, x, y)
-        compiled, eager = tuple(reversed(compiled_)), tuple(reversed(eager_))
-        assert float(loss_c) == pytest.approx(float(loss_e), rel=1e-6)
-        np.testing.assert_allclose(
-            compiled[0].layers[0].weight, eager[0].layers[0].weight, rtol=1e-6, atol=1e-7
-        )
+    step, seen = _compiled_beside_eager(rule, 7)
+    for loss_c, loss_e, weight_c, weight_e in seen:
+        assert loss_c == pytest.approx(loss_e, rel=1e-6)
+        np.testing.assert_allclose(weight_c, weight_e, rtol=1e-6, atol=1e-7)
     assert (step.cache_info().misses, step.cache_info().hits) == (1, 6)
 
 

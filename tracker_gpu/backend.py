@@ -72,6 +72,15 @@ def is_array(x):
     return isinstance(x, (np.ndarray, np.generic)) or array_api_compat.is_array_api_obj(x)
 
 
+def is_complex_dtype(dtype):
+    """Whether `dtype` (of any library, or tg.broadcast's symbols' string) is complex: NumPy's
+    and CuPy's by their kind, the others by their name (cheaper than the namespace's isdtype)."""
+    kind = getattr(dtype, "kind", None)
+    if kind is not None:
+        return kind == "c"
+    return "complex" in str(dtype)
+
+
 def is_cupy(x):
     """True for a CuPy array; never imports CuPy."""
     cupy = sys.modules.get("cupy")

@@ -379,14 +379,10 @@ def _fit(ga, a, name):
     if ga.shape != shape:
         ga = unbroadcast(ga, shape, name)
     if ga.dtype != a.dtype:
-        if _is_complex(ga.dtype) and not _is_complex(a.dtype):
+        if backend.is_complex_dtype(ga.dtype) and not backend.is_complex_dtype(a.dtype):
             ga = real(ga)  # a real argument of a complex function: its part of the gradient
         ga = astype(ga, a.dtype)
     return ga
-
-
-def _is_complex(dtype):
-    return getattr(dtype, "kind", None) == "c" or "complex" in str(dtype)
 
 
 # --- custom rules: Tracker's `track` + `@grad`

@@ -161,38 +161,9 @@ class TrackedArray:
         written[key] = data(value)
         self.data = written
 
-    # --- bitwise operators: no gradient, plain arrays (traced ones while tg.compile records).
-    # Without in-place forms, as the arithmetic operators: `x &= y` rebinds x to `x & y`.
-    def __and__(self, other):
-        return _traced("bitwise_and", self, other)
-
-    def __rand__(self, other):
-        return _traced("bitwise_and", other, self)
-
-    def __or__(self, other):
-        return _traced("bitwise_or", self, other)
-
-    def __ror__(self, other):
-        return _traced("bitwise_or", other, self)
-
-    def __xor__(self, other):
-        return _traced("bitwise_xor", self, other)
-
-    def __rxor__(self, other):
-        return _traced("bitwise_xor", other, self)
-
-    def __lshift__(self, other):
-        return _traced("bitwise_left_shift", self, other)
-
-    def __rlshift__(self, other):
-        return _traced("bitwise_left_shift", other, self)
-
-    def __rshift__(self, other):
-        return _traced("bitwise_right_shift", self, other)
-
-    def __rrshift__(self, other):
-        return _traced("bitwise_right_shift", other, self)
-
+    # --- bitwise operators: no gradient, plain arrays (traced ones while tg.compile records);
+    # & | ^ << >> are declared with the operator table at the end. Without in-place forms, as
+    # the arithmetic operators: `x &= y` rebinds x to `x & y`.
     def __invert__(self):
         from .rules.elementwise import PLAIN_FUNCTIONS
 
@@ -294,7 +265,8 @@ def numpy_function_error(name):
 
 
 def _traced(name, x, other):
-    """A comparison: plain booleans, or traced ones (recorded) while tg.compile records."""
+    """A comparison or a bitwise operator: plain arrays, or traced ones (recorded) while
+    tg.compile records."""
     from .rules.elementwise import PLAIN_FUNCTIONS
 
     return PLAIN_FUNCTIONS[name](x, other)
@@ -465,5 +437,23 @@ _OPERATOR_UFUNCS = {
 for _name, _prim in (("add", add), ("sub", subtract), ("mul", multiply), ("truediv", divide),
                      ("pow", pow)):  # fmt: skip
     _forward, _reflected = _operators(_prim)
+    setattr(TrackedArray, f"__{_name}__", _forward)
+    setattr(TrackedArray, f"__r{_name}__", _reflected)
+
+
+def _bitwise(function):
+    return (
+        lambda self, other: _traced(function, self, other),
+        lambda self, other: _traced(function, other, self),
+    )
+
+
+_BITWISE_OPERATORS = {
+    "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
+    "lshift": "bitwise_left_shift", "rshift": "bitwise_right_shift",
+}  # fmt: skip
+
+for _name, _function in _BITWISE_OPERATORS.items():
+    _forward, _reflected = _bitwise(_function)
     setattr(TrackedArray, f"__{_name}__", _forward)
     setattr(TrackedArray, f"__r{_name}__", _reflected)

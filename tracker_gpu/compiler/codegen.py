@@ -13,8 +13,8 @@ by hand.
 import math
 
 from .. import draws
-from ..backend import is_numpy_namespace
-from ..primitive import Primitive, _fit, _is_complex
+from ..backend import is_complex_dtype, is_numpy_namespace
+from ..primitive import Primitive, _fit
 from ..rules import elementwise as ew
 from ..rules.reductions import _sum as _SUM
 from ..tape import Node
@@ -275,7 +275,7 @@ def _vjps(src, call, ans, values, indent):
     node = call.node
     rule = node.rule
     # the templates' vjps are the real formulas: complex values take the rule's own vjps
-    template = None if _is_complex(node.dtype) else _template(rule, node.ctx)
+    template = None if is_complex_dtype(node.dtype) else _template(rule, node.ctx)
     found = []
     for j, (arg, vjp) in enumerate(zip(node.args, rule.vjps)):
         if vjp is None or type(arg) is not Node:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..backend import is_array
 from ..rules.elementwise import astype, cos, minimum, where
-from ..tracked import data as tg_data
+from ..tracked import data
 from .rules import Descent, Rule, check_nonnegative
 
 __all__ = ["Step", "Exp", "Cosine", "Scheduled"]
@@ -129,7 +129,7 @@ class Scheduled(Rule):
         gives it, so that a replay reads it) gives a rate in an array, cast to the dtype of the
         array `like`, as a Python number would be."""
         rate = self.schedule(t)
-        if like is not None and is_array(tg_data(rate)):
+        if like is not None and is_array(data(rate)):
             rate = astype(rate, like.dtype)
         return self.rule.adjust(**{self.field: rate})
 

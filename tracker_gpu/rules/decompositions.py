@@ -15,7 +15,7 @@ from collections import namedtuple
 from ..backend import device_of, namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray, data
-from .elementwise import add, divide, is_complex, multiply, real, subtract
+from .elementwise import add, divide, is_complex, multiply, real, real_dtype, subtract
 from .linalg_base import _H, _eye, _tracked, _xp, matmul, solve
 from .shape import concat, expand_dims, reshape
 
@@ -45,8 +45,7 @@ def _tril(like, n, k=0):
     if not is_complex(x):
         return xp.tril(xp.ones((n, n), dtype=x.dtype, device=device_of(x)), k=k)
     # Dask's tril warns that it casts a complex array to real: build the mask real
-    real_dtype = xp.float32 if x.dtype == xp.complex64 else xp.float64
-    mask = xp.tril(xp.ones((n, n), dtype=real_dtype, device=device_of(x)), k=k)
+    mask = xp.tril(xp.ones((n, n), dtype=real_dtype(xp, x.dtype), device=device_of(x)), k=k)
     return xp.astype(mask, x.dtype)
 
 

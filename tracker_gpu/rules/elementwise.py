@@ -13,7 +13,7 @@ import inspect
 import math
 
 from .. import recording
-from ..backend import SCALARS, device_of, namespace_of
+from ..backend import SCALARS, device_of, is_complex_dtype, namespace_of
 from ..primitive import ByPosition, Primitive
 from ..recording import ACTIVE
 from ..tape import Node
@@ -237,7 +237,8 @@ atanh = _analytic("atanh", lambda g, ans, x: g / (1 - x * x), "x")
 def _abs_vjp(g, ans, x):
     if not is_complex(x):
         return where(data(x) >= 0, g, -g)  # abs'(0) = +1, as Tracker
-    unit = where(data(ans) == 0, zeros_like(x), x / where(data(ans) == 0, 1.0, ans))
+    r = abs(x)  # recomputed: real data, the common case, keeps only x
+    unit = where(data(r) == 0, zeros_like(x), x / where(data(r) == 0, 1.0, r))
     return g * unit  # the gradient of |z| is z / |z| (0 at 0, as PyTorch)
 
 
@@ -256,7 +257,7 @@ def _imag_vjp(g, ans, x):
     return astype(g, complex_dtype(namespace_of(data(g)), g.dtype)) * 1j
 
 
-abs = _unary("abs", _abs_vjp, "x ans")
+abs = _unary("abs", _abs_vjp, "x")
 sign = _unary("sign", _sign_vjp, "x")
 real = _unary("real", lambda g, ans, x: g, "")
 imag = _unary("imag", _imag_vjp, "")
@@ -268,17 +269,19 @@ def is_complex(x):
     x = data(x)
     if type(x) in SCALARS:
         return type(x) is complex
-    kind = getattr(x.dtype, "kind", None)  # NumPy's and CuPy's dtypes: the cheap answer
-    if kind is not None:
-        return kind == "c"
-    if type(x.dtype) is str:  # a symbol of tg.broadcast
-        return x.dtype.startswith("complex")
-    return namespace_of(x).isdtype(x.dtype, "complex floating")
+    return is_complex_dtype(x.dtype)
 
 
 def complex_dtype(xp, dtype):
     """The complex dtype of the precision of the real `dtype` (complex64 for float32)."""
     return xp.complex64 if dtype == xp.float32 else xp.complex128
+
+
+def real_dtype(xp, dtype):
+    """The real dtype of the precision of `dtype` (float32 for complex64; a real one as it is)."""
+    if not is_complex_dtype(dtype):
+        return dtype
+    return xp.float32 if dtype == xp.complex64 else xp.float64
 
 
 def conjugate_derivative(x):

@@ -36,7 +36,7 @@ from ..backend import device_of, is_array, is_lazy, namespace_of
 from ..creation import _dtype_in, library_of_device
 from ..primitive import Primitive
 from ..tracked import data
-from .elementwise import astype, complex_dtype, conj, is_complex, multiply
+from .elementwise import astype, complex_dtype, conj, is_complex, multiply, real_dtype
 from .shape import concat
 
 __all__ = [
@@ -98,10 +98,7 @@ def _half_spectrum_weights(g, n, axis, interior):
     weights = [1.0] + [interior] * (bins - 1)
     if n % 2 == 0 and bins > 1:
         weights[-1] = 1.0
-    dtype = plain.dtype
-    if is_complex(plain):
-        dtype = xp.float32 if dtype == xp.complex64 else xp.float64
-    w = xp.asarray(weights, dtype=dtype, device=device_of(plain))
+    w = xp.asarray(weights, dtype=real_dtype(xp, plain.dtype), device=device_of(plain))
     return xp.reshape(w, (bins,) + (1,) * (g.ndim - 1 - axis))
 
 
