@@ -31,6 +31,11 @@ class Backend:
         return self.xp.asarray(a, dtype=getattr(self.xp, a.dtype.name), device=self.device)
 
     def to_numpy(self, arr) -> np.ndarray:
+        """`arr` (a plain array or a tracked constant, never an array on the tape) in NumPy."""
+        import tracker_gpu as tg
+
+        if isinstance(arr, tg.TrackedArray) and not tg.istracked(arr):
+            arr = arr.data
         return np.asarray(self.host(arr))
 
 

@@ -21,7 +21,7 @@ from .checks import checking
 from .primitive import record, traced_data
 from .pytree import is_container, tree_leaves, tree_map
 from .tape import BackError, walk
-from .tracked import TrackedArray, data, identity, leaf
+from .tracked import TrackedArray, alias, data, identity, istracked, leaf
 
 __all__ = ["back", "gradient", "withgradient", "WithGradient", "Params", "Grads", "nobacksies"]
 
@@ -42,11 +42,13 @@ def back(y, dy=None, *, once=True):
     >>> tg.grad(x)
     array([3., 3.])
     """
-    if not isinstance(y, TrackedArray):
+    if not istracked(y):
+        kind = "a tracked constant" if isinstance(y, TrackedArray) else type(y).__name__
         raise TypeError(
-            f"back needs a tracked value, got {type(y).__name__}: it does not depend on any "
-            "tg.param (non-differentiable functions such as floor, sign or comparisons, and "
-            "tg.data, return plain arrays); differentiate a value computed from a parameter"
+            f"back needs a value on the tape, got {kind}: it does not depend on any tg.param "
+            "(creation functions, non-differentiable functions such as floor, sign or "
+            "comparisons, and tg.data give values with no gradient); differentiate a value "
+            "computed from a parameter"
         )
     with backend.on_device_of(y.data):  # buffers and kernels on y's GPU, not the current one
         seed = scalar_seed(y) if dy is None else given_seed(y, dy)
@@ -147,14 +149,32 @@ def withgradient(f, *args, nest=False, wrt=None):
         if wrt is not None:
             raise TypeError("wrt= names arguments by position; Params already says what to track")
         return _implicit(f, args[0], nest)
+    return _withgradient(f, args, nest, wrt)
+
+
+def _withgradient(f, args, nest, wrt, quiet=False):
+    """`withgradient`; `quiet` for a caller in this package whose `f` may return a number."""
     chosen = positions(wrt, len(args))
     args, inputs, tracked_args = track_inputs(args, nest, chosen)
     val = f(*tracked_args)
     loss = val[0] if isinstance(val, tuple) else val
+    if type(loss) in SCALARS and inputs and not quiet:
+        _warn(
+            f"the function returned a Python {type(loss).__name__}, which carries no gradient: "
+            "the computation left the tracked arrays (float(x), x.item(), or a library that "
+            "converts its result to a Python number, as scikit-learn's metrics do), so every "
+            "gradient is None. Return the 0-d tracked array instead"
+        )
     found = backprop(loss, inputs.values(), nest)
     plain = not nest and recording.current() is None  # a recording keeps the values traced
     grads = gradients_in_place(args, inputs, found, nest, chosen)
     return WithGradient(untracked(val) if plain else val, grads)
+
+
+def quiet_gradient(f, *args, nest=False):
+    """`gradient` for this package's own functions (hvp, jvp), whose `f` returns a number
+    where it is constant: no warning."""
+    return _withgradient(f, args, nest, None, quiet=True).grad
 
 
 def positions(wrt, count):
@@ -204,9 +224,9 @@ def track_inputs(args, nest, chosen=None):
     if chosen is None:
         chosen = frozenset(range(len(args)))
     args = tuple(top_level(a, i) if i in chosen else a for i, a in enumerate(args))
-    inputs = {}
+    inputs, given = {}, {}
     tracked_args = tuple(
-        _track(a, inputs, nest) if i in chosen else _as_data(a) for i, a in enumerate(args)
+        _track(a, inputs, given, nest) if i in chosen else _as_data(a) for i, a in enumerate(args)
     )
     return args, inputs, tracked_args
 
@@ -259,7 +279,10 @@ def _warn(message):
     warnings.warn(message, stacklevel=level)
 
 
-def _track(tree, inputs, nest):
+def _track(tree, inputs, given, nest):
+    """`tree` with a tracked input in place of each parameter (`given[id]`, what `f` gets);
+    `inputs[id]` is a second handle on it, which keeps the input as it was given when `f`
+    writes into it (`x[0] = 1.0` makes `x` a new value: the gradient is the input's)."""
     traced = {} if recording.current() is not None else None
 
     def track(x):
@@ -268,8 +291,8 @@ def _track(tree, inputs, nest):
             made = _input(x, nest, traced is not None)
             if made is None:
                 return x if traced is None else _traced_data(x, traced)
-            inputs[key] = made
-        return inputs[key]
+            given[key], inputs[key] = made, alias(made)
+        return given[key]
 
     return tree_map(track, tree)
 
@@ -301,7 +324,7 @@ def _input(x, nest, recorded=False):
 def backprop(loss, inputs, nest):
     """{id(input): gradient} for the inputs the scalar `loss` depends on."""
     _check_loss_is_scalar(loss)
-    if not isinstance(loss, TrackedArray):
+    if not istracked(loss):
         return {}
     with backend.on_device_of(loss.data):  # buffers and kernels on the loss's GPU
         seed = scalar_seed(loss)
@@ -435,7 +458,7 @@ class Grads:
     def __getitem__(self, x):
         if x not in self.params:
             raise KeyError("not one of the Params this gradient was taken for")
-        return self._found.get(id(x._node))
+        return self._found.get(id(x))
 
     def __iter__(self):
         return iter(self.params)
@@ -451,11 +474,13 @@ class Grads:
 
 
 def _implicit(f, params, nest):
+    given = [alias(p) for p in params]  # the parameters as they are before f writes into one
     val = f()
     loss = val[0] if isinstance(val, tuple) else val
-    found = backprop(loss, list(params), nest)
-    if nest:
-        return WithGradient(val, Grads(params, found))
-    hand_out = HandOut(p.data for p in params)
-    found = {key: hand_out(g) for key, g in found.items()}
-    return WithGradient(untracked(val), Grads(params, found))
+    found = backprop(loss, given, nest)
+    found = {id(p): found.get(id(g._node)) for p, g in zip(params, given)}
+    if not nest:
+        hand_out = HandOut(g.data for g in given)
+        found = {key: g if g is None else hand_out(g) for key, g in found.items()}
+        val = untracked(val)
+    return WithGradient(val, Grads(params, found))

@@ -81,6 +81,16 @@ def is_complex_dtype(dtype):
     return "complex" in str(dtype)
 
 
+def is_floating_dtype(dtype):
+    """Whether `dtype` (of any library) is real or complex floating point: NumPy's and CuPy's by
+    their kind, the others by their name."""
+    kind = getattr(dtype, "kind", None)
+    if kind is not None:
+        return kind in "fc"
+    name = str(dtype)
+    return "float" in name or "complex" in name
+
+
 def is_cupy(x):
     """True for a CuPy array; never imports CuPy."""
     cupy = sys.modules.get("cupy")

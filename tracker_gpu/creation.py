@@ -1,12 +1,15 @@
 """Creation and data-type functions of the standard, bound to one array library.
 
-Created arrays are plain (constants): parameters are made with `param`. A `device=` argument
-picks the library that owns that device, so `zeros(3, device=d)` lands where `d` is; otherwise
-the library the namespace is bound to is used (NumPy for the top-level module).
+Created arrays are tracked constants: arrays of the namespace with no place on the tape
+(parameters are made with `param`), so `array_namespace(xp.zeros(3)) is xp`, and a tracked
+value written into one puts it on the tape. A `device=` argument picks the library that owns
+that device, so `zeros(3, device=d)` lands where `d` is; otherwise the library the namespace is
+bound to is used (NumPy for the top-level module). The `*_like` functions give constants for
+tracked arrays and plain arrays for plain ones.
 
 >>> import numpy as np, tracker_gpu as tg
 >>> tg.zeros(2, dtype=tg.float32)
-array([0., 0.], dtype=float32)
+TrackedArray(array([0., 0.], dtype=float32), constant)
 """
 
 import importlib
@@ -17,7 +20,7 @@ import numpy as np
 
 from .backend import is_array, namespace_of
 from .primitive import Primitive
-from .tracked import TrackedArray, data
+from .tracked import TrackedArray, constant, data
 
 __all__ = ["DTYPE_NAMES", "bound_functions", "library_of_device", "tril", "triu"]
 
@@ -67,37 +70,46 @@ def bound_functions(default):
     def sized(name):
         def create(shape, *, dtype=None, device=None):
             xp, dt = target(device, dtype)
-            return getattr(xp, name)(shape, dtype=dt, device=device)
+            return constant(getattr(xp, name)(shape, dtype=dt, device=device), xp)
 
         create.__name__ = name
         return create
 
     def full(shape, fill_value, *, dtype=None, device=None):
         xp, dt = target(device, dtype)
-        return xp.full(shape, data(fill_value), dtype=dt, device=device)
+        return constant(xp.full(shape, data(fill_value), dtype=dt, device=device), xp)
 
     def arange(start, /, stop=None, step=1, *, dtype=None, device=None):
         xp, dt = target(device, dtype)
-        return xp.arange(start, stop, step, dtype=dt, device=device)
+        return constant(xp.arange(start, stop, step, dtype=dt, device=device), xp)
 
     def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None):
         xp, dt = target(device, dtype)
-        return xp.eye(n_rows, n_cols, k=k, dtype=dt, device=device)
+        return constant(xp.eye(n_rows, n_cols, k=k, dtype=dt, device=device), xp)
 
     def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True):
         xp, dt = target(device, dtype)
-        return xp.linspace(start, stop, num, dtype=dt, device=device, endpoint=endpoint)
+        value = xp.linspace(start, stop, num, dtype=dt, device=device, endpoint=endpoint)
+        return constant(value, xp)
 
     def asarray(obj, /, *, dtype=None, device=None, copy=None):
-        if isinstance(obj, TrackedArray):
+        if isinstance(obj, TrackedArray) and obj._node is not None:
             return _tracked_asarray(obj, dtype, device, copy)
         if isinstance(obj, (list, tuple)) and _holds_tracked(obj):
             return _stacked(obj, dtype, device)
+        if isinstance(obj, TrackedArray):  # a constant
+            if (
+                copy is not True
+                and _dtype_name(dtype) in (None, _dtype_name(obj.dtype))
+                and (device is None or device == obj.device)
+            ):
+                return obj
+            obj = obj.data
         xp, dt = target(device, dtype)  # the bound library (or the device's), as the standard says
-        return xp.asarray(obj, dtype=dt, device=device, copy=copy)
+        return constant(xp.asarray(obj, dtype=dt, device=device, copy=copy), xp)
 
     def from_dlpack(x, /, *, device=None, copy=None):
-        return default.from_dlpack(data(x), device=device, copy=copy)
+        return constant(default.from_dlpack(data(x), device=device, copy=copy), default)
 
     functions = {name: sized(name) for name in ("zeros", "ones", "empty")}
     functions.update(full=full, arange=arange, eye=eye, linspace=linspace, asarray=asarray)
@@ -118,20 +130,28 @@ def _dtype_of(type_or_array):
 
 
 def _tracked_asarray(x, dtype, device, copy):
-    from .rules.elementwise import astype
+    """`x` on the tape, cast and moved as asked; a new array (a recorded copy) where `copy`
+    is True, itself where nothing changes and `copy` is None."""
+    from .rules.elementwise import astype, identity
     from .rules.shape import to_device
 
+    if copy is False and (
+        (dtype is not None and _dtype_name(dtype) != _dtype_name(x.dtype))
+        or (device is not None and device != x.device)
+    ):
+        raise ValueError("asarray(x, copy=False) cannot change the dtype or device without a copy")
+    changed = x
     if dtype is not None and _dtype_name(dtype) != _dtype_name(x.dtype):
-        x = astype(x, _dtype_in(x._xp, dtype))
+        changed = astype(changed, _dtype_in(x._xp, dtype))
     if device is not None and device != x.device:
-        x = to_device(x, device)
-    return x
+        changed = to_device(changed, device)
+    return identity(changed) if copy and changed is x else changed
 
 
 def _holds_tracked(obj):
     if isinstance(obj, (list, tuple)):
         return any(_holds_tracked(o) for o in obj)
-    return isinstance(obj, TrackedArray)
+    return isinstance(obj, TrackedArray) and obj._node is not None
 
 
 def _first_tracked(obj):
@@ -152,27 +172,29 @@ def _stacked(obj, dtype, device):
     def build(o):
         if isinstance(o, (list, tuple)):
             return stack([build(e) for e in o])
-        if isinstance(o, TrackedArray):
+        if isinstance(o, TrackedArray) and o._node is not None:
             return _tracked_asarray(o, dtype, device, None)
-        return like._xp.asarray(o, dtype=dtype, device=device)
+        return like._xp.asarray(data(o), dtype=dtype, device=device)
 
     return build(obj)
 
 
 def _like(name):
     def create(x, /, *, dtype=None, device=None):
-        x = data(x)
-        xp = namespace_of(x)
-        return getattr(xp, name)(x, dtype=_dtype_in(xp, dtype), device=device)
+        value = data(x)
+        xp = namespace_of(value)
+        made = getattr(xp, name)(value, dtype=_dtype_in(xp, dtype), device=device)
+        return constant(made, x._xp) if isinstance(x, TrackedArray) else made
 
     create.__name__ = name
     return create
 
 
 def _full_like(x, /, fill_value, *, dtype=None, device=None):
-    x = data(x)
-    xp = namespace_of(x)
-    return xp.full_like(x, data(fill_value), dtype=_dtype_in(xp, dtype), device=device)
+    value = data(x)
+    xp = namespace_of(value)
+    made = xp.full_like(value, data(fill_value), dtype=_dtype_in(xp, dtype), device=device)
+    return constant(made, x._xp) if isinstance(x, TrackedArray) else made
 
 
 def _dtype_functions(default):

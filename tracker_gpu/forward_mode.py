@@ -14,7 +14,7 @@ at the cost of about three passes.
 import math
 
 from . import backend
-from .api import gradient, untracked
+from .api import quiet_gradient, untracked
 from .pytree import tree_leaves, tree_map
 from .rules.elementwise import multiply
 from .rules.reductions import sum as _sum
@@ -36,7 +36,7 @@ def jvp(f, primals, tangents):
             parts = [_sum(multiply(y, u)) for y, u in zip(_leaves(out), cotangents)]
             return _total(parts)
 
-        grads = gradient(weighted, *primals, nest=True)
+        grads = quiet_gradient(weighted, *primals, nest=True)
         products = [
             _sum(g * t)
             for g, t in zip(tree_leaves(grads), tree_leaves(tangents))
@@ -46,7 +46,7 @@ def jvp(f, primals, tangents):
 
     value = f(*primals)
     cotangents = [_zeros_like(y) for y in _leaves(value)]
-    found = gradient(pulled_back, *cotangents)
+    found = quiet_gradient(pulled_back, *cotangents)
     outputs = iter(_zeros_like(y) if g is None else g for y, g in zip(_leaves(value), found))
     plain = untracked(value)
     return plain, tree_map(lambda v: next(outputs) if _is_array(v) else v, plain)

@@ -11,13 +11,20 @@ import contextlib
 import threading
 
 from . import draws, primitive, recording, tracked
-from .api import given_seed, gradient, gradients_in_place, positions, track_inputs
+from .api import (
+    given_seed,
+    gradient,
+    gradients_in_place,
+    positions,
+    quiet_gradient,
+    track_inputs,
+)
 from .backend import namespace_of
 from .primitive import Primitive, record_saving_arguments, resolve, tracked_values
 from .rules.elementwise import identity
 from .rules.reductions import sum as _sum
 from .tape import Node, walk
-from .tracked import TrackedArray, data, leaf
+from .tracked import TrackedArray, constant, data, istracked, leaf
 
 __all__ = [
     "forward",
@@ -38,7 +45,7 @@ def forward(f, *args):
     y = f(*tracked_args)
 
     def back(dy):
-        if not isinstance(y, TrackedArray):
+        if not istracked(y):
             return gradients_in_place(args, inputs, {}, nest=False)
         stop = [made._node for made in inputs.values()]
         reached = walk(y._node, given_seed(y, dy), once=False, stop=stop)
@@ -78,12 +85,12 @@ def _along(f, args, wrt):
 
 
 def _jacobian(f, x):
-    x_in = x if isinstance(x, TrackedArray) else leaf(_as_float(x))
+    x_in = x if istracked(x) else leaf(_as_float(data(x)))
     y = f(x_in)
     xp = namespace_of(data(x_in))
     n = _size(x_in.shape)
     shape = tuple(getattr(y, "shape", ())) + tuple(x_in.shape)  # JAX's layout
-    if not isinstance(y, TrackedArray):
+    if not istracked(y):
         return xp.zeros(shape, dtype=x_in.dtype, device=x_in.device)
     m = _size(y.shape)
     eye = xp.eye(m, dtype=y.dtype, device=y.device)
@@ -128,7 +135,7 @@ def hvp(f, x, v):
         g = gradient(f, x, nest=True)[0]
         return 0.0 if g is None else _sum(g * v)
 
-    return gradient(directional, x)[0]
+    return quiet_gradient(directional, x)[0]
 
 
 def _as_float(x):
@@ -171,12 +178,12 @@ class _Checkpoint:
             inputs = [leaf(v) if type(a) is Node else v for a, v in zip(args, values)]
         with draws.replayed(states):
             y = self.fn(*inputs, **self.kw)
-        if not isinstance(y, TrackedArray):
+        if not istracked(y):
             return [None] * len(args)
-        stops = [i._node for i in inputs if isinstance(i, TrackedArray)]
+        stops = [i._node for i in inputs if istracked(i)]
         reached = walk(y._node, g, once=not nested, nested=nested, stop=stops)
         found = {id(node): grad for node, grad in reached}
-        return [found.get(id(i._node)) if isinstance(i, TrackedArray) else None for i in inputs]
+        return [found.get(id(i._node)) if istracked(i) else None for i in inputs]
 
 
 def checkpoint(f, *args, **kw):
@@ -192,11 +199,11 @@ def checkpoint(f, *args, **kw):
     >>> tg.gradient(lambda x: tg.sum(tg.checkpoint(block, x)), np.array([0.5]))[0]
     array([0.85534102])
     """
-    if not any(isinstance(a, TrackedArray) for a in args):
+    if not any(istracked(a) for a in args):
         return f(*args, **kw)
-    forward = _checkpoint_forward(f, kw, [isinstance(a, TrackedArray) for a in args])
+    forward = _checkpoint_forward(f, kw, [istracked(a) for a in args])
     y, states = forward(*(data(a) for a in args))
-    xp = next(a._xp for a in args if isinstance(a, TrackedArray))
+    xp = next(a._xp for a in args if istracked(a))
     return record_saving_arguments(y, xp, _Checkpoint(f, kw), args, states, forward)
 
 
@@ -214,8 +221,16 @@ def _checkpoint_forward(f, kw, tracked):
 
 # --- not tracking
 def stop_gradient(x):
-    """The plain value of `x`: no gradient flows through it."""
-    return data(x)
+    """`x` with no gradient flowing through it: a tracked constant of its value (a plain
+    array stays plain).
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> tg.gradient(lambda x: tg.sum(x * tg.stop_gradient(x)), np.array([3.0]))[0]
+    array([3.])
+    """
+    if isinstance(x, TrackedArray):
+        return constant(x.data, x._xp)
+    return x
 
 
 @contextlib.contextmanager

@@ -223,8 +223,11 @@ def _record(prim, args, kw):
             elif a._xp is not xp:
                 xp = backend.common_library(xp, a.data)
             values.append(a.data)
-            parents.append(a._node)
-            mask |= bit
+            if a._node is None:  # a constant: to the node, like a plain array
+                parents.append(a.data)
+            else:
+                parents.append(a._node)
+                mask |= bit
         else:
             plain_arrays = plain_arrays or type(a) not in SCALARS
             values.append(a)
@@ -236,6 +239,8 @@ def _record(prim, args, kw):
         backend.check_same_device([v for v in values if backend.is_array(v)])
     if NOT_TRACKING and threading.get_ident() in NOT_TRACKING:
         return prim.forward(xp, *values, **kw)
+    if not mask:  # constants (and plain arrays) only
+        return constant(prim.forward(xp, *values, **kw), xp)
     if ACTIVE and recording.current() is not None:
         return _record_traced(prim, args, kw, xp, values)
     value = prim.forward(xp, *values, **kw)
@@ -252,7 +257,7 @@ def _record_traced(prim, args, kw, xp, values):
     gradient, or one of data alone, computes is data too."""
     parents, mask = [], 0
     for i, (a, v) in enumerate(zip(args, values)):
-        tracked = type(a) is TrackedArray and not recording.is_data(a._node)
+        tracked = type(a) is TrackedArray and a._node is not None and not recording.is_data(a._node)
         parents.append(a._node if tracked else v)
         mask |= tracked << i
     value = prim.forward(xp, *values, **kw)
@@ -292,6 +297,8 @@ def detached(x):
 
 def _record_one(prim, x, kw):
     value = prim.forward(x._xp, x.data, **kw)
+    if x._node is None:
+        return constant(value, x._xp)
     keep = prim._plans.get(1)
     if keep is None:
         keep = prim.keeps(1)
@@ -311,7 +318,14 @@ def record(value, xp, rule, args, ctx, saved=None, replay=None):
     computes the value: `(function, inputs, keywords, makes_context)`, where
     `function(xp, *values, **keywords)` gives the value (or `(value, ctx)` if `makes_context`)
     from the values of `inputs` (nodes and constants). By default, the rule's forward on `args`.
+
+    A value of a dtype that carries no gradient (integers, booleans) is a tracked constant (or,
+    while tg.compile records, data that a replay computes).
     """
+    if not _differentiable(value.dtype):
+        if ACTIVE and recording.current() is not None:
+            return traced_data(value, xp, replay or (rule.forward, args, ctx, False))
+        return constant(value, xp)
     node = _new(Node)
     node.rule, node.args, node.ctx, node.saved = rule, args, ctx, saved
     node.shape, node.dtype, node._n, node._g = value.shape, value.dtype, 0, None
@@ -322,6 +336,18 @@ def record(value, xp, rule, args, ctx, saved=None, replay=None):
         if recorder is not None:
             recorder.node(out, replay or (rule.forward, args, ctx, False))
     return out
+
+
+_DIFFERENTIABLE = {}
+
+
+def _differentiable(dtype):
+    """Whether values of `dtype` carry a gradient (real and complex floating point)."""
+    key = (type(dtype), dtype)  # libraries' dtypes do not compare with each other
+    known = _DIFFERENTIABLE.get(key)
+    if known is None:
+        known = _DIFFERENTIABLE[key] = backend.is_floating_dtype(dtype)
+    return known
 
 
 def _signature_without_namespace(forward):
@@ -376,13 +402,20 @@ def _fit(ga, a, name):
     from .rules.shape import unbroadcast
 
     shape = a.shape
-    if ga.shape != shape:
+    if ga.shape != shape and not _unknown_alike(ga.shape, shape):
         ga = unbroadcast(ga, shape, name)
     if ga.dtype != a.dtype:
         if backend.is_complex_dtype(ga.dtype) and not backend.is_complex_dtype(a.dtype):
             ga = real(ga)  # a real argument of a complex function: its part of the gradient
         ga = astype(ga, a.dtype)
     return ga
+
+
+def _unknown_alike(shape, other):
+    """Whether two shapes differ only where a size is unknown (NaN: Dask's after a mask)."""
+    return len(shape) == len(other) and all(
+        m == n or m != m or n != n for m, n in zip(shape, other)
+    )
 
 
 # --- custom rules: Tracker's `track` + `@grad`
@@ -483,4 +516,4 @@ def record_saving_arguments(value, xp, rule, args, ctx, replay):
 
 
 # The tracked array and the rules are defined in terms of each other: resolved once both exist.
-from .tracked import TrackedArray, data  # noqa: E402
+from .tracked import TrackedArray, constant, data  # noqa: E402

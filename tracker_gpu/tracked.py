@@ -7,6 +7,7 @@ plays the role of Tracker's `TrackedReal`. Here too is Tracker's API on tracked 
 """
 
 import operator
+import sys
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from .tape import leaf_node
 
 __all__ = [
     "TrackedArray",
+    "constant",
     "param",
     "data",
     "grad",
@@ -76,11 +78,17 @@ class TrackedArray:
     def __dlpack_device__(self):
         return self.data.__dlpack_device__()
 
-    def __array__(self, *args, **kwargs):
-        raise TypeError(
-            "converting a TrackedArray to a NumPy array would drop its gradient tape; "
-            "use tg.data(x) for the plain value"
-        )
+    def __array__(self, dtype=None, copy=None):
+        """A constant converts like its data; an array on the tape refuses (its gradient
+        would be lost without a word)."""
+        if self._node is not None:
+            raise TypeError(
+                "converting a TrackedArray on the gradient tape to a NumPy array would drop its "
+                "gradient; use tg.data(x) for the plain value, or tg.stop_gradient(x) for a "
+                "tracked value that carries no gradient"
+            )
+        value = np.asarray(self.data, dtype=dtype)
+        return value.copy() if copy else value
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         """A NumPy array (or scalar) on the left of an operator: `ndarray * tracked` records
@@ -95,11 +103,15 @@ class TrackedArray:
             if ufunc.__name__ in _OPERATOR_UFUNCS:
                 return _OPERATOR_UFUNCS[ufunc.__name__](*inputs)
             if ufunc.__name__ in _COMPARISONS or ufunc.__name__ in _BITWISE:
-                return ufunc(*(data(a) for a in inputs))
+                return constant(ufunc(*(data(a) for a in inputs)), self._xp)
+        if not any(istracked(a) for a in inputs):  # constants only: NumPy's own answer
+            return getattr(ufunc, method)(*(data(a) for a in inputs), **kwargs)
         raise numpy_function_error(ufunc.__name__ if method == "__call__" else
                                    f"{ufunc.__name__}.{method}")  # fmt: skip
 
     def __array_function__(self, func, types, args, kwargs):
+        if not _holds_tracked((args, kwargs)):  # constants only: NumPy's own answer
+            return func(*_untracked(args), **_untracked(kwargs))
         raise numpy_function_error(func.__name__)
 
     # --- arithmetic: recorded (+ - * / ** are declared with the operator table at the end)
@@ -134,32 +146,15 @@ class TrackedArray:
         return getitem(self, key)
 
     def __setitem__(self, key, value):
-        """The standard's assignment, for integer and boolean arrays (which carry no
-        gradient); a floating array refuses, naming the differentiable `tg.at(x)[key].set(v)`.
+        """`x[key] = value`, recorded: `x` then stands for the written value, whose gradient
+        flows to the unwritten part of the old value and to `value`.
 
-        The write goes to a copy of the data, which then replaces it: a value a pullback has
-        saved (this array as the factor of a product, say) keeps what it was when recorded."""
-        xp = self._xp
-        if xp.isdtype(self.dtype, ("real floating", "complex floating")):
-            raise TypeError(
-                f"cannot assign into a TrackedArray of dtype {self.dtype}: in-place writes "
-                "would corrupt the recorded gradient. Build a new array instead: "
-                "tg.at(x)[key].set(value) (differentiable), tg.where(mask, value, x), "
-                "tg.concat([...]); or assign into tg.data(x) outside differentiation"
-            )
-        if isinstance(value, TrackedArray) and xp.isdtype(
-            value.dtype, ("real floating", "complex floating")
-        ):
-            raise TypeError(
-                f"cannot assign a differentiable TrackedArray (dtype {value.dtype}) into an "
-                f"array of dtype {self.dtype}: its gradient would be lost; assign "
-                "tg.data(value), or build a float array with tg.at(x)[key].set(value)"
-            )
-        _refuse_while_recording("x[key] = value (assignment into a tracked array)")
-        key = tuple(map(data, key)) if isinstance(key, tuple) else data(key)
-        written = xp.asarray(self.data, copy=True)
-        written[key] = data(value)
-        self.data = written
+        The old value is left as it was when it is seen by anything else (a pullback that saved
+        it, a view, the caller's array): the write goes to a copy then. A buffer that only `x`
+        holds is written in place."""
+        from .rules.indexed import setitem
+
+        _rebind(self, setitem(self, key, value, in_place=_alone(self)))
 
     # --- bitwise operators: no gradient, plain arrays (traced ones while tg.compile records);
     # & | ^ << >> are declared with the operator table at the end. Without in-place forms, as
@@ -169,24 +164,26 @@ class TrackedArray:
 
         return PLAIN_FUNCTIONS["bitwise_invert"](self)
 
-    # --- comparisons: plain boolean arrays, as in Tracker (traced ones while tg.compile records)
+    # --- comparisons: boolean constants, with no gradient (traced ones while tg.compile records)
     def __lt__(self, other):
-        return _traced("less", self, other) if ACTIVE else self.data < data(other)
+        return _traced("less", self, other) if ACTIVE else _compared(self, other, operator.lt)
 
     def __le__(self, other):
-        return _traced("less_equal", self, other) if ACTIVE else self.data <= data(other)
+        return _traced("less_equal", self, other) if ACTIVE else _compared(self, other, operator.le)
 
     def __gt__(self, other):
-        return _traced("greater", self, other) if ACTIVE else self.data > data(other)
+        return _traced("greater", self, other) if ACTIVE else _compared(self, other, operator.gt)
 
     def __ge__(self, other):
-        return _traced("greater_equal", self, other) if ACTIVE else self.data >= data(other)
+        return (
+            _traced("greater_equal", self, other) if ACTIVE else _compared(self, other, operator.ge)
+        )
 
     def __eq__(self, other):
-        return _traced("equal", self, other) if ACTIVE else self.data == data(other)
+        return _traced("equal", self, other) if ACTIVE else _compared(self, other, operator.eq)
 
     def __ne__(self, other):
-        return _traced("not_equal", self, other) if ACTIVE else self.data != data(other)
+        return _traced("not_equal", self, other) if ACTIVE else _compared(self, other, operator.ne)
 
     __hash__ = None
 
@@ -225,6 +222,8 @@ class TrackedArray:
         return (self[i] for i in range(len(self)))
 
     def __repr__(self):
+        if self._node is None:
+            return f"TrackedArray({self.data!r}, constant)"
         rule = self._node.rule
         kind = "leaf" if rule is None else f"rule={getattr(rule, 'name', '?')}"
         return f"TrackedArray({self.data!r}, {kind})"
@@ -261,6 +260,132 @@ def numpy_function_error(name):
     return TypeError(f"NumPy's {name} cannot record a gradient on a TrackedArray; {hint}")
 
 
+# --- constants, and writes
+
+
+def constant(value, xp):
+    """A tracked constant: `value` as an array of the tracked namespace, with no place on the
+    tape (what creation functions, comparisons and integer results give). Operations on
+    constants alone give constants; a write of a tracked value into one puts it on the tape.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> tg.istracked(tg.zeros(2)), type(tg.zeros(2)).__name__
+    (False, 'TrackedArray')
+    """
+    out = _new(TrackedArray)
+    out.data, out._node, out._xp = value, None, xp
+    return out
+
+
+_new = object.__new__
+
+
+def constants(result, xp):
+    """`result` of a function with no gradient (an array, or a tuple of arrays such as
+    `unique_all`'s named tuple) with each array made a tracked constant."""
+    if isinstance(result, tuple):
+        parts = [constants(r, xp) for r in result]
+        return type(result)(*parts) if hasattr(result, "_fields") else tuple(parts)
+    if isinstance(result, np.generic):  # NumPy's scalars (argmax of a whole array): 0-d arrays
+        result = np.asarray(result)
+    return constant(result, xp) if backend.is_array(result) else result
+
+
+def alias(x):
+    """A second tracked array for `x`'s value and place on the tape: it stays so when `x` is
+    written into (`x[key] = v` rebinds `x` alone)."""
+    out = _new(TrackedArray)
+    out.data, out._node, out._xp = x.data, x._node, x._xp
+    return out
+
+
+def _compared(x, other, compare):
+    return constant(compare(x.data, data(other)), x._xp)
+
+
+def _holds_tracked(tree):
+    """Whether a tree of lists, tuples and dicts holds an array on the tape."""
+    if isinstance(tree, (list, tuple)):
+        return any(_holds_tracked(t) for t in tree)
+    if isinstance(tree, dict):
+        return any(_holds_tracked(t) for t in tree.values())
+    return istracked(tree)
+
+
+def _untracked(tree):
+    """The same tree with each tracked constant replaced by its data."""
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_untracked(t) for t in tree)
+    if isinstance(tree, dict):
+        return {k: _untracked(t) for k, t in tree.items()}
+    return data(tree)
+
+
+def _references(x):
+    return sys.getrefcount(x.data)
+
+
+# How many references a buffer held by one tracked array alone has, as _references counts them.
+_ALONE = _references(constant(np.zeros(1), np))
+
+
+def _alone(x):
+    """Whether `x`'s buffer is seen by `x` alone: a NumPy or CuPy array that owns its memory
+    (no view of another) and that nothing else references (no pullback saved it, no view of
+    it, no caller holds it). Writing into it in place then changes nothing anyone can see.
+    Other libraries' arrays are never written in place."""
+    value = x.data
+    if type(value) is not np.ndarray and not backend.is_cupy(value):
+        return False
+    return value.base is None and _references(x) <= _ALONE
+
+
+def _rebind(x, written):
+    """`x` now stands for `written` (its value and its place on the tape)."""
+    x.data, x._node = written.data, written._node
+
+
+def _in_place(name, function):
+    """`x op= y`: `x` stands for `x op y` from then on (the old buffer is left as it was), as
+    long as that keeps its shape and its kind of dtype."""
+
+    def operator(self, other):
+        result = function(self, other)
+        if not isinstance(result, TrackedArray):
+            result = constant(result, self._xp)
+        if not _same_shape(result.shape, self.shape):
+            raise ValueError(
+                f"x {name}= y would change the shape of x from {tuple(self.shape)} to "
+                f"{tuple(result.shape)}; write x = x {name} y for a new array"
+            )
+        if result.dtype != self.dtype:
+            result = _cast_back(result, self, name)
+        _rebind(self, result)
+        return self
+
+    return operator
+
+
+def _same_shape(a, b):
+    """Whether two shapes agree, where they are known (Dask's may hold NaN for unknown)."""
+    return len(a) == len(b) and all(m == n or m != m or n != n for m, n in zip(a, b))
+
+
+def _cast_back(result, x, name):
+    """The result of an in-place operator in `x`'s dtype, where NumPy's `same_kind` rule
+    allows it (float64 into float32, real into complex); a TypeError otherwise."""
+    xp = x._xp
+    kinds = ("bool", "integral", "real floating", "complex floating")
+    rank = {kind: i for i, kind in enumerate(kinds)}
+    kind_of = lambda dtype: next(k for k in kinds if xp.isdtype(dtype, k))  # noqa: E731
+    if rank[kind_of(result.dtype)] > rank[kind_of(x.dtype)]:
+        raise TypeError(
+            f"x {name}= y cannot store a result of dtype {result.dtype} in x of dtype "
+            f"{x.dtype}; write x = x {name} y for a new array, or cast y first"
+        )
+    return astype(result, x.dtype)
+
+
 # --- Tracker's API on tracked values
 
 
@@ -281,14 +406,17 @@ def param(x):
     """A leaf to differentiate with respect to: always a float copy of `x`.
 
     Integers and booleans become the library's default float dtype; float32 stays float32.
-    `param` of a tracked value is an identity op that stays linked to its tape.
+    `param` of a tracked value is an identity op that stays linked to its tape; `param` of a
+    tracked constant is a leaf over a copy of its data.
 
     >>> import numpy as np, tracker_gpu as tg
     >>> tg.param(np.array([1, 2]))
     TrackedArray(array([1., 2.]), leaf)
     """
     if isinstance(x, TrackedArray):
-        return identity(x)
+        if x._node is not None:
+            return identity(x)
+        x = x.data
     if type(x) in SCALARS:
         x = np.complex128(x) if type(x) is complex else np.float64(x)
     xp = namespace_of(x)
@@ -321,11 +449,17 @@ def data(x):
 
 
 def istracked(x):
-    return isinstance(x, TrackedArray)
+    """Whether `x` is on the tape (Tracker's meaning): a tracked constant is not.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> tg.istracked(tg.param(np.ones(2))), tg.istracked(tg.ones(2)), tg.istracked(np.ones(2))
+    (True, False, False)
+    """
+    return isinstance(x, TrackedArray) and x._node is not None
 
 
 def isleaf(x):
-    return isinstance(x, TrackedArray) and x._node.rule is None
+    return istracked(x) and x._node.rule is None
 
 
 def grad(x):
@@ -340,10 +474,16 @@ def grad(x):
     if not isinstance(x, TrackedArray):
         raise TypeError(f"grad needs a tracked value (tg.param(x)), got {type(x).__name__}")
     node = x._node
+    if node is None:
+        raise TypeError(
+            "grad needs a value on the tape (tg.param(x)); this is a tracked constant (made by "
+            "a creation function, a comparison or an integer result), which has no gradient"
+        )
     if node.rule is not None:
         raise ValueError(
-            "gradients are kept only for leaves (made by tg.param); use tg.gradient(f, x) "
-            "or tg.hook to see the gradient of an intermediate value"
+            "gradients are kept only for leaves (made by tg.param; a write x[key] = v or "
+            "x += v makes x a new value, no longer the leaf); use tg.gradient(f, x) or tg.hook "
+            "to see the gradient of an intermediate value"
         )
     if node.grad is None:
         return x._xp.zeros_like(x.data)
@@ -388,6 +528,7 @@ from .primitive import NOT_TRACKING, record, saved_values  # noqa: E402
 from .rules.elementwise import (  # noqa: E402
     abs,
     add,
+    astype,
     divide,
     floor_divide,
     identity,
@@ -409,7 +550,7 @@ def _operators(prim):
     left, right = prim.keeps(0b01), prim.keeps(0b10)  # what x op 2.0 and 2.0 op x keep
 
     def operator(self, other):
-        if type(other) in SCALARS and not (NOT_TRACKING or ACTIVE):
+        if type(other) in SCALARS and not (NOT_TRACKING or ACTIVE) and self._node is not None:
             x = self.data
             value = prim.forward(self._xp, x, other)
             args = (self._node, other)
@@ -418,7 +559,7 @@ def _operators(prim):
         return prim(self, other)
 
     def reflected(self, other):
-        if type(other) in SCALARS and not (NOT_TRACKING or ACTIVE):
+        if type(other) in SCALARS and not (NOT_TRACKING or ACTIVE) and self._node is not None:
             x = self.data
             value = prim.forward(self._xp, other, x)
             args = (other, self._node)
@@ -457,3 +598,13 @@ for _name, _function in _BITWISE_OPERATORS.items():
     _forward, _reflected = _bitwise(_function)
     setattr(TrackedArray, f"__{_name}__", _forward)
     setattr(TrackedArray, f"__r{_name}__", _reflected)
+
+# --- the in-place operators: `x += y` rebinds the tracked array x itself (every reference to it
+# sees the new value), as NumPy's in-place operators change the array
+_IN_PLACE = {
+    "add": "+", "sub": "-", "mul": "*", "truediv": "/", "pow": "**", "floordiv": "//",
+    "mod": "%", "matmul": "@", "and": "&", "or": "|", "xor": "^", "lshift": "<<", "rshift": ">>",
+}  # fmt: skip
+for _name, _symbol in _IN_PLACE.items():
+    _method = getattr(TrackedArray, f"__{_name}__")
+    setattr(TrackedArray, f"__i{_name}__", _in_place(_symbol, _method))

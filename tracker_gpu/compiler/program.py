@@ -152,6 +152,8 @@ def _slot(recorder, value):
     """A value of the result as the program gives it: a slot for a tracked one."""
     if not isinstance(value, TrackedArray):
         return value
+    if value._node is None:  # a constant: the same value at every replay
+        return value.data
     slot = recorder.slots.get(id(value._node))
     if slot is None:
         raise recording.RecordingError(

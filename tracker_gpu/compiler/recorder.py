@@ -130,7 +130,7 @@ class Recorder:
         value's (a constant that is one: data, or tg.data of a traced array), or a new
         constant's."""
         if type(value) is TrackedArray:
-            value = value._node
+            value = value.data if value._node is None else value._node
         if type(value) is Node:
             slot = self.slots.get(id(value))
             if slot is None:

@@ -20,7 +20,7 @@ from ..rules.elementwise import astype, multiply
 from ..rules.linalg import matmul
 from ..rules.manipulation import take
 from ..rules.shape import reshape
-from ..tracked import TrackedArray, data
+from ..tracked import data, istracked
 from .activations import _activate, flatten
 from .init import _rng, glorot_uniform, randn
 from .placement import _dtype_name, asarray, to_numpy
@@ -182,7 +182,7 @@ class Dropout(Layer):
         self.p, self.rng, self.active = p, _rng(rng), active
 
     def __call__(self, x):
-        active = isinstance(x, TrackedArray) if self.active is None else self.active
+        active = istracked(x) if self.active is None else self.active
         if not active or self.p == 0:
             return x
         plain = data(x)

@@ -35,7 +35,7 @@ from ..backend import device_of, namespace_of
 from ..rules.elementwise import add, divide, multiply, subtract
 from ..rules.nn import normalise
 from ..rules.shape import reshape
-from ..tracked import TrackedArray, data
+from ..tracked import data, istracked
 from .activations import _activate
 from .layers import Layer, _describe, _match_dtype, _shape
 from .placement import asarray
@@ -236,7 +236,7 @@ class BatchNorm(Layer):
         axes = (0,) + tuple(range(2, len(x.shape)))
         training = self.active
         if training is None:  # inside gradient: the input or the layer's scale is tracked
-            training = isinstance(x, TrackedArray) or isinstance(self.scale, TrackedArray)
+            training = istracked(x) or istracked(self.scale)
         if training or self.running_mean is None:
             y = normalise(x, axes=axes, eps=self.eps)
             if training and self.running_mean is not None:

@@ -17,7 +17,7 @@ from ..backend import SCALARS, device_of, is_complex_dtype, namespace_of
 from ..primitive import ByPosition, Primitive
 from ..recording import ACTIVE
 from ..tape import Node
-from ..tracked import data
+from ..tracked import TrackedArray, constants, data
 
 __all__ = [
     "add",
@@ -389,8 +389,9 @@ def clip(x, /, min=None, max=None):
     return _clip(x, min, max)
 
 
-# --- non-differentiable elementwise functions: plain arrays out (traced ones, with no gradient,
-# while tg.compile records, so that a replay computes them from its own inputs)
+# --- non-differentiable elementwise functions: constants out of tracked arrays, plain arrays out
+# of plain ones (traced ones, with no gradient, while tg.compile records, so that a replay
+# computes them from its own inputs)
 def _plain(name, signature):
     def forward(xp, *values, **kw):
         return getattr(xp, name)(*_as_arrays(xp, *values), **kw)
@@ -401,13 +402,14 @@ def _plain(name, signature):
     def plain_function(*args, **kw):
         if ACTIVE and recording.current() is not None:
             return traced(*args, **kw)
+        tracked = next((a for a in args if type(a) is TrackedArray), None)
         values = [data(a) for a in args]
-        return forward(
-            namespace_of(next(v for v in values if type(v) not in SCALARS)), *values, **kw
-        )
+        xp = namespace_of(next(v for v in values if type(v) not in SCALARS))
+        value = forward(xp, *values, **kw)
+        return value if tracked is None else constants(value, tracked._xp)
 
     plain_function.__name__ = name
-    plain_function.__doc__ = f"The standard's `{name}` on plain values; not differentiable."
+    plain_function.__doc__ = f"The standard's `{name}`; not differentiable (a constant out)."
     plain_function.__signature__ = inspect.signature(signature)
     return plain_function
 

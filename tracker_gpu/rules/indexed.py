@@ -1,4 +1,10 @@
-"""Indexed updates in array-api-extra's form: `tg.at(x)[idx].set(v)`, differentiable.
+"""Writes: `x[key] = v` on a tracked array, and indexed updates in array-api-extra's form,
+`tg.at(x)[idx].set(v)`; both differentiable.
+
+`x[key] = v` (see `setitem`) makes `x` stand for the written value: its node sends the
+gradient to the unwritten part of the old value and to `v`. What a pullback saved of the old
+value is never changed: the write goes to a copy unless the caller knows that no one else sees
+the old buffer.
 
 `at(x)[idx].set(v)` (or `at(x, idx).set(v)`), `.add`, `.subtract`, `.multiply`, `.min` and
 `.max` return a new array: `x` is never written to. The gradient flows to both `x` and `v`
@@ -32,13 +38,138 @@ array([0., 0., 0., 0.])
 
 import numpy as np
 
-from .. import backend
+from .. import backend, recording
 from ..backend import device_of, namespace_of
-from ..tracked import TrackedArray
-from .elementwise import add, maximum, minimum, multiply, subtract, where
-from .shape import _index_adjoint, _normalize_key, broadcast_to, getitem, reshape
+from ..primitive import Primitive
+from ..tracked import TrackedArray, data, istracked
+from .elementwise import add, astype, maximum, minimum, multiply, subtract, where
+from .shape import (
+    _has_integer_array,
+    _index_adjoint,
+    _normalize_key,
+    _traced_parts,
+    broadcast_to,
+    getitem,
+    reshape,
+)
 
-__all__ = ["at"]
+__all__ = ["at", "setitem"]
+
+
+# --- x[key] = v
+def setitem(x, key, value, *, in_place=False):
+    """The tracked array `x` with `x[key] = value`, as a new tracked array (a constant where
+    neither `x` nor `value` is on the tape); `x` itself is left as it was unless `in_place`,
+    which writes into its buffer (for a caller that knows no one else sees it).
+
+    A key with integer arrays keeps the last value where it names an element twice (as
+    NumPy does), and only that value gets a gradient.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> def f(x):
+    ...     x[0] = x[1] * 3.0
+    ...     return tg.sum(x * x)
+    >>> tg.gradient(f, np.array([1.0, 2.0]))[0]  # of 9 x1² + x1²
+    array([ 0., 40.])
+    """
+    xp = x._xp
+    _check_write(x, value)
+    value = _in_library(xp, x, value)
+    if recording.current() is not None and _traced_parts(key):
+        return _traced_write(x, key, value)
+    key = _normalize_key(xp, x, key)
+    if _has_integer_array(key):
+        return at(x)[key].set(value)
+    if istracked(value) and value.dtype != x.dtype:
+        value = astype(value, x.dtype)
+    write = _write_in_place if in_place and recording.current() is None else _write
+    return write(x, value, key=key)
+
+
+def _check_write(x, value):
+    xp = x._xp
+    differentiable = ("real floating", "complex floating")
+    if istracked(value) and not xp.isdtype(x.dtype, differentiable):
+        raise TypeError(
+            f"cannot write a differentiable TrackedArray (dtype {value.dtype}) into an array "
+            f"of dtype {x.dtype}: its gradient would be lost; write tg.data(value), or write "
+            "into a float array"
+        )
+    is_complex = getattr(value, "dtype", None) is not None and backend.is_complex_dtype(value.dtype)
+    if (is_complex or type(value) is complex) and not backend.is_complex_dtype(x.dtype):
+        raise TypeError(
+            f"cannot write a complex value into an array of dtype {x.dtype}: its imaginary "
+            "part would be lost; write tg.real(value), or make the array complex first"
+        )
+
+
+def _in_library(xp, x, value):
+    """`value` as something `x[key] = value` takes: a number, or an array of `x`'s library."""
+    plain = data(value)
+    if backend.is_array(plain) and namespace_of(plain) is not xp:
+        return xp.asarray(np.asarray(_host(plain)), dtype=x.dtype, device=x.device)
+    if isinstance(plain, (list, tuple)):
+        return xp.asarray(plain, dtype=x.dtype, device=x.device)
+    return value
+
+
+def _traced_write(x, key, value):
+    """A write with a traced key while tg.compile records: `where(mask, value, x)` for one
+    boolean mask of `x`'s shape and a value that broadcasts to it; refused otherwise (what it
+    writes would depend on the data)."""
+    parts = key if isinstance(key, tuple) else (key,)
+    mask = parts[0]
+    simple = (
+        len(parts) == 1
+        and mask._xp.isdtype(mask.dtype, "bool")
+        and tuple(mask.shape) == tuple(x.shape)
+        and tuple(getattr(value, "shape", ())) in ((), (1,))
+    )
+    if not simple:
+        recording.refuse("x[key] = value with a traced index (where it writes depends on the data)")
+    return where(mask, value, x)
+
+
+def _written(xp, out, v, key):
+    """`out` with `out[key] = v` written into it (its own buffer)."""
+    if backend.is_array(v):
+        if v.dtype != out.dtype:
+            v = xp.astype(v, out.dtype)
+        parts = key if isinstance(key, tuple) else (key,)
+        if any(k is None for k in parts):  # assignment refuses new axes: drop them, and v's
+            key = tuple(k for k in parts if k is not None)
+            v = xp.reshape(xp.broadcast_to(v, out[parts].shape), out[key].shape)
+    elif any(k is None for k in (key if isinstance(key, tuple) else (key,))):
+        key = tuple(k for k in key if k is not None)
+    if 0 in tuple(out[key].shape):  # an empty selection writes nothing (Dask refuses it)
+        return out
+    out[key] = v
+    return out
+
+
+def _write_vjp_x(g, ans, x, v, *, key):
+    return _write(g, 0.0, key=key)
+
+
+def _write_vjp_value(g, ans, x, v, *, key):
+    return getitem(g, key)
+
+
+_write = Primitive(
+    "setitem",
+    lambda xp, x, v, *, key: _written(xp, xp.asarray(x, copy=True), v, key),
+    (_write_vjp_x, _write_vjp_value),
+    saves="",
+)
+_write_in_place = Primitive(
+    "setitem_in_place",
+    lambda xp, x, v, *, key: _written(xp, x, v, key),
+    (_write_vjp_x, _write_vjp_value),
+    saves="",
+)
+
+
+# --- at(x)[idx]
 
 
 def at(x, idx=None, /):

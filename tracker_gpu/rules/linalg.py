@@ -50,7 +50,7 @@ from collections import namedtuple
 
 from ..backend import device_of, namespace_of
 from ..primitive import Primitive, tracking
-from ..tracked import TrackedArray, data
+from ..tracked import data, istracked
 from . import decompositions
 from .decompositions import *  # noqa: F403 (re-exported: part of the extension)
 from .decompositions import svdvals
@@ -129,7 +129,7 @@ def vecdot(x1, x2, /, *, axis=-1):
             f"vecdot: axis {axis} has size {x1.shape[axis]} in x1 and {x2.shape[axis]} in x2; "
             f"it must be the same in both (it is not broadcast)"
         )
-    same = x1 is x2 and x1.ndim == 1 and isinstance(x1, TrackedArray)
+    same = x1 is x2 and x1.ndim == 1 and istracked(x1)
     if same and tracking() and not is_complex(x1):  # sum(x * x): a sumabs2 node
         value, how = x1._xp.vecdot(x1.data, x1.data), (_vecdot.forward, (x1._node,) * 2, {}, False)
         return sumabs2_of(x1._node, x1.data, x1._xp, value, how)

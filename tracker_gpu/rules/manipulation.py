@@ -21,7 +21,7 @@ import numpy as np
 from .. import backend, recording
 from ..backend import device_of, namespace_of
 from ..primitive import ByPosition, Primitive
-from ..tracked import TrackedArray, data
+from ..tracked import TrackedArray, constants, data
 from .elementwise import conjugate_derivative, multiply, subtract
 from .shape import broadcast_to, concat, expand_dims, flip, getitem, permute_dims, reshape
 
@@ -418,9 +418,9 @@ def sort(x, /, *, axis=-1, descending=False, stable=True):
     return take_along_axis(x, order, axis=axis)
 
 
-# --- not differentiable: plain arrays in (tracked arguments are unwrapped), plain arrays out;
-# while tg.compile records, traced ones (recorded, with no gradient), or refused where the
-# result's shape depends on the data
+# --- not differentiable: tracked arguments are unwrapped, and the results are constants (plain
+# arrays for plain arguments); while tg.compile records, traced ones (recorded, with no
+# gradient), or refused where the result's shape depends on the data
 def _plain(name, signature, shaped_by_data=False):
     """`name` on plain values, showing the standard's `signature` (a function's)."""
 
@@ -440,12 +440,14 @@ def _plain(name, signature, shaped_by_data=False):
             if shaped_by_data:
                 recording.refuse(f"{name}(x) of a traced array (its shape depends on the data)")
             return traced(*args, **kw)
+        tracked = next((a for a in args if isinstance(a, TrackedArray)), None)
         args = [data(a) for a in args]
         kw = {k: data(v) for k, v in kw.items()}
-        return forward(None, *args, **kw)
+        value = forward(None, *args, **kw)
+        return value if tracked is None else constants(value, tracked._xp)
 
     plain_function.__name__ = plain_function.__qualname__ = name
-    plain_function.__doc__ = f"The standard's `{name}` on plain values; not differentiable."
+    plain_function.__doc__ = f"The standard's `{name}`; not differentiable (a constant out)."
     plain_function.__signature__ = inspect.signature(signature)
     return plain_function
 

@@ -119,7 +119,7 @@ def sumabs2_of(node, x, xp, value, how):
 def squared_base(y):
     """`(node, value)` of `x` when the real tracked `y` was recorded as `x**2`, `square(x)` or
     `x * x` (each of which saved `x`), else None (the sum of complex squares is no `sumabs2`)."""
-    if not isinstance(y, TrackedArray) or is_complex(y.data):
+    if not isinstance(y, TrackedArray) or y._node is None or is_complex(y.data):
         return None
     node = y._node
     rule, args = node.rule, node.args
