@@ -127,11 +127,14 @@ def test_jacobian_and_hessian_with_wrt(backend):
 
 
 # --- DLPack
-def test_a_tracked_array_exports_its_data_by_dlpack():
+def test_dlpack_exports_constants_and_refuses_arrays_on_the_tape():
     torch = pytest.importorskip("torch")
     x = tg.param(np.array([1.0, 2.0, 3.0]))
     y = x * 2.0
-    t = torch.from_dlpack(y)
+    for export in (torch.from_dlpack, np.from_dlpack, tg.from_dlpack):
+        with pytest.raises(BufferError, match="would carry no gradient.*tg.data"):
+            export(y)
+    t = torch.from_dlpack(tg.stop_gradient(y))
     assert t.tolist() == [2.0, 4.0, 6.0]
     assert y.__dlpack_device__() == tg.data(y).__dlpack_device__()
     back = tg.from_dlpack(t)

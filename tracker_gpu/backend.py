@@ -6,6 +6,7 @@ detected through `sys.modules`, so importing tracker_gpu never imports it.
 """
 
 import contextlib
+import importlib
 import sys
 
 import array_api_compat
@@ -29,6 +30,10 @@ __all__ = [
     "widened",
     "check_same_device",
     "scatter_add",
+    "DTYPE_NAMES",
+    "library_of_device",
+    "dtype_in",
+    "dtype_name",
 ]
 
 # Python numbers, by exact type: NumPy scalars subclass float but are arrays here.
@@ -238,3 +243,40 @@ def scatter_add(xp, z, key, values):
         return xp.reshape(z, (-1,)).index_add(0, positions, values).reshape(shape)
     onehot = positions[:, None] == xp.arange(size_of(z), device=device_of(z))[None, :]
     return z + xp.reshape(values[None, :] @ xp.astype(onehot, values.dtype), shape)
+
+
+# --- dtypes and devices across libraries
+DTYPE_NAMES = (
+    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float32 float64 complex64 complex128"
+).split()
+
+
+def library_of_device(device, default):
+    """The namespace of the library that owns `device` (`default` for None or "cpu")."""
+    if device is None or isinstance(device, str) and device == "cpu":
+        return default
+    module = type(device).__module__.split(".")[0]
+    if module == "array_api_strict":
+        return sys.modules["array_api_strict"]
+    if module == "torch":
+        return array_api_compat.array_namespace(sys.modules["torch"].empty(0))
+    if module == "cupy":
+        return importlib.import_module("array_api_compat.cupy")
+    return default
+
+
+def dtype_in(xp, dtype):
+    """`dtype` as the dtype object of library `xp` (dtypes of other libraries are translated)."""
+    if dtype is None:
+        return None
+    name = dtype_name(dtype)
+    return getattr(xp, name) if name and hasattr(xp, name) else dtype
+
+
+def dtype_name(dtype):
+    """The standard's name of a dtype of any library ("float32"), or None."""
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        text = str(dtype).rsplit(".", 1)[-1].strip("'>")
+        return text if text in DTYPE_NAMES else None

@@ -12,52 +12,13 @@ tracked arrays and plain arrays for plain ones.
 TrackedArray(array([0., 0.], dtype=float32), constant)
 """
 
-import importlib
-import sys
-
-import array_api_compat
 import numpy as np
 
-from .backend import is_array, namespace_of
+from .backend import DTYPE_NAMES, dtype_in, dtype_name, is_array, library_of_device, namespace_of
 from .primitive import Primitive
 from .tracked import TrackedArray, constant, data
 
-__all__ = ["DTYPE_NAMES", "bound_functions", "library_of_device", "tril", "triu"]
-
-DTYPE_NAMES = (
-    "bool int8 int16 int32 int64 uint8 uint16 uint32 uint64 float32 float64 complex64 complex128"
-).split()
-
-
-def library_of_device(device, default):
-    """The namespace of the library that owns `device` (`default` for None or "cpu")."""
-    if device is None or isinstance(device, str) and device == "cpu":
-        return default
-    module = type(device).__module__.split(".")[0]
-    if module == "array_api_strict":
-        return sys.modules["array_api_strict"]
-    if module == "torch":
-        return array_api_compat.array_namespace(sys.modules["torch"].empty(0))
-    if module == "cupy":
-        return importlib.import_module("array_api_compat.cupy")
-    return default
-
-
-def _dtype_in(xp, dtype):
-    """`dtype` as the dtype object of library `xp` (dtypes of other libraries are translated)."""
-    if dtype is None:
-        return None
-    name = _dtype_name(dtype)
-    return getattr(xp, name) if name and hasattr(xp, name) else dtype
-
-
-def _dtype_name(dtype):
-    """The standard's name of a dtype of any library ("float32"), or None."""
-    try:
-        return np.dtype(dtype).name
-    except TypeError:
-        text = str(dtype).rsplit(".", 1)[-1].strip("'>")
-        return text if text in DTYPE_NAMES else None
+__all__ = ["bound_functions", "tril", "triu"]
 
 
 def bound_functions(default):
@@ -65,7 +26,7 @@ def bound_functions(default):
 
     def target(device, dtype):
         xp = library_of_device(device, default)
-        return xp, _dtype_in(xp, dtype)
+        return xp, dtype_in(xp, dtype)
 
     def sized(name):
         def create(shape, *, dtype=None, device=None):
@@ -100,7 +61,7 @@ def bound_functions(default):
         if isinstance(obj, TrackedArray):  # a constant
             if (
                 copy is not True
-                and _dtype_name(dtype) in (None, _dtype_name(obj.dtype))
+                and dtype_name(dtype) in (None, dtype_name(obj.dtype))
                 and (device is None or device == obj.device)
             ):
                 return obj
@@ -109,7 +70,10 @@ def bound_functions(default):
         return constant(xp.asarray(obj, dtype=dt, device=device, copy=copy), xp)
 
     def from_dlpack(x, /, *, device=None, copy=None):
-        return constant(default.from_dlpack(data(x), device=device, copy=copy), default)
+        if isinstance(x, TrackedArray):
+            x.__dlpack__()  # an array on the tape refuses, naming what to do
+            x = x.data
+        return constant(default.from_dlpack(x, device=device, copy=copy), default)
 
     functions = {name: sized(name) for name in ("zeros", "ones", "empty")}
     functions.update(full=full, arange=arange, eye=eye, linspace=linspace, asarray=asarray)
@@ -136,13 +100,13 @@ def _tracked_asarray(x, dtype, device, copy):
     from .rules.shape import to_device
 
     if copy is False and (
-        (dtype is not None and _dtype_name(dtype) != _dtype_name(x.dtype))
+        (dtype is not None and dtype_name(dtype) != dtype_name(x.dtype))
         or (device is not None and device != x.device)
     ):
         raise ValueError("asarray(x, copy=False) cannot change the dtype or device without a copy")
     changed = x
-    if dtype is not None and _dtype_name(dtype) != _dtype_name(x.dtype):
-        changed = astype(changed, _dtype_in(x._xp, dtype))
+    if dtype is not None and dtype_name(dtype) != dtype_name(x.dtype):
+        changed = astype(changed, dtype_in(x._xp, dtype))
     if device is not None and device != x.device:
         changed = to_device(changed, device)
     return identity(changed) if copy and changed is x else changed
@@ -166,7 +130,7 @@ def _stacked(obj, dtype, device):
     from .rules.shape import stack
 
     like = _first_tracked(obj)
-    dtype = like.dtype if dtype is None else _dtype_in(like._xp, dtype)
+    dtype = like.dtype if dtype is None else dtype_in(like._xp, dtype)
     device = like.device if device is None else device
 
     def build(o):
@@ -183,7 +147,7 @@ def _like(name):
     def create(x, /, *, dtype=None, device=None):
         value = data(x)
         xp = namespace_of(value)
-        made = getattr(xp, name)(value, dtype=_dtype_in(xp, dtype), device=device)
+        made = getattr(xp, name)(value, dtype=dtype_in(xp, dtype), device=device)
         return constant(made, x._xp) if isinstance(x, TrackedArray) else made
 
     create.__name__ = name
@@ -193,7 +157,7 @@ def _like(name):
 def _full_like(x, /, fill_value, *, dtype=None, device=None):
     value = data(x)
     xp = namespace_of(value)
-    made = xp.full_like(value, data(fill_value), dtype=_dtype_in(xp, dtype), device=device)
+    made = xp.full_like(value, data(fill_value), dtype=dtype_in(xp, dtype), device=device)
     return constant(made, x._xp) if isinstance(x, TrackedArray) else made
 
 

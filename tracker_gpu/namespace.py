@@ -19,7 +19,7 @@ import types
 
 import numpy as np
 
-from . import creation
+from . import creation, tracked
 from .rules import einsum, elementwise, manipulation, nn, reductions, shape
 from .rules import fft as fft_rules
 from .rules import linalg as linalg_rules
@@ -106,6 +106,7 @@ def namespace_for(xp):
     return ns
 
 
+tracked.serve_namespaces(namespace_for)
 globals().update(_contents(np))
 __all__ = sorted(name for name in _contents(np) if not name.startswith("_")) + ["namespace_for"]
 linalg.__getattr__ = __getattr__

@@ -4,7 +4,7 @@ A `Primitive` is a forward `f(xp, *args, **kw)` and one vector-Jacobian product 
 argument, `vjp(g, ans, *args, **kw)` (`None` for an argument with no gradient). The vjps are
 written with this package's functions and operators, which accept plain and tracked arrays alike:
 a first-order pass calls them on plain arrays (fast), a nested pass on tracked ones (so the
-gradient is itself differentiable). Broadcasting is undone in one place, `_fit`.
+gradient is itself differentiable). Broadcasting is undone in one place, `rules.shape.fit`.
 
 Each primitive declares what its vjps read (`saves`), and its node keeps exactly that of the
 output and of its tracked arguments: `multiply` saves its inputs, `exp` its output, `add`, `sum`
@@ -396,26 +396,19 @@ def _library_with_plain_operands(xp, values):
     return xp
 
 
+# How a gradient is fitted to its argument (summed over the axes it was broadcast along, cast to
+# its dtype): written with the rules' own functions, so that it is differentiable, and
+# registered by them (rules.shape) when they load.
+_FIT = [None]
+
+
+def fit_gradients_with(fit):
+    """Have every pullback fit its gradients with `fit(ga, node, name)`."""
+    _FIT[0] = fit
+
+
 def _fit(ga, a, name):
-    """Sum a gradient down to the shape of its argument (a node), and cast it to its dtype."""
-    from .rules.elementwise import astype, real
-    from .rules.shape import unbroadcast
-
-    shape = a.shape
-    if ga.shape != shape and not _unknown_alike(ga.shape, shape):
-        ga = unbroadcast(ga, shape, name)
-    if ga.dtype != a.dtype:
-        if backend.is_complex_dtype(ga.dtype) and not backend.is_complex_dtype(a.dtype):
-            ga = real(ga)  # a real argument of a complex function: its part of the gradient
-        ga = astype(ga, a.dtype)
-    return ga
-
-
-def _unknown_alike(shape, other):
-    """Whether two shapes differ only where a size is unknown (NaN: Dask's after a mask)."""
-    return len(shape) == len(other) and all(
-        m == n or m != m or n != n for m, n in zip(shape, other)
-    )
+    return _FIT[0](ga, a, name)
 
 
 # --- custom rules: Tracker's `track` + `@grad`

@@ -63,15 +63,21 @@ class TrackedArray:
     mT = property(lambda self: matrix_transpose(self))
 
     def __array_namespace__(self, *, api_version=None):
-        from .namespace import namespace_for
-
-        return namespace_for(self._xp)
+        return _NAMESPACES[0](self._xp)
 
     def to_device(self, device, /, *, stream=None):
         return to_device(self, device)
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        """The data, exported (the tape stays here: what the consumer computes is not recorded)."""
+        """A constant's data, exported; an array on the tape refuses (what the consumer
+        computed would not be recorded, so its gradient would be silently lost), as PyTorch
+        refuses a tensor that requires a gradient."""
+        if self._node is not None:
+            raise BufferError(
+                "cannot export a TrackedArray on the gradient tape through DLPack: what is "
+                "computed from the export would carry no gradient; export tg.data(x) for the "
+                "plain value, or tg.stop_gradient(x)"
+            )
         given = dict(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
         return self.data.__dlpack__(**{k: v for k, v in given.items() if v is not None})
 
@@ -244,10 +250,8 @@ _BITWISE = frozenset("bitwise_and bitwise_or bitwise_xor invert left_shift right
 
 def numpy_function_error(name):
     """The error for a NumPy function called on a tracked array, naming what to call instead."""
-    from . import namespace
-
     standard = _STANDARD_NAMES.get(name, name)
-    if standard in namespace.__all__:
+    if hasattr(_NAMESPACES[0](np), standard):
         hint = (
             f"call tg.{standard}(x) instead, or xp.{standard}(x) with "
             "xp = array_api_compat.array_namespace(x): both record it"
@@ -258,6 +262,16 @@ def numpy_function_error(name):
             "functions (tg.*), or call NumPy on tg.data(x) for a plain value without gradient"
         )
     return TypeError(f"NumPy's {name} cannot record a gradient on a TrackedArray; {hint}")
+
+
+# The tracked namespace bound to a library (the namespace module registers its `namespace_for`
+# when it loads: it is built on the rules, which build on this module).
+_NAMESPACES = [None]
+
+
+def serve_namespaces(namespace_for):
+    """Have `x.__array_namespace__()` answer with `namespace_for(library of x)`."""
+    _NAMESPACES[0] = namespace_for
 
 
 # --- constants, and writes
@@ -538,7 +552,7 @@ from .rules.elementwise import (  # noqa: E402
     remainder,
     subtract,
 )
-from .rules.linalg import matmul, matrix_transpose  # noqa: E402
+from .rules.linalg_base import matmul, matrix_transpose  # noqa: E402
 from .rules.shape import getitem, permute_dims, to_device  # noqa: E402
 
 # --- the arithmetic operators. With a Python number on the other side there is nothing to

@@ -10,8 +10,7 @@ import importlib
 import array_api_compat
 import numpy as np
 
-from ..backend import device_of, is_array, is_cupy, namespace_of
-from ..creation import DTYPE_NAMES, library_of_device
+from ..backend import DTYPE_NAMES, device_of, is_array, is_cupy, library_of_device, namespace_of
 from ..optim.tree import tree_map_with_path
 from ..tracked import data
 

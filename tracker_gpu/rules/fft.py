@@ -32,10 +32,9 @@ import importlib
 
 import numpy as np
 
-from ..backend import device_of, is_array, is_lazy, namespace_of
-from ..creation import _dtype_in, library_of_device
+from ..backend import device_of, dtype_in, is_array, is_lazy, library_of_device, namespace_of
 from ..primitive import Primitive
-from ..tracked import data
+from ..tracked import constant, data
 from .elementwise import astype, complex_dtype, conj, is_complex, multiply, real_dtype
 from .shape import concat
 
@@ -408,13 +407,14 @@ def bound_functions(default):
         xp = library_of_device(device, default)
         if xp is np:  # NumPy's own takes no dtype; array-api-compat's wrapper does
             xp = importlib.import_module("array_api_compat.numpy")
-        return getattr(xp.fft, kind)(n, d=d, dtype=_dtype_in(xp, dtype), device=device)
+        made = getattr(xp.fft, kind)(n, d=d, dtype=dtype_in(xp, dtype), device=device)
+        return constant(made, namespace_of(made))
 
     def fftfreq(n, /, *, d=1.0, dtype=None, device=None):
         """The frequencies of the bins of a transform of length `n`, sample spacing `d`.
 
         >>> import tracker_gpu as tg
-        >>> tg.fft.fftfreq(4, d=0.5)
+        >>> tg.data(tg.fft.fftfreq(4, d=0.5))
         array([ 0. ,  0.5, -1. , -0.5])
         """
         return frequencies("fftfreq", n, d, dtype, device)
@@ -423,7 +423,7 @@ def bound_functions(default):
         """The frequencies of the `n // 2 + 1` bins of `rfft` of length `n`.
 
         >>> import tracker_gpu as tg
-        >>> tg.fft.rfftfreq(4)
+        >>> tg.data(tg.fft.rfftfreq(4))
         array([0.  , 0.25, 0.5 ])
         """
         return frequencies("rfftfreq", n, d, dtype, device)

@@ -50,7 +50,7 @@ from collections import namedtuple
 
 from ..backend import device_of, namespace_of
 from ..primitive import Primitive, tracking
-from ..tracked import data, istracked
+from ..tracked import TrackedArray, constant, constants, data, istracked
 from . import decompositions
 from .decompositions import *  # noqa: F403 (re-exported: part of the extension)
 from .decompositions import svdvals
@@ -267,7 +267,7 @@ def slogdet(x, /):
     both = _slogdet(x)
     if is_complex(both):
         return SlogdetResult(both[..., 0], real(both[..., 1]))
-    return SlogdetResult(data(both)[..., 0], both[..., 1])
+    return SlogdetResult(constant(data(both)[..., 0], both._xp), both[..., 1])
 
 
 def _logdet_complex_forward(xp, x):
@@ -294,10 +294,11 @@ def logdet(x, /):
 
 # --- rank
 def matrix_rank(x, /, *, rtol=None):
-    """The rank of each matrix in `x` (plain integers; not differentiable)."""
-    x, rtol = data(x), data(rtol)
+    """The rank of each matrix in `x` (integers; not differentiable)."""
+    tracked, x, rtol = x, data(x), data(rtol)
     linalg = _xp(x).linalg
-    return linalg.matrix_rank(x) if rtol is None else linalg.matrix_rank(x, rtol=rtol)
+    rank = linalg.matrix_rank(x) if rtol is None else linalg.matrix_rank(x, rtol=rtol)
+    return constants(rank, tracked._xp) if isinstance(tracked, TrackedArray) else rank
 
 
 # --- powers

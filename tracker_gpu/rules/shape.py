@@ -11,8 +11,9 @@ import numpy as np
 
 from .. import backend, recording
 from ..backend import device_of, namespace_of
-from ..primitive import ByPosition, Primitive
+from ..primitive import ByPosition, Primitive, fit_gradients_with
 from ..tracked import TrackedArray, data
+from .elementwise import astype, real
 
 
 # The forwards carry the standard's signatures (the namespace shows them).
@@ -77,6 +78,25 @@ flip = Primitive("flip", _flip_forward, (lambda g, ans, x, **kw: flip(g, **kw),)
 broadcast_to = Primitive(
     "broadcast_to", _broadcast_to_forward, (lambda g, ans, x, shape: g, None), saves=""
 )
+
+
+def fit(ga, a, name):
+    """Sum a gradient down to the shape of its argument (a node), and cast it to its dtype."""
+    shape = a.shape
+    if ga.shape != shape and not _unknown_alike(ga.shape, shape):
+        ga = unbroadcast(ga, shape, name)
+    if ga.dtype != a.dtype:
+        if backend.is_complex_dtype(ga.dtype) and not backend.is_complex_dtype(a.dtype):
+            ga = real(ga)  # a real argument of a complex function: its part of the gradient
+        ga = astype(ga, a.dtype)
+    return ga
+
+
+def _unknown_alike(shape, other):
+    """Whether two shapes differ only where a size is unknown (NaN: Dask's after a mask)."""
+    return len(shape) == len(other) and all(
+        m == n or m != m or n != n for m, n in zip(shape, other)
+    )
 
 
 def unbroadcast(g, shape, name="?"):
@@ -295,3 +315,6 @@ def to_device(x, device, /, *, stream=None):
 
 def _device(x):
     return x.device if isinstance(x, TrackedArray) else device_of(x)
+
+
+fit_gradients_with(fit)
