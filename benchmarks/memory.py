@@ -14,15 +14,18 @@ only what its backward pass needs). Every library's gradients are checked agains
   logit cross-entropy, Adam); the peers compute the gradient, then the same Adam by hand;
 - residual: a 20-block residual MLP, each block `h + relu(h @ W1 + b1) @ W2 + b2` (width 64,
   hidden 256, batch 1,024, float64), loss `sum(h**2)`, gradients of every weight;
-- residual, checkpoint: the same with each block in `tg.checkpoint` (autograd's `checkpoint`).
+- residual, checkpoint: the same with each block in `tg.checkpoint` (autograd's `checkpoint`);
+- writes: a 256-wide matrix filled row by row, each row from its own data or from the row
+  before (see write_workloads.py).
 
 Targets (a benchmark, not a test): wide at most autograd's peak; the MLP step and the residual
 MLP at most 1.2x the hand-written NumPy; with a checkpoint per block, the residual MLP at most
-half of its peak without; the chain no worse than 40.8 MB (before the tape kept only what
-pullbacks need). PyTorch's CPU allocator is invisible to tracemalloc: its column is measured
-only on a GPU (`--backend cupy`, PyTorch's CUDA allocator), where the tracker_gpu figures come
-from CuPy's memory pool. Not shown: time (see peers.py), and memory outside the call (the
-parameters and optimiser state that exist before and after it).
+half of its peak without; both writes at most 2.5x by hand (which keeps no copy of the rows it
+reads; a copy of the whole matrix per write would be about 130x); the chain no worse than 40.8
+MB (before the tape kept only what pullbacks need). PyTorch's CPU allocator is invisible to
+tracemalloc: its column is measured only on a GPU (`--backend cupy`, PyTorch's CUDA allocator),
+where the tracker_gpu figures come from CuPy's memory pool. Not shown: time (see peers.py), and
+memory outside the call (the parameters and optimiser state that exist before and after it).
 """
 
 import argparse
@@ -33,6 +36,7 @@ import sys
 import numpy as np
 from peer_measure import as_numpy, peak_tracemalloc
 from peer_workloads import long_chain_builders, wide_builders
+from write_workloads import write_builders
 
 import tracker_gpu as tg
 
@@ -268,6 +272,7 @@ def flat(value):
 
 def workloads(quick):
     uses, ops, batch = (1_000, 10_000, 256) if quick else (10_000, 100_000, 1024)
+    rows = 64 if quick else 512
     return {  # name: (title, builders, the tolerance of the check against NumPy)
         "wide": (f"wide, 1,000 float64 used {uses:,} times", wide_builders(uses, 1000), 1e-9),
         "chain": (f"chain, {ops:,} ops y * c on 16 float64", long_chain_builders(ops, 16), 1e-9),
@@ -280,6 +285,12 @@ def workloads(quick):
         "residual, checkpoint": (
             "the same, a checkpoint per block",
             residual_builders(True, batch),
+            1e-9,
+        ),
+        "writes": (f"{rows} rows written, each from its data", write_builders(False, rows), 1e-9),
+        "writes, recurrent": (
+            f"{rows} rows written, each from the row before",
+            write_builders(True, rows),
             1e-9,
         ),
     }
@@ -302,6 +313,8 @@ def targets(rows, quick):
     add("MLP step: at most 1.2x by hand", mb("mlp step"), mb("mlp step", "numpy"), 1.2)
     add("residual: at most 1.2x by hand", mb("residual"), mb("residual", "numpy"), 1.2)
     add("checkpoint: at most half without", mb("residual, checkpoint"), mb("residual"), 0.5)
+    for name in ("writes", "writes, recurrent"):  # by hand saves no copy of the rows it reads
+        add(f"{name}: at most 2.5x by hand", mb(name), mb(name, "numpy"), 2.5)
     if not quick:
         add("chain: no worse than 40.8 MB", mb("chain"), CHAIN_BEFORE_MB, 1.0)
     return found

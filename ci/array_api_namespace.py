@@ -1,53 +1,23 @@
-"""The tracked namespace as the Array API conformance suite sees it: bound to NumPy, with every
-array a creation function returns made a tracked leaf, so that the suite's operators, methods and
-functions all run on `TrackedArray`s (float and complex arrays are leaves to differentiate with
-respect to; integer and boolean arrays are tracked too, carrying no gradient).
+"""The Array API conformance suite's entry point: the bare tracked namespace,
+`tracker_gpu.namespace`, the very module that `array_api_compat.array_namespace(x)` returns for a
+tracked NumPy array `x`. Nothing is wrapped: the suite creates its arrays with the namespace's own
+creation functions, so they are tracked constants (TrackedArrays with no place on the tape), and
+every operator, method and function it checks runs on them as a user's code would (the suite
+checks values, dtypes and shapes, never gradients). Both extensions, `linalg` and `fft`, are
+included.
 
-To run the suite (data-apis/array-api-tests) against it, from a checkout of that suite (with its
-`array-api` submodule), this project's root on the path:
+To run the suite (data-apis/array-api-tests, with its `array-api` submodule of spec stubs) from a
+checkout of it outside this project, with this project installed (`pip install -e .`):
 
-    PYTHONPATH=/path/to/this/project \\
-    ARRAY_API_TESTS_MODULE=ci.array_api_namespace ARRAY_API_TESTS_VERSION=2024.12 \\
-    pytest array_api_tests/ --max-examples 20
+    ARRAY_API_TESTS_MODULE=tracker_gpu.namespace ARRAY_API_TESTS_VERSION=2024.12 \\
+    pytest array_api_tests/ -q -p no:cacheprovider --disable-warnings --max-examples 20
 
-and the same with ARRAY_API_TESTS_MODULE=array_api_compat.numpy for NumPy's own figures.
-Both extensions, `linalg` and `fft`, are included.
+and the same with ARRAY_API_TESTS_MODULE=array_api_compat.numpy for NumPy's own figures; the
+failures the two do not share are the tracked namespace's own.
 """
 
-import functools
-import inspect
-
 from tracker_gpu import namespace
-from tracker_gpu.backend import is_array, namespace_of
-from tracker_gpu.tracked import TrackedArray
 
-CREATION = (
-    "asarray arange empty empty_like eye from_dlpack full full_like linspace ones ones_like "
-    "zeros zeros_like tril triu meshgrid"
-).split()
+MODULE = namespace.__name__  # "tracker_gpu.namespace": the value of ARRAY_API_TESTS_MODULE
 
-
-def tracked(value):
-    """A plain array as a tracked leaf; anything else (tracked, tuples, lists) as it is."""
-    if isinstance(value, (list, tuple)):
-        return type(value)(tracked(v) for v in value)
-    if is_array(value) and not isinstance(value, TrackedArray):
-        return TrackedArray(value, namespace_of(value))
-    return value
-
-
-def _creating_tracked(function):
-    @functools.wraps(function)
-    def create(*args, **kw):
-        return tracked(function(*args, **kw))
-
-    create.__signature__ = inspect.signature(function)
-    return create
-
-
-globals().update({name: getattr(namespace, name) for name in namespace.__all__})
-globals().update({name: _creating_tracked(getattr(namespace, name)) for name in CREATION})
-__array_api_version__ = namespace.__array_api_version__
-__array_namespace_info__ = namespace.__array_namespace_info__
-linalg = namespace.linalg
-fft = namespace.fft
+__all__ = ["MODULE", "namespace"]

@@ -10,6 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+# SciPy reads its Array API switch once, when first imported: on for the whole run, so that the
+# client tests (SciPy, and scikit-learn's dispatch, which needs it) find it whatever ran first.
+os.environ.setdefault("SCIPY_ARRAY_API", "1")
+
 import numpy as np
 import pytest
 

@@ -151,10 +151,13 @@ def test_memory(tmp_path):
     out = run("memory.py", "--quick", "--json", str(tmp_path / "m"))
     document = json.loads((tmp_path / "m").read_text())
     rows = document["workloads"]
-    assert set(rows) == {"wide", "chain", "mlp step", "residual", "residual, checkpoint"}
+    assert set(rows) == {
+        "wide", "chain", "mlp step", "residual", "residual, checkpoint", "writes",
+        "writes, recurrent",
+    }  # fmt: skip
     for row in rows.values():
         assert row["peaks"]["numpy"] > 0 and row["peaks"]["tracker_gpu"] > 0
-    expected = {"MLP step", "residual", "checkpoint"}
+    expected = {"MLP step", "residual", "checkpoint", "writes", "writes, recurrent"}
     if isinstance(rows["wide"]["peaks"].get("autograd"), (int, float)):
         expected.add("wide")  # compared with autograd only where autograd is installed
     assert {t["target"].split(":")[0] for t in document["targets"]} >= expected

@@ -211,19 +211,19 @@ def test_standard_edge_cases_found_by_the_conformance_suite():
 
 
 def test_the_namespace_the_conformance_suite_runs_against():
-    """ci/array_api_namespace.py: every created array is a tracked leaf, the extensions are
-    there, and what is computed from created arrays differentiates."""
+    """ci/array_api_namespace.py names the bare namespace, the one users get: its created
+    arrays are constants, and writes into them (which the suite makes) take."""
     import importlib.util
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "ci" / "array_api_namespace.py"
     spec = importlib.util.spec_from_file_location("array_api_namespace", path)
-    xp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(xp)
+    entry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)
+    xp = entry.namespace
+    assert xp is array_api_compat.array_namespace(tg.param(np.ones(2)))
+    assert entry.MODULE == "tracker_gpu.namespace" and xp.__array_api_version__ == "2024.12"
     x = xp.linspace(0.0, 1.0, 4)
-    assert tg.istracked(x) and tg.istracked(xp.arange(3)) and tg.istracked(xp.eye(2)[0])
-    assert xp.fft.fft is tg.fft.fft and xp.linalg.inv is tg.linalg.inv
-    assert xp.__array_api_version__ == "2024.12"
-    y = xp.sum(xp.abs(xp.fft.rfft(x * xp.ones_like(x))))
-    (g,) = tg.gradient(lambda x: xp.sum(xp.abs(xp.fft.rfft(x))), tg.data(x))
-    assert tg.istracked(y) and g.shape == (4,)
+    assert isinstance(x, tg.TrackedArray) and not tg.istracked(x)
+    x[1] = 5.0
+    assert np.asarray(x).tolist() == [0.0, 5.0, 2.0 / 3.0, 1.0]

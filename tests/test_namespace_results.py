@@ -157,3 +157,19 @@ def test_asarray_copies_when_asked(backend, on_tape):
     assert y is not x and xp.asarray(x) is x
     y[0] = 9.0
     assert backend.to_numpy(tg.data(x)).tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int64", "float32", "complex64", "bool"])
+def test_asarray_without_a_copy_is_the_array_itself(dtype):
+    xp = array_api_compat.array_namespace(tg.param(np.ones(2)))
+    x = xp.zeros(2, dtype=getattr(xp, dtype))
+    out = xp.asarray(x, copy=False)
+    x[0] = 1
+    assert out is x and bool(out[0])
+
+
+def test_the_zero_norm_of_complex_values_is_real():
+    xp = array_api_compat.array_namespace(tg.param(np.ones(2)))
+    z = xp.asarray([0j, 1 + 1j], dtype=xp.complex64)
+    assert xp.linalg.vector_norm(z, ord=0).dtype == xp.float32
+    assert xp.linalg.vector_norm(tg.param(np.asarray([0j, 2j])), ord=0).dtype == xp.float64

@@ -25,6 +25,7 @@ __all__ = [
     "size_of",
     "writable",
     "memory_key",
+    "owning",
     "check_same_library",
     "common_library",
     "widened",
@@ -148,6 +149,17 @@ def writable(x):
         return x
     xp = namespace_of(x)
     return xp.asarray(x, copy=True)
+
+
+def owning(x):
+    """`x`, or a copy of it where it is a view of another NumPy, CuPy or array-api-strict
+    array's memory (other libraries' views are left as they are)."""
+    inner = getattr(x, "_array", x)  # array-api-strict wraps a NumPy array
+    if getattr(inner, "base", None) is None or not (
+        isinstance(inner, np.ndarray) or is_cupy(inner)
+    ):
+        return x
+    return namespace_of(x).asarray(x, copy=True)
 
 
 def memory_key(x):

@@ -59,11 +59,8 @@ def bound_functions(default):
         if isinstance(obj, (list, tuple)) and _holds_tracked(obj):
             return _stacked(obj, dtype, device)
         if isinstance(obj, TrackedArray):  # a constant
-            if (
-                copy is not True
-                and dtype_name(dtype) in (None, dtype_name(obj.dtype))
-                and (device is None or device == obj.device)
-            ):
+            same_dtype = dtype is None or dtype_name(dtype) == dtype_name(obj.dtype)
+            if copy is not True and same_dtype and (device is None or device == obj.device):
                 return obj
             obj = obj.data
         xp, dt = target(device, dtype)  # the bound library (or the device's), as the standard says

@@ -55,7 +55,7 @@ from . import decompositions
 from .decompositions import *  # noqa: F403 (re-exported: part of the extension)
 from .decompositions import svdvals
 from .elementwise import abs as _abs
-from .elementwise import conj, is_complex, multiply, real, subtract, where
+from .elementwise import conj, is_complex, multiply, real, real_dtype, subtract, where
 from .elementwise import conjugate_derivative as _conj
 from .linalg_base import _H, _eye, _tracked, _xp, inv, matmul, matrix_transpose, solve
 from .reductions import expand, sumabs2_of
@@ -347,7 +347,8 @@ _norm2 = Primitive("vector_norm", _norm2_forward, (_norm2_vjp,), saves="x ans")
 
 
 def _norm0_forward(xp, x, axis=None, keepdims=False):
-    return xp.sum(xp.astype(x != 0, x.dtype), axis=axis, keepdims=keepdims)
+    count = xp.astype(x != 0, real_dtype(xp, x.dtype))  # a norm is real, of x's precision
+    return xp.sum(count, axis=axis, keepdims=keepdims)
 
 
 _norm0 = Primitive("vector_norm_0", _norm0_forward, (None,))

@@ -168,7 +168,10 @@ def _size(x):
 
 # --- indexing
 def _getitem_forward(xp, x, key):
-    return x[key]
+    # A copy, not a view: a pullback that saves the part read must not keep the whole array
+    # alive, nor make a later write into the array copy it (a loop that writes row i from row
+    # i - 1 would keep a copy of the array per row).
+    return backend.owning(x[key])
 
 
 def _index_adjoint_forward(xp, g, shape, key):
