@@ -7,7 +7,6 @@ plays the role of Tracker's `TrackedReal`. Here too is Tracker's API on tracked 
 """
 
 import operator
-import sys
 
 import numpy as np
 
@@ -158,13 +157,10 @@ class TrackedArray:
         The old value is left as it was when it is seen by anything else (a pullback that saved
         it, a view, the caller's array): the write goes to a copy then. A buffer that only `x`
         holds is written in place."""
-        from .rules.indexed import setitem
+        write(self, key, value)
 
-        _rebind(self, setitem(self, key, value, in_place=_alone(self)))
-
-    # --- bitwise operators: no gradient, plain arrays (traced ones while tg.compile records);
-    # & | ^ << >> are declared with the operator table at the end. Without in-place forms, as
-    # the arithmetic operators: `x &= y` rebinds x to `x & y`.
+    # --- bitwise operators: no gradient, constants (traced ones while tg.compile records);
+    # & | ^ << >> are declared with the operator table at the end, with the in-place forms.
     def __invert__(self):
         from .rules.elementwise import PLAIN_FUNCTIONS
 
@@ -335,71 +331,6 @@ def _untracked(tree):
     return data(tree)
 
 
-def _references(x):
-    return sys.getrefcount(x.data)
-
-
-# How many references a buffer held by one tracked array alone has, as _references counts them.
-_ALONE = _references(constant(np.zeros(1), np))
-
-
-def _alone(x):
-    """Whether `x`'s buffer is seen by `x` alone: a NumPy or CuPy array that owns its memory
-    (no view of another) and that nothing else references (no pullback saved it, no view of
-    it, no caller holds it). Writing into it in place then changes nothing anyone can see.
-    Other libraries' arrays are never written in place."""
-    value = x.data
-    if type(value) is not np.ndarray and not backend.is_cupy(value):
-        return False
-    return value.base is None and _references(x) <= _ALONE
-
-
-def _rebind(x, written):
-    """`x` now stands for `written` (its value and its place on the tape)."""
-    x.data, x._node = written.data, written._node
-
-
-def _in_place(name, function):
-    """`x op= y`: `x` stands for `x op y` from then on (the old buffer is left as it was), as
-    long as that keeps its shape and its kind of dtype."""
-
-    def operator(self, other):
-        result = function(self, other)
-        if not isinstance(result, TrackedArray):
-            result = constant(result, self._xp)
-        if not _same_shape(result.shape, self.shape):
-            raise ValueError(
-                f"x {name}= y would change the shape of x from {tuple(self.shape)} to "
-                f"{tuple(result.shape)}; write x = x {name} y for a new array"
-            )
-        if result.dtype != self.dtype:
-            result = _cast_back(result, self, name)
-        _rebind(self, result)
-        return self
-
-    return operator
-
-
-def _same_shape(a, b):
-    """Whether two shapes agree, where they are known (Dask's may hold NaN for unknown)."""
-    return len(a) == len(b) and all(m == n or m != m or n != n for m, n in zip(a, b))
-
-
-def _cast_back(result, x, name):
-    """The result of an in-place operator in `x`'s dtype, where NumPy's `same_kind` rule
-    allows it (float64 into float32, real into complex); a TypeError otherwise."""
-    xp = x._xp
-    kinds = ("bool", "integral", "real floating", "complex floating")
-    rank = {kind: i for i, kind in enumerate(kinds)}
-    kind_of = lambda dtype: next(k for k in kinds if xp.isdtype(dtype, k))  # noqa: E731
-    if rank[kind_of(result.dtype)] > rank[kind_of(x.dtype)]:
-        raise TypeError(
-            f"x {name}= y cannot store a result of dtype {result.dtype} in x of dtype "
-            f"{x.dtype}; write x = x {name} y for a new array, or cast y first"
-        )
-    return astype(result, x.dtype)
-
-
 # --- Tracker's API on tracked values
 
 
@@ -542,7 +473,6 @@ from .primitive import NOT_TRACKING, record, saved_values  # noqa: E402
 from .rules.elementwise import (  # noqa: E402
     abs,
     add,
-    astype,
     divide,
     floor_divide,
     identity,
@@ -552,6 +482,7 @@ from .rules.elementwise import (  # noqa: E402
     remainder,
     subtract,
 )
+from .rules.indexed import in_place_operator, write  # noqa: E402
 from .rules.linalg_base import matmul, matrix_transpose  # noqa: E402
 from .rules.shape import getitem, permute_dims, to_device  # noqa: E402
 
@@ -621,4 +552,4 @@ _IN_PLACE = {
 }  # fmt: skip
 for _name, _symbol in _IN_PLACE.items():
     _method = getattr(TrackedArray, f"__{_name}__")
-    setattr(TrackedArray, f"__i{_name}__", _in_place(_symbol, _method))
+    setattr(TrackedArray, f"__i{_name}__", in_place_operator(_symbol, _method))

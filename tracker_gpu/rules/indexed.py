@@ -36,12 +36,14 @@ array([0., 0., 0., 0.])
 (array([ 2., 18., 18.,  2.]), array(12.))
 """
 
+import sys
+
 import numpy as np
 
 from .. import backend, recording
 from ..backend import device_of, namespace_of
 from ..primitive import Primitive
-from ..tracked import TrackedArray, data, istracked
+from ..tracked import TrackedArray, constant, data, istracked
 from .elementwise import add, astype, maximum, minimum, multiply, subtract, where
 from .shape import (
     _has_integer_array,
@@ -53,7 +55,7 @@ from .shape import (
     reshape,
 )
 
-__all__ = ["at", "setitem"]
+__all__ = ["at", "setitem", "write", "in_place_operator"]
 
 
 # --- x[key] = v
@@ -167,6 +169,77 @@ _write_in_place = Primitive(
     (_write_vjp_x, _write_vjp_value),
     saves="",
 )
+
+
+# --- the tracked array's writes: x[key] = v, and x += v and the other in-place operators
+def _references(x):
+    return sys.getrefcount(x.data)
+
+
+# How many references a buffer held by one tracked array alone has, as _references counts them.
+_ALONE = _references(constant(np.zeros(1), np))
+
+
+def _alone(x):
+    """Whether `x`'s buffer is seen by `x` alone: a NumPy or CuPy array that owns its memory
+    (no view of another) and that nothing else references (no pullback saved it, no view of
+    it, no caller holds it). Writing into it in place then changes nothing anyone can see.
+    Other libraries' arrays are never written in place."""
+    value = x.data
+    if type(value) is not np.ndarray and not backend.is_cupy(value):
+        return False
+    return value.base is None and _references(x) <= _ALONE
+
+
+def write(x, key, value):
+    """`x[key] = value` into the tracked array `x`: `x` stands for the written value."""
+    _rebind(x, setitem(x, key, value, in_place=_alone(x)))
+
+
+def _rebind(x, written):
+    """`x` now stands for `written` (its value and its place on the tape)."""
+    x.data, x._node = written.data, written._node
+
+
+def in_place_operator(name, function):
+    """`x op= y`: `x` stands for `x op y` from then on (the old buffer is left as it was), as
+    long as that keeps its shape and its kind of dtype."""
+
+    def operator(self, other):
+        result = function(self, other)
+        if not isinstance(result, TrackedArray):
+            result = constant(result, self._xp)
+        if not _same_shape(result.shape, self.shape):
+            raise ValueError(
+                f"x {name}= y would change the shape of x from {tuple(self.shape)} to "
+                f"{tuple(result.shape)}; write x = x {name} y for a new array"
+            )
+        if result.dtype != self.dtype:
+            result = _cast_back(result, self, name)
+        _rebind(self, result)
+        return self
+
+    return operator
+
+
+def _same_shape(a, b):
+    """Whether two shapes agree, where they are known (Dask's may hold NaN for unknown)."""
+    return len(a) == len(b) and all(m == n or m != m or n != n for m, n in zip(a, b))
+
+
+def _cast_back(result, x, name):
+    """The result of an in-place operator in `x`'s dtype, where NumPy's `same_kind` rule
+    allows it (float64 into float32, real into complex); a TypeError otherwise."""
+    xp = x._xp
+    kinds = ("bool", "integral", "real floating", "complex floating")
+    rank = {kind: i for i, kind in enumerate(kinds)}
+    kind_of = lambda dtype: next(k for k in kinds if xp.isdtype(dtype, k))  # noqa: E731
+    if rank[kind_of(result.dtype)] > rank[kind_of(x.dtype)]:
+        raise TypeError(
+            f"x {name}= y cannot store a result of dtype {result.dtype} in x of dtype "
+            f"{x.dtype}; write x = x {name} y for a new array, or cast y first"
+        )
+    return astype(result, x.dtype)
 
 
 # --- at(x)[idx]
