@@ -2,19 +2,14 @@
 an array of the tracked namespace, and a gradient that agrees with finite differences and with
 PyTorch (the same call on tensors). `xpx.at` writes, with and without copies."""
 
-import array_api_compat
 import numpy as np
 import pytest
 
 import tracker_gpu as tg
+from tests.clients import loss, ns, torch, weights
 from tracker_gpu.testing import gradcheck
 
 xpx = pytest.importorskip("array_api_extra")
-
-try:
-    import torch
-except ImportError:
-    torch = None
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.asarray:UserWarning")
 
@@ -24,27 +19,10 @@ V = RNG.standard_normal(5)
 WITH_ZERO = np.array([0.0, 0.5, -1.25, 2.0])
 
 
-def ns(*arrays):
-    return array_api_compat.array_namespace(*arrays)
-
-
 def fresh(f):
     """`f` on copies of its NumPy arguments: a write without copy=True (which changes a NumPy
     argument in place) then leaves the caller's array, e.g. gradcheck's, as it was."""
     return lambda *a: f(*(np.array(v) if isinstance(v, np.ndarray) else v for v in a))
-
-
-def loss(out, w):
-    """sum(w * out), real part for a complex `out`, in the namespace of `out`."""
-    xp = ns(out)
-    total = xp.sum(out * xp.asarray(w))
-    return xp.real(total) if xp.isdtype(total.dtype, "complex floating") else total
-
-
-def weights(ref):
-    rng = np.random.default_rng(1)
-    w = rng.uniform(0.5, 1.5, size=np.shape(ref))
-    return w + 1j * rng.uniform(-1.0, 1.0, size=np.shape(ref)) if np.iscomplexobj(ref) else w
 
 
 def check_value(f, *xs):

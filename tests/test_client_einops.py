@@ -3,28 +3,19 @@ an array of the tracked namespace, and a gradient that agrees with finite differ
 PyTorch. PyTorch tensors have no `__array_namespace__`, so einops.array_api cannot take them: the
 PyTorch gradient comes from the same pattern through einops' own PyTorch backend."""
 
-import array_api_compat
 import numpy as np
 import pytest
 
 import tracker_gpu as tg
+from tests.clients import ns, torch
 from tracker_gpu.testing import gradcheck
 
 einops = pytest.importorskip("einops")
 ea = pytest.importorskip("einops.array_api")
 
-try:
-    import torch
-except ImportError:
-    torch = None
-
 pytestmark = pytest.mark.filterwarnings("ignore:torch.asarray:UserWarning")
 
 A = np.random.default_rng(0).standard_normal((2, 3, 4))
-
-
-def ns(*arrays):
-    return array_api_compat.array_namespace(*arrays)
 
 
 def sum_of_squares(t, axes):

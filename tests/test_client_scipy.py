@@ -5,33 +5,19 @@ and with PyTorch (the same call on tensors).
 SciPy reads SCIPY_ARRAY_API when it is first imported: this module sets it before importing
 SciPy, and skips where SciPy was imported earlier without it."""
 
-import os
-
-import array_api_compat
 import numpy as np
 import pytest
 
 import tracker_gpu as tg
+from tests.clients import loss, ns, require_scipy_array_api, torch, weights
 from tracker_gpu.testing import gradcheck
 
-os.environ.setdefault("SCIPY_ARRAY_API", "1")
-pytest.importorskip("scipy")
-if not pytest.importorskip("scipy._lib._array_api").SCIPY_ARRAY_API:
-    pytest.skip(
-        "SciPy was imported before this module without SCIPY_ARRAY_API=1, so it ignores the "
-        "Array API; run with SCIPY_ARRAY_API=1",
-        allow_module_level=True,
-    )
+require_scipy_array_api()
 special = pytest.importorskip("scipy.special")
 stats = pytest.importorskip("scipy.stats")
 fft = pytest.importorskip("scipy.fft")
 signal = pytest.importorskip("scipy.signal")
 integrate = pytest.importorskip("scipy.integrate")
-
-try:
-    import torch
-except ImportError:
-    torch = None
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.asarray:UserWarning")
 
@@ -43,23 +29,6 @@ K = RNG.standard_normal(3)
 POSITIVE = RNG.uniform(0.5, 1.5, size=4)
 P = RNG.uniform(0.5, 2.0, size=(3, 4))
 Q = RNG.uniform(0.5, 2.0, size=(3, 4))
-
-
-def ns(*arrays):
-    return array_api_compat.array_namespace(*arrays)
-
-
-def loss(out, w):
-    """sum(w * out), real part for a complex `out`, in the namespace of `out`."""
-    xp = ns(out)
-    total = xp.sum(out * xp.asarray(w))
-    return xp.real(total) if xp.isdtype(total.dtype, "complex floating") else total
-
-
-def weights(ref):
-    rng = np.random.default_rng(1)
-    w = rng.uniform(0.5, 1.5, size=np.shape(ref))
-    return w + 1j * rng.uniform(-1.0, 1.0, size=np.shape(ref)) if np.iscomplexobj(ref) else w
 
 
 # name: (function, its float64 arguments, whether PyTorch's autograd can take SciPy's code)

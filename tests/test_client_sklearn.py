@@ -7,36 +7,21 @@ Dispatch needs SciPy's Array API support, which SciPy reads when it is first imp
 module sets SCIPY_ARRAY_API before importing scikit-learn, and skips where SciPy was imported
 earlier without it."""
 
-import os
-
-import array_api_compat
 import numpy as np
 import pytest
 
 import tracker_gpu as tg
+from tests.clients import loss, ns, require_scipy_array_api, torch
 from tracker_gpu.testing import gradcheck
 
-os.environ.setdefault("SCIPY_ARRAY_API", "1")
 sklearn = pytest.importorskip("sklearn")
-if os.environ["SCIPY_ARRAY_API"] != "1" or not (
-    pytest.importorskip("scipy._lib._array_api").SCIPY_ARRAY_API
-):
-    pytest.skip(
-        "SciPy was imported before this module without SCIPY_ARRAY_API=1, and scikit-learn's "
-        "Array API dispatch needs it; run with SCIPY_ARRAY_API=1",
-        allow_module_level=True,
-    )
+require_scipy_array_api()
 decomposition = pytest.importorskip("sklearn.decomposition")
 discriminant = pytest.importorskip("sklearn.discriminant_analysis")
 linear_model = pytest.importorskip("sklearn.linear_model")
 metrics = pytest.importorskip("sklearn.metrics")
 pairwise = pytest.importorskip("sklearn.metrics.pairwise")
 preprocessing = pytest.importorskip("sklearn.preprocessing")
-
-try:
-    import torch
-except ImportError:
-    torch = None
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.asarray:UserWarning")
 
@@ -52,16 +37,6 @@ TARGETS = np.stack([TARGET, RNG.standard_normal(12)], axis=1)
 def dispatch():
     with sklearn.config_context(array_api_dispatch=True):
         yield
-
-
-def ns(*arrays):
-    return array_api_compat.array_namespace(*arrays)
-
-
-def loss(out, w):
-    """sum(w * out) in the namespace of `out`."""
-    xp = ns(out)
-    return xp.sum(out * xp.asarray(w))
 
 
 def pca(a, **options):
