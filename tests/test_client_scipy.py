@@ -2,8 +2,8 @@
 arrays, as an array of the tracked namespace, and a gradient that agrees with finite differences
 and with PyTorch (the same call on tensors).
 
-SciPy reads SCIPY_ARRAY_API when it is first imported: this module sets it before importing
-SciPy, and skips where SciPy was imported earlier without it."""
+SciPy reads SCIPY_ARRAY_API when it is first imported: the module skips where SciPy was
+imported earlier without it (tests/clients.py)."""
 
 import numpy as np
 import pytest

@@ -3,9 +3,8 @@ inside the function differentiated) gives the value it gives on NumPy arrays, as
 tracked namespace, and a gradient that agrees with finite differences and with PyTorch (the same
 call on tensors) where PyTorch's autograd can take scikit-learn's code.
 
-Dispatch needs SciPy's Array API support, which SciPy reads when it is first imported: this
-module sets SCIPY_ARRAY_API before importing scikit-learn, and skips where SciPy was imported
-earlier without it."""
+Dispatch needs SciPy's Array API support, which SciPy reads when it is first imported: the
+module skips where SciPy was imported earlier without it (tests/clients.py)."""
 
 import numpy as np
 import pytest
@@ -14,8 +13,8 @@ import tracker_gpu as tg
 from tests.clients import loss, ns, require_scipy_array_api, torch
 from tracker_gpu.testing import gradcheck
 
+require_scipy_array_api()  # before scikit-learn imports SciPy
 sklearn = pytest.importorskip("sklearn")
-require_scipy_array_api()
 decomposition = pytest.importorskip("sklearn.decomposition")
 discriminant = pytest.importorskip("sklearn.discriminant_analysis")
 linear_model = pytest.importorskip("sklearn.linear_model")
