@@ -437,3 +437,59 @@ def test_a_buffer_written_in_place_is_no_view_of_a_live_value(backend):
         assert float(val) == float(expected)
         np.testing.assert_array_equal(backend.to_numpy(g), backend.to_numpy(eg))
     assert codegen.REUSE_FROM <= 64 * 80
+
+
+# --- what a replay hands out, and what makes two calls the same program
+def test_a_replay_hands_out_arrays_no_later_call_writes():
+    """The gradient of a 0-d parameter added to the loss is the seed itself, a constant of the
+    program: each call must hand out its own copy, so that `g += 1` changes nothing later."""
+    step = tg.compile(lambda x, s: (tg.sum(x * x) + s, x))
+    x = np.ones(2)
+    for _ in range(3):
+        (val, same), (gx, gs) = step(x, np.asarray(0.5))
+        assert float(gs) == 1.0 and same is not x and np.array_equal(same, x)
+        gs += 1.0
+        same += 1.0
+    assert np.array_equal(x, np.ones(2))
+
+
+def test_signed_zero_and_nan_inside_the_arguments_are_keys():
+    import math
+
+    step = tg.compile(lambda x, c: tg.sum(x) * math.copysign(1.0, c["c"]))
+    x = np.ones(2)
+    for c in (0.0, -0.0, 0.0, -0.0):
+        val, _ = step(x, {"c": c})
+        assert float(val) == math.copysign(2.0, c)
+    step(x, {"c": math.nan})
+    step(x, {"c": math.nan})
+    assert step.cache_info().misses == 3 and step.cache_info().hits == 3
+
+
+class _Settings:
+    """Unhashable (it defines __eq__), not a dataclass: keyed by identity."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def __eq__(self, other):
+        return self is other
+
+
+def test_an_unhashable_argument_is_held_while_its_program_is_cached():
+    from tracker_gpu.compiler.signature import signature
+
+    first = _Settings(1.0)
+    key = signature((first,))
+    address = id(first)
+    del first
+    gc.collect()
+    for _ in range(100):  # whatever takes the freed address must not match the old key
+        other = _Settings(2.0)
+        assert signature((other,)) != key or id(other) != address
+        del other
+    step = tg.compile(lambda x, s: tg.sum(x) * s.scale)
+    results = []
+    for scale in (3.0, 6.0, 9.0):  # each object dies after its call
+        results.append(float(step(np.ones(1), _Settings(scale))[0]))
+    assert results == [3.0, 6.0, 9.0]

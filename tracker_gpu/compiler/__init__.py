@@ -141,7 +141,8 @@ def record(f, args, cuda_graphs=True, wrt=None):
     with recording.recording(recorder):
         result = _traced_run(f, args, recorder, wrt)
     program = Program(recorder, result, arrays, cuda_graphs)
-    return program, tree_map(lambda v: v.data if isinstance(v, TrackedArray) else v, result)
+    plain = tree_map(lambda v: v.data if isinstance(v, TrackedArray) else v, result)
+    return program, program.handed_out(plain, arrays)
 
 
 def _traced_run(f, args, recorder, wrt=None):

@@ -14,7 +14,7 @@ import threading
 import warnings
 
 from .. import draws, recording
-from ..backend import is_cupy
+from ..backend import is_array, is_cupy, namespace_of
 from ..cuda.dispatch import on_host_now
 from ..pytree import tree_leaves, tree_map
 from ..tape import replay
@@ -50,6 +50,7 @@ class Program:
         self.result = tree_map(lambda v: _slot(recorder, v), result)
         self.outputs = sorted({v.index for v in tree_leaves(self.result) if isinstance(v, _Slot)})
         self._rebuild = _builder(self.result)
+        self._kept = {id(v) for v in self.start if v is not None}  # the program's own arrays
         for node in recorder.nodes:  # the recording's values are not the program's
             node.saved = None
         self.interpreted = on_host_now() or any(is_cupy(a) for a in arrays)
@@ -69,7 +70,31 @@ class Program:
             with self._lock:  # the recorded nodes hold this run's pending gradients
                 graph = self._captured(arrays)
                 env = graph.run(arrays) if graph is not None else self.interpret(arrays)
+        self._hand_out(env, arrays)
         return self._rebuild(env)
+
+    def _hand_out(self, env, arrays):
+        """Make every array of the result one that no later replay writes or returns and that
+        neither the caller nor another output holds: a program's constant (the seed handed
+        straight to a 0-d parameter), an argument or an output given twice is copied."""
+        fresh = self._freshener(arrays)
+        for i in self.outputs:
+            env[i] = fresh(env[i])
+
+    def handed_out(self, result, arrays):
+        """The recording run's own result, made fresh as a replay's is (`_hand_out`)."""
+        return tree_map(self._freshener(arrays), result)
+
+    def _freshener(self, arrays):
+        taken = set(self._kept) | {id(a) for a in arrays}
+
+        def fresh(value):
+            if id(value) in taken and is_array(value):
+                return namespace_of(value).asarray(value, copy=True)
+            taken.add(id(value))
+            return value
+
+        return fresh
 
     def interpret(self, arrays):
         """The environment after running the steps one by one on `arrays`."""

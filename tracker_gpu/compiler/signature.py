@@ -43,6 +43,10 @@ def _describe(x, seen):
     if kind is np.ndarray:  # the common case, without the lookups below
         _, order = seen.setdefault(id(x), (x, len(seen)))
         return ("array", np.ndarray, x.shape, x.dtype, "cpu", order)
+    if kind is float:  # by its bits: -0.0 is not 0.0, and a nan is a nan
+        return ("value", float, x.hex())
+    if kind is complex:
+        return ("value", complex, x.real.hex(), x.imag.hex())
     if kind in VALUES:
         return ("value", kind, x)
     describe = _BY_TYPE.get(kind)
@@ -90,5 +94,21 @@ def _object(x, seen):
     try:
         hash(x)
     except TypeError:
-        return ("object", type(x), id(x))
+        return ("object", type(x), _Held(x))
     return ("value", type(x), x)
+
+
+class _Held:
+    """An unhashable object in a signature, by identity, and held: while a cached program's
+    key holds it, no other object can take its address and replay its recording."""
+
+    __slots__ = ("x",)
+
+    def __init__(self, x):
+        self.x = x
+
+    def __eq__(self, other):
+        return type(other) is _Held and other.x is self.x
+
+    def __hash__(self):
+        return id(self.x)
