@@ -493,3 +493,32 @@ def test_an_unhashable_argument_is_held_while_its_program_is_cached():
     for scale in (3.0, 6.0, 9.0):  # each object dies after its call
         results.append(float(step(np.ones(1), _Settings(scale))[0]))
     assert results == [3.0, 6.0, 9.0]
+
+
+def _random_program(seed):
+    """A loss over 12 random operations, each reading two earlier values: values with several
+    gradient contributions, reached in varied orders."""
+    rng = np.random.default_rng(seed)
+    plan = [tuple(int(v) for v in rng.integers(0, 10**6, size=3)) for _ in range(12)]
+
+    def f(x):
+        values = [x]
+        for op, i, j in plan:
+            a, b = values[i % len(values)], values[j % len(values)]
+            ops = (a * b * 0.5, tg.sin(a) + b, a - tg.tanh(b), tg.exp(a * 0.1) * b)
+            values.append(ops[op % 4])
+        return tg.sum(values[-1] + values[-2] * 0.3 + values[-4])
+
+    return f
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_replay_sums_gradient_contributions_in_the_tapes_order(seed):
+    f = _random_program(seed)
+    step = tg.compile(f)
+    rng = np.random.default_rng(seed)
+    step(rng.standard_normal(64) * 0.5)  # records
+    x = rng.standard_normal(64) * 0.5
+    (eager,) = tg.gradient(f, x)
+    _, (replayed,) = step(x)
+    assert np.array_equal(eager, replayed)  # bit for bit

@@ -183,15 +183,37 @@ UNSET, MAYBE, SET = "unset", "maybe", "set"  # what is known of a gradient at a 
 
 
 def _order(step, slots):
-    """A walk's interior nodes in a reverse order of creation: every node's gradient is whole
-    when it is read. A walk that stops at given nodes (a gradient's inputs) keeps only the
-    nodes that lead to one of them: a float array that reaches no input (a data batch, read
-    by a function that takes its own gradient) is not differentiated."""
-    nodes = sorted((node for node, _ in step.counted), key=lambda n: slots[id(n)])
+    """A walk's interior nodes in the order the tape's walk pulls them back (`tape.run`: a
+    stack of the nodes whose gradient is whole), so that a gradient with several contributions
+    adds them in the same order, and a replay's gradients are the eager ones bit for bit. A
+    walk that stops at given nodes (a gradient's inputs) keeps only the nodes that lead to one
+    of them: a float array that reaches no input (a data batch, read by a function that takes
+    its own gradient) is not differentiated."""
+    nodes = _walked(step)
     if step.stop:
-        useful = _leading_to_stop(step, nodes)
+        created = sorted(nodes, key=lambda n: slots[id(n)])
+        useful = _leading_to_stop(step, created)
         nodes = [node for node in nodes if id(node) in useful]
-    return nodes[::-1]
+    return nodes
+
+
+def _walked(step):
+    """The interior nodes of `step`'s walk in the order `tape.run` pulls them back."""
+    if not step.counted:  # the root is itself a leaf or a stop
+        return []
+    waiting = {id(node): count for node, count in step.counted}
+    stops = {id(node) for node in step.stop}
+    ready, order = [step.root], []
+    while ready:
+        node = ready.pop()
+        order.append(node)
+        for parent in node.args:
+            if type(parent) is not Node or parent.rule is None or id(parent) in stops:
+                continue
+            waiting[id(parent)] -= 1
+            if not waiting[id(parent)]:
+                ready.append(parent)
+    return order
 
 
 def _leading_to_stop(step, nodes):
