@@ -29,6 +29,7 @@ Chain(Dense(3 => 4, relu), Dense(4 => 2))
 ((4, 3), True)
 """
 
+from ..files import BadFileError, SaveError
 from ..rules.losses import (
     binarycrossentropy,
     crossentropy,
@@ -95,6 +96,8 @@ __all__ = [
     "to_numpy",
     "save",
     "load",
+    "BadFileError",
+    "SaveError",
     "linear",
     "normalise",
     "im2col",

@@ -3,16 +3,32 @@
 `save` writes every array of a model keyed by its place in the model ("layers.0.weight"), so a
 model trained on any library or device loads anywhere; `load` reads them back, into a model of
 the same structure (each array placed like the model's, unless told otherwise) or as a dict.
+
+The file is written atomically and durably (`tracker_gpu.files.atomic_file`): a kill or a full
+disk leaves the previous file. It records its format (`FORMAT`) in a JSON member `__model__`;
+files from before the format was recorded load as format 1. `load` reads the zip's directory and
+every array's header first and refuses, with one `BadFileError` naming the file, anything that
+does not fit the model (names, shapes, dtypes, sizes) or is damaged, before any array is made.
 """
+
+import json
+import os
 
 import numpy as np
 
 from ..backend import device_of, is_array, namespace_of
+from ..files import Archive, write_npz
 from ..optim.tree import tree_map_with_path
 from ..tracked import data
 from .placement import asarray, to_numpy
 
 __all__ = ["save", "load"]
+
+FORMAT = 1
+_META = "__model__"
+_CHECKPOINT = "__checkpoint__"  # optim.save_checkpoint's description
+UNBOUNDED_RATIO = 16  # without a model, arrays may declare this many times the file's size
+UNBOUNDED_FLOOR = 2**20  # ... or this many bytes
 
 
 def _parameters(model):
@@ -31,7 +47,9 @@ def _parameters(model):
 def save(path, model):
     """Write every array of `model` to the `.npz` file `path`, as NumPy arrays (so a model
     trained on any library or device loads anywhere), keyed by its place in the model."""
-    np.savez(path, **{key: to_numpy(a) for key, a in _parameters(model).items()})
+    arrays = {key: to_numpy(a) for key, a in _parameters(model).items()}
+    arrays[_META] = np.array(json.dumps({"format": FORMAT}))
+    write_npz(path, arrays)
 
 
 def load(path, model=None, *, xp=None, device=None, dtype=None):
@@ -40,13 +58,16 @@ def load(path, model=None, *, xp=None, device=None, dtype=None):
     Each array goes where the model's array is (same library, device and dtype), unless `xp`,
     `device` or `dtype` is given; an array the model holds in several places (tied weights) is
     loaded once, from its first place. Without a model, returns `{key: NumPy array}`.
+    A file that does not fit the model or is damaged raises `BadFileError` before any array
+    is read.
     """
-    with np.load(path) as file:
-        saved = {key: file[key] for key in file.files}
+    expected = None if model is None else _parameters(model)
+    with Archive(path, "load") as archive:
+        names = _check(archive, expected)
+        archive.verify(names)
+        saved = {key: archive.read(key) for key in names}
     if model is None:
         return saved
-    expected = _parameters(model)
-    _check_same_keys(path, saved, expected)
     explicit = xp is not None or device is not None
     loaded = {}  # by the model's array: tied places get one array
 
@@ -60,11 +81,6 @@ def load(path, model=None, *, xp=None, device=None, dtype=None):
 
     def placed(key):
         values, template = saved[key], expected[key]
-        if tuple(values.shape) != tuple(template.shape):
-            raise ValueError(
-                f"load: {key} has shape {tuple(values.shape)} in {path} but "
-                f"{tuple(template.shape)} in the model"
-            )
         if explicit:
             return asarray(values, xp=xp, device=device, dtype=dtype or values.dtype)
         return asarray(
@@ -77,11 +93,30 @@ def load(path, model=None, *, xp=None, device=None, dtype=None):
     return tree_map_with_path(fill, model)
 
 
-def _check_same_keys(path, saved, expected):
-    missing = sorted(set(expected) - set(saved))
-    extra = sorted(set(saved) - set(expected))
+def _check(archive, expected):
+    """The names of the arrays to read from `archive`, checked against the model's arrays
+    `expected` (or, without a model, bounded by the file's size) before anything is read."""
+    if _CHECKPOINT in archive.members:
+        raise archive.error(
+            "it is a checkpoint (written by optim.save_checkpoint): load it with "
+            "optim.load_checkpoint"
+        )
+    if _META in archive.members:
+        archive.check_format(archive.read_json(_META), _META, FORMAT)
+    names = sorted(set(archive.members) - {_META})
+    if expected is None:
+        for name in names:
+            archive.check(name)
+        limit = max(UNBOUNDED_RATIO * os.path.getsize(archive.path), UNBOUNDED_FLOOR)
+        why = f" ({UNBOUNDED_RATIO} times its size on disk); load it into a model to read it"
+        archive.bound(names, limit, why)
+        return names
+    missing, extra = sorted(set(expected) - set(names)), sorted(set(names) - set(expected))
     if missing or extra:
-        raise ValueError(
-            f"load: {path} does not fit the model: missing {missing or 'nothing'}, "
+        raise archive.error(
+            f"does not fit the model: missing {missing or 'nothing'}, "
             f"unexpected {extra or 'nothing'}; load it into a model built the same way"
         )
+    for name in expected:  # in the model's order
+        archive.check(name, shape=tuple(expected[name].shape))
+    return list(expected)

@@ -10,7 +10,8 @@ step). Schedules `Step`, `Exp` and `Cosine` set the learning rate per step throu
 `Scheduled(rule, schedule)` (`schedules`). `adjust(state, eta=...)` changes hyperparameters,
 `freeze`/`thaw` stop and restart parts of a model, and tied arrays stay tied (`state`).
 `save_checkpoint`/`load_checkpoint` keep a model with its optimiser state, so a run resumes
-exactly (`checkpoint`).
+exactly (`checkpoint`); `read_checkpoint_info` reads a checkpoint's `info` without its
+arrays, and a file that cannot be loaded raises `BadFileError` naming it.
 
 Each parameter is updated by one call of `step(rule, param, grad, state)`, the seam where a
 fused kernel takes over (registered by rule name in `cuda.dispatch`).
@@ -39,7 +40,8 @@ from .rules import (
 from .adaptive import AdaBelief, AdaGrad, Adam, AdamW, Lion, RMSProp
 from .schedules import Cosine, Exp, Scheduled, Step
 from .state import Leaf, adjust, freeze, setup, step, thaw, update
-from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import Checkpoint, load_checkpoint, read_checkpoint_info, save_checkpoint
+from ..files import BadFileError, SaveError
 
 Adagrad = AdaGrad  # PyTorch's spelling
 
@@ -73,6 +75,9 @@ __all__ = [
     "step",
     "save_checkpoint",
     "load_checkpoint",
+    "read_checkpoint_info",
+    "BadFileError",
+    "SaveError",
     "Checkpoint",
     "tree_map_with_path",
 ]

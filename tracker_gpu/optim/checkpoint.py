@@ -9,6 +9,15 @@ between parameters and `info` (anything JSON can hold: the epoch, a random gener
 the model's array there, and returns `(model, state, info)`: the values are bit for bit the
 saved ones, so k steps, a checkpoint and m more steps give the model of k + m steps.
 
+The file is written atomically and durably (`tracker_gpu.files.atomic_file`): a kill or a full
+disk leaves the previous checkpoint, and a write that fails raises `SaveError` (an `OSError`)
+naming the path. Loading reads the zip's directory, its JSON description and every array's
+header first, and refuses anything that does not fit the model (names, shapes, dtypes, sizes),
+a format other than `FORMAT`, or a damaged file with one `BadFileError` (a `ValueError`) naming
+the file, before any array is made. `read_checkpoint_info(path)` returns the saved `info`
+without reading the arrays; `read_checkpoint_info(path, model)` also checks that the whole
+file loads into `model`.
+
 >>> import numpy as np, os, tempfile
 >>> from tracker_gpu.optim import Adam, setup, update
 >>> model = {"w": np.array([1.0, 2.0])}
@@ -23,22 +32,23 @@ saved ones, so k steps, a checkpoint and m more steps give the model of k + m st
 
 import dataclasses
 import json
-import os
 from collections import namedtuple
 
 import numpy as np
 
 from ..backend import device_of, is_array, namespace_of
+from ..files import Archive, BadFileError, write_npz
 from ..tracked import data
 from . import adaptive, rules, schedules
 from .state import Leaf
 from .tree import tree_map_with_path
 
-__all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint"]
+__all__ = ["save_checkpoint", "load_checkpoint", "read_checkpoint_info", "Checkpoint"]
 
 Checkpoint = namedtuple("Checkpoint", "model state info")
 
-_FORMAT = 1
+FORMAT = 1
+_FORMAT = FORMAT
 _META = "__checkpoint__"
 _TYPES = {
     name: getattr(module, name)
@@ -60,10 +70,7 @@ def save_checkpoint(path, model, state, **info):
             f"save_checkpoint: info must be JSON data (numbers, strings, lists, dicts): {error}"
         ) from None
     arrays[_META] = np.array(text)
-    scratch = f"{path}.{os.getpid()}.partial"
-    with open(scratch, "wb") as file:  # written whole, then renamed: never half a checkpoint
-        np.savez(file, **arrays)
-    os.replace(scratch, path)
+    write_npz(path, arrays)  # written whole, then renamed: never half a checkpoint
 
 
 def _record_model(model, arrays, entries):
@@ -129,25 +136,94 @@ def _encode(value, prefix, arrays):
 def load_checkpoint(path, model):
     """`(model, state, info)` from the checkpoint at `path`: its arrays put into `model` (a model
     built the same way, whose arrays say where each goes: library, device, dtype), the
-    optimiser state shaped like it (ties and frozen parts included) and the saved `info`."""
-    with np.load(path) as file:
-        arrays = {key: file[key] for key in file.files}
-    if _META not in arrays:
-        raise ValueError(
-            f"load_checkpoint: {path} is not a checkpoint (written by save_checkpoint); "
-            "load a model saved by nn.save with nn.load"
+    optimiser state shaped like it (ties and frozen parts included) and the saved `info`.
+    A checkpoint that does not fit `model` or is damaged raises `BadFileError`, naming the file,
+    before any array is read."""
+    with Archive(path, "load_checkpoint") as archive:
+        meta = _check(archive, model)
+        archive.verify()
+        arrays = {name: archive.read(name) for name in archive.members if name != _META}
+        try:
+            new_model = _fill_model(path, model, meta["model"], arrays)
+            state = _fill_state(path, new_model, meta["state"], arrays)
+        except BadFileError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
+            what = f"{type(error).__name__}: {error}"
+            raise archive.error(f"its description is malformed ({what})") from None
+    return Checkpoint(new_model, state, meta["info"])
+
+
+def read_checkpoint_info(path, model=None):
+    """The `info` saved in the checkpoint at `path`, read without its arrays. With a `model`,
+    also checks that the checkpoint loads into it (names, shapes, dtypes, sizes, checksums, the
+    optimiser's rules), by loading it and letting it go, so that a run can check all its
+    checkpoints before it starts. Raises `BadFileError` naming the file for whatever is wrong."""
+    if model is not None:
+        return load_checkpoint(path, model).info
+    with Archive(path, "read_checkpoint_info") as archive:
+        return _read_meta(archive)["info"]
+
+
+def _read_meta(archive):
+    if _META not in archive.members:
+        raise archive.error(
+            "it is not a checkpoint (written by save_checkpoint); load a model saved by "
+            "nn.save with nn.load"
         )
-    meta = json.loads(str(arrays.pop(_META)))
-    new_model = _fill_model(path, model, meta["model"], arrays)
-    return Checkpoint(new_model, _fill_state(path, new_model, meta["state"], arrays), meta["info"])
+    meta = archive.read_json(_META)
+    archive.check_format(meta, _META, FORMAT)
+    for key, kind in (("model", dict), ("state", dict), ("info", dict)):
+        if not isinstance(meta.get(key), kind):
+            raise archive.error(f"its description has no {key!r} {kind.__name__}")
+    return meta
+
+
+def _check(archive, model):
+    """The checkpoint's description, once every array of `archive` is known to fit `model`:
+    the model's arrays have its shapes, an optimiser state's arrays at most its parameter's
+    size, and no array is missing or more."""
+    meta = _read_meta(archive)
+    templates = {}
+    tree_map_with_path(lambda p, x: templates.setdefault(p or "_", data(x)), model)
+    templates = {k: x for k, x in templates.items() if is_array(x)}
+    _check_fits(archive.path, "arrays", sorted(meta["model"]), sorted(templates), archive)
+    unknown = sorted(set(meta["state"]) - set(templates))
+    if unknown:
+        _check_fits(archive.path, "optimiser states", unknown, [], archive)
+    wanted = {}  # member: (shape or None, most elements)
+    for key, entry in meta["model"].items():
+        for name in _array_names(archive, entry):
+            wanted[name] = (tuple(templates[key].shape), None)
+    for key, entry in meta["state"].items():
+        size = max(int(np.prod(templates[key].shape)), 1)
+        for name in _array_names(archive, entry.get("state") if isinstance(entry, dict) else None):
+            wanted[name] = (None, size)
+    names = set(archive.members) - {_META}
+    if set(wanted) != names:
+        raise archive.error(
+            f"its arrays do not match its description: missing {sorted(set(wanted) - names)}, "
+            f"unexpected {sorted(names - set(wanted))}"
+        )
+    for name, (shape, most) in wanted.items():
+        archive.check(name, shape=shape, most=most, what="the model")
+    return meta
+
+
+def _array_names(archive, value):
+    """The array members an encoded value (`_encode`) refers to."""
+    if isinstance(value, dict) and "array" in value:
+        if not isinstance(value["array"], str):
+            raise archive.error(f"its description names an array {value['array']!r}")
+        yield value["array"]
+    elif isinstance(value, dict) and "tuple" in value and isinstance(value["tuple"], list):
+        for v in value["tuple"]:
+            yield from _array_names(archive, v)
 
 
 def _fill_model(path, model, entries, arrays):
     from ..nn.placement import asarray
 
-    expected = []
-    tree_map_with_path(lambda p, x: expected.append(p or "_") if is_array(data(x)) else None, model)
-    _check_fits(path, "arrays", sorted(entries), sorted(expected))
     loaded = {}
 
     def fill(p, x):
@@ -158,11 +234,6 @@ def _fill_model(path, model, entries, arrays):
         if "same_as" in entry:
             return loaded[entry["same_as"]]
         values = arrays[entry["array"]]
-        if tuple(values.shape) != tuple(template.shape):
-            raise ValueError(
-                f"load_checkpoint: {key} has shape {tuple(values.shape)} in {path} "
-                f"but {tuple(template.shape)} in the model"
-            )
         loaded[key] = asarray(
             values, xp=namespace_of(template), device=device_of(template), dtype=template.dtype
         )
@@ -172,11 +243,6 @@ def _fill_model(path, model, entries, arrays):
 
 
 def _fill_state(path, model, entries, arrays):
-    parameters = []
-    tree_map_with_path(lambda p, x: parameters.append(p or "_") if is_array(x) else None, model)
-    unknown = sorted(set(entries) - set(parameters))
-    if unknown:
-        _check_fits(path, "optimiser states", unknown, [])
     leaves = {}
 
     def make(p, x):
@@ -186,6 +252,7 @@ def _fill_state(path, model, entries, arrays):
             return None
         if "same_as" not in entry:
             decoded = [_decode(entry[k], arrays, x) for k in ("rule", "state")]
+            _check_leaf(key, *decoded, entry["frozen"], data(x))
             leaves[key] = Leaf(*decoded, entry["frozen"])
         return leaves[entry.get("same_as", key)]
 
@@ -204,16 +271,51 @@ def _decode(value, arrays, like):
         return asarray(values, xp=namespace_of(like), device=device_of(like), dtype=values.dtype)
     if value["type"] == "OptimiserChain":
         return rules.OptimiserChain(*(_decode(r, arrays, like) for r in value["rules"]))
+    kind = _TYPES[value["type"]]
     fields = {k: _decode(v, arrays, like) for k, v in value["fields"].items()}
-    return _TYPES[value["type"]](**fields)
+    expected = {f.name: f.default for f in dataclasses.fields(kind) if f.init}
+    if set(fields) != set(expected):
+        raise ValueError(f"{kind.__name__} has the fields {sorted(expected)}, not {sorted(fields)}")
+    for name, default in expected.items():
+        if default is not dataclasses.MISSING and not _alike(fields[name], default):
+            raise ValueError(f"{kind.__name__}.{name} is {fields[name]!r}, not like {default!r}")
+    return kind(**fields)
 
 
-def _check_fits(path, what, saved, expected):
+def _check_leaf(key, rule, state, frozen, template):
+    """Refuse a parameter's decoded optimiser state unless it is what its rule makes: the
+    structure, numbers and array shapes of `rule.init` for the parameter."""
+    if not isinstance(rule, rules.Rule) or not isinstance(frozen, bool):
+        raise ValueError(f"the state of {key} has the rule {rule!r} (frozen {frozen!r})")
+    if not _alike(state, rule.init(template), shapes=True):
+        raise ValueError(f"the state of {key} is not what {type(rule).__name__} keeps")
+
+
+def _alike(value, like, shapes=False):
+    """Whether `value` has the kind of `like`: both None, bools, numbers, strings, rules, or
+    tuples of alike items; arrays (of the same shape with `shapes`)."""
+    if like is None:
+        return value is None or not shapes  # a field that defaults to None takes anything
+    if isinstance(like, (bool, str)):
+        return type(value) is type(like)
+    if isinstance(like, (int, float)):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(like, tuple):
+        return (
+            isinstance(value, tuple)
+            and len(value) == len(like)
+            and all(_alike(v, w, shapes) for v, w in zip(value, like))
+        )
+    if is_array(like):
+        return is_array(value) and (not shapes or tuple(value.shape) == tuple(like.shape))
+    return not isinstance(value, (type(None), bool, int, float, str, tuple))  # a rule, a schedule
+
+
+def _check_fits(path, what, saved, expected, archive):
     missing = sorted(set(expected) - set(saved))
     extra = sorted(set(saved) - set(expected))
     if missing or extra:
-        raise ValueError(
-            f"load_checkpoint: {path} does not fit the model: its {what} miss "
-            f"{missing or 'nothing'} and have {extra or 'nothing'} more; build the model the "
-            "way the saved one was built"
+        raise archive.error(
+            f"does not fit the model: its {what} miss {missing or 'nothing'} and have "
+            f"{extra or 'nothing'} more; build the model the way the saved one was built"
         )
