@@ -28,4 +28,4 @@ UNARY_BWD(sqrt, gi / (yi * T(2)))
 UNARY_BWD(sin, gi * cos(xi))
 UNARY_BWD(cos, -gi * sin(xi))
 UNARY_BWD(square, gi * (xi * T(2)))
-UNARY_BWD(abs, xi >= T(0) ? gi : -gi)
+UNARY_BWD(abs, xi > T(0) ? gi : (xi < T(0) ? -gi : T(0)))  // sign(x) * g: 0 at +-0 and nan

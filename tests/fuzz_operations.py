@@ -200,10 +200,12 @@ def _torch_reduce(name, x, axis, keepdims):
 
 def _reduction_guard(name, x, axis):
     if x.ndim == 0:
-        return name != "std"
+        return True  # std of one number is 0, its gradient 0 (PyTorch's, ours)
     dims = _dims(axis, x.ndim)
     if name in ("max", "min"):
         return _distinct_along(x, dims)
+    if name == "std" and all(x.shape[d] == 1 for d in dims):
+        return True  # exactly 0 both ways: gradient 0
     if name == "std":
         variance = torch.var(x, dim=dims, correction=0)
         return _away_from_zero(variance, 1e-4)

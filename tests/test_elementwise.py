@@ -243,15 +243,16 @@ def test_astype_gradient_has_the_input_dtype(backend):
 
 
 def test_abs_and_maximum_at_ties(backend):
-    """Documented choices at kinks: abs'(0) = 1; maximum/minimum ties go to the second argument."""
-    (g,) = tg.gradient(lambda x: tg.sum(tg.abs(x)), on_backend(backend, [0.0, -1.0, 2.0]))
-    np.testing.assert_array_equal(numpy_of(backend, g), [1.0, -1.0, 1.0])
+    """Documented choices at kinks (PyTorch's): abs'(+-0) = 0; maximum/minimum split ties
+    evenly (more in test_edges.py)."""
+    (g,) = tg.gradient(lambda x: tg.sum(tg.abs(x)), on_backend(backend, [0.0, -1.0, 2.0, -0.0]))
+    np.testing.assert_array_equal(numpy_of(backend, g), [0.0, -1.0, 1.0, 0.0])
     x = on_backend(backend, [1.0, 2.0, 3.0])
     for f in (tg.maximum, tg.minimum):
         y = on_backend(backend, [1.0, 0.0, 3.0])
         gx, gy = tg.gradient(lambda a, b, f=f: tg.sum(f(a, b)), x, y)
-        np.testing.assert_array_equal(numpy_of(backend, gx), [0.0, f is tg.maximum, 0.0])
-        np.testing.assert_array_equal(numpy_of(backend, gy), [1.0, f is tg.minimum, 1.0])
+        np.testing.assert_array_equal(numpy_of(backend, gx), [0.5, f is tg.maximum, 0.5])
+        np.testing.assert_array_equal(numpy_of(backend, gy), [0.5, f is tg.minimum, 0.5])
 
 
 # --- where and clip

@@ -161,9 +161,9 @@ def test_prod_second_derivative_at_zeros(backend, case):
     np.testing.assert_allclose(numpy_of(backend, hv), prod_hessian(values) @ v, atol=1e-12)
 
 
-# --- max and min: the whole gradient goes to the first extremum
-def first_extremum_gradient(values, g, axis, arg):
-    """NumPy reference: `g` placed at the first arg-extremum of each reduction (C order)."""
+# --- max and min: the gradient is shared evenly among the tied extrema (PyTorch's amax)
+def shared_extremum_gradient(values, g, axis, name):
+    """NumPy reference: `g` shared evenly among the extrema of each reduction."""
     ndim = values.ndim
     axes = tuple(range(ndim)) if axis is None else tuple(np.atleast_1d(axis) % ndim)
     kept = tuple(a for a in range(ndim) if a not in axes)
@@ -174,11 +174,8 @@ def first_extremum_gradient(values, g, axis, arg):
         for a, i in zip(kept, outer):
             index[a] = i
         group = values[tuple(index)]  # the reduced axes, in their original order
-        inner = np.unravel_index(getattr(np, arg)(group), group.shape)
-        position = list(index)
-        for a, i in zip(axes, inner):
-            position[a] = i
-        out[tuple(position)] = g[outer]
+        hits = group == getattr(np, name)(group)
+        out[tuple(index)] = np.where(hits, g[outer] / np.count_nonzero(hits), 0.0)
     return out
 
 
@@ -188,7 +185,7 @@ TIES = np.array([[[3.0, 1.0], [3.0, 3.0], [0.0, 3.0]], [[-1.0, -1.0], [2.0, -1.0
 @pytest.mark.parametrize("layout", [CONTIGUOUS, TRANSPOSED])
 @pytest.mark.parametrize("axis", [None, 0, 1, -1, (0, 2), (1, 2)], ids=str)
 @pytest.mark.parametrize("name", ["max", "min"])
-def test_ties_go_to_first_extremum(backend, name, axis, layout):
+def test_ties_share_the_gradient_evenly(backend, name, axis, layout):
     values = TIES if name == "max" else -TIES
     x = on_backend(backend, values, layout)
     out_shape = np.max(values, axis=axis).shape
@@ -196,18 +193,18 @@ def test_ties_go_to_first_extremum(backend, name, axis, layout):
     w = on_backend(backend, weights)
     (g,) = tg.gradient(lambda x: tg.sum(getattr(tg, name)(x, axis=axis) * w), x)
     check_like(backend, g, x)
-    expected = first_extremum_gradient(values, weights, axis, "arg" + name)
-    np.testing.assert_array_equal(numpy_of(backend, g), expected)
-    assert np.count_nonzero(expected) == weights.size  # one element per reduction, no splitting
+    expected = shared_extremum_gradient(values, weights, axis, name)
+    np.testing.assert_allclose(numpy_of(backend, g), expected, rtol=1e-15)
+    np.testing.assert_allclose(expected.sum(), weights.sum())  # nothing lost, nothing doubled
 
 
 def test_ties_all_equal(backend):
     x = on_backend(backend, np.full((2, 3), 5.0))
     for f in (tg.max, tg.min):
         (g,) = tg.gradient(f, x)
-        np.testing.assert_array_equal(numpy_of(backend, g), [[1, 0, 0], [0, 0, 0]])
+        np.testing.assert_allclose(numpy_of(backend, g), np.full((2, 3), 1 / 6), rtol=1e-15)
         (g,) = tg.gradient(lambda x, f=f: tg.sum(f(x, axis=0)), x)
-        np.testing.assert_array_equal(numpy_of(backend, g), [[1, 1, 1], [0, 0, 0]])
+        np.testing.assert_array_equal(numpy_of(backend, g), np.full((2, 3), 0.5))
 
 
 # --- float32 in, float32 gradient out

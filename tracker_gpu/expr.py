@@ -87,16 +87,10 @@ RULES = {
     "sinh": lambda a, out: (e("cosh", a[0]),),
     "cosh": lambda a, out: (e("sinh", a[0]),),
     "tanh": lambda a, out: (e("subtract", ONE, e("multiply", out, out)),),
-    "abs": lambda a, out: (e("where", e("ge", a[0], ZERO), ONE, const(-1.0)),),
+    "abs": lambda a, out: (_sign(a[0]),),
     "sign": lambda a, out: (ZERO,),
-    "maximum": lambda a, out: (
-        e("where", e("gt", a[0], a[1]), ONE, ZERO),
-        e("where", e("gt", a[0], a[1]), ZERO, ONE),
-    ),
-    "minimum": lambda a, out: (
-        e("where", e("lt", a[0], a[1]), ONE, ZERO),
-        e("where", e("lt", a[0], a[1]), ZERO, ONE),
-    ),
+    "maximum": lambda a, out: (_selected("gt", a[0], a[1]), _selected("lt", a[0], a[1])),
+    "minimum": lambda a, out: (_selected("lt", a[0], a[1]), _selected("gt", a[0], a[1])),
     "where": lambda a, out: (None, e("where", a[0], ONE, ZERO), e("where", a[0], ZERO, ONE)),
     "gt": lambda a, out: (None, None),
     "ge": lambda a, out: (None, None),
@@ -104,6 +98,18 @@ RULES = {
     "le": lambda a, out: (None, None),
     "eq": lambda a, out: (None, None),
 }
+
+
+def _sign(a):
+    """abs'(a): 1 above 0, -1 below, 0 at +-0 and nan (as `sign`, Tracker and PyTorch)."""
+    return e("where", e("gt", a, ZERO), ONE, e("where", e("lt", a, ZERO), const(-1.0), ZERO))
+
+
+def _selected(chosen, a, b):
+    """The partial of maximum/minimum for `a`: 1 where `chosen(a, b)`, 1/2 at a tie, else 0."""
+    return e("where", e(chosen, a, b), ONE, e("where", e("eq", a, b), const(0.5), ZERO))
+
+
 COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq"})
 
 

@@ -11,7 +11,6 @@ import math
 from ..rules.elementwise import abs as _abs
 from ..rules.elementwise import (
     add,
-    clip,
     divide,
     expm1,
     logaddexp,
@@ -22,7 +21,6 @@ from ..rules.elementwise import (
 )
 from ..rules.nn import logsoftmax, relu, sigmoid, softmax
 from ..rules.shape import reshape
-from ..tracked import data
 
 __all__ = [
     "identity",
@@ -53,28 +51,28 @@ def identity(x):
 
 def leakyrelu(x, a=0.01):
     """`x` where positive, `a * x` elsewhere."""
-    return where(data(x) > 0, x, multiply(x, a))
+    return where(x > 0, x, multiply(x, a))
 
 
 def _negative_part(x):
     """`min(x, 0)`, with the gradient 1 at 0 (so that elu'(0) = a, as NNlib)."""
-    return where(data(x) > 0, 0.0, x)
+    return where(x > 0, 0.0, x)
 
 
 def elu(x, a=1.0):
     """`x` where positive, `a * (exp(x) - 1)` elsewhere."""
-    return where(data(x) > 0, x, multiply(expm1(_negative_part(x)), a))
+    return where(x > 0, x, multiply(expm1(_negative_part(x)), a))
 
 
 def selu(x):
     """Scaled exponential linear unit, with the constants of Klambauer et al. (2017)."""
     scale, alpha = 1.0507009873554804934193349852946, 1.6732632423543772848170429916717
-    return multiply(where(data(x) > 0, x, multiply(expm1(_negative_part(x)), alpha)), scale)
+    return multiply(where(x > 0, x, multiply(expm1(_negative_part(x)), alpha)), scale)
 
 
 def celu(x, a=1.0):
     """`x` where positive, `a * (exp(x / a) - 1)` elsewhere."""
-    return where(data(x) > 0, x, multiply(expm1(divide(_negative_part(x), a)), a))
+    return where(x > 0, x, multiply(expm1(divide(_negative_part(x), a)), a))
 
 
 def gelu(x):
@@ -110,13 +108,20 @@ def softsign(x):
 
 
 def hardtanh(x):
-    """`x` clipped to [-1, 1]."""
-    return clip(x, -1.0, 1.0)
+    """`x` clipped to [-1, 1]; flat at the bounds, as relu at 0 (PyTorch's)."""
+    return _clamp(x, -1.0, 1.0)
 
 
 def relu6(x):
-    """`x` clipped to [0, 6]."""
-    return clip(x, 0.0, 6.0)
+    """`x` clipped to [0, 6]; flat at the bounds, as relu at 0 (PyTorch's)."""
+    return _clamp(x, 0.0, 6.0)
+
+
+def _clamp(x, lo, hi):
+    """`clip(x, lo, hi)` whose gradient is 0 on the bounds too (`clip` passes it there). The
+    conditions here and above compare `x` itself, not its plain value: on a tracked array a
+    comparison is a constant that a tg.compile replay computes anew."""
+    return where(x <= lo, lo, where(x >= hi, hi, x))
 
 
 def flatten(x):

@@ -320,7 +320,8 @@ class _Pool(Layer):
 
 class MaxPool(_Pool):
     """The maximum of each window of NCHW input (`stride` defaults to the window; padding is
-    ignored, as -inf). Ties send the gradient to the first maximum."""
+    ignored, as -inf). Ties in a window share its gradient evenly (as `tg.max` does; PyTorch's
+    max_pool2d gives it all to one of them)."""
 
     def __call__(self, x):
         rows, shape = self._windows(x, -math.inf)

@@ -61,6 +61,7 @@ __all__ = [
     "atan2",
     "hypot",
     "logaddexp",
+    "nextafter",
     "copysign",
     "where",
     "clip",
@@ -236,10 +237,15 @@ atanh = _analytic("atanh", lambda g, ans, x: g / (1 - x * x), "x")
 
 def _abs_vjp(g, ans, x):
     if not is_complex(x):
-        return where(data(x) >= 0, g, -g)  # abs'(0) = +1, as Tracker
+        return _sign_times(data(x), g)  # abs'(+-0) = 0: sign(x), as Tracker and PyTorch
     r = abs(x)  # recomputed: real data, the common case, keeps only x
     unit = where(data(r) == 0, zeros_like(x), x / where(data(r) == 0, 1.0, r))
     return g * unit  # the gradient of |z| is z / |z| (0 at 0, as PyTorch)
+
+
+def _sign_times(x, g):
+    """`sign(x) * g` for real plain `x`, by selection (0 at +-0 and nan; never 0 * inf)."""
+    return where(x > 0, g, mask(x < 0, -g))
 
 
 def _sign_vjp(g, ans, x):
@@ -294,33 +300,50 @@ _conj = conjugate_derivative
 
 
 # --- binary functions
-# Ties of maximum/minimum send the gradient to the second argument, as Tracker does.
+# A tie of maximum/minimum splits the gradient evenly between the two arguments (as PyTorch:
+# maximum(x, y) stays symmetric); where either is nan, neither gets any.
+def _tie_split(g, chosen, x, y):
+    """`g` where the plain mask `chosen` holds, half of it where `x == y`, zero elsewhere."""
+    return where(chosen, g, mask(data(x) == data(y), g * 0.5))
+
+
 maximum = _binary(
     "maximum",
     _function("maximum"),
-    lambda g, ans, x, y: mask(data(x) > data(y), g),
-    lambda g, ans, x, y: mask(data(x) <= data(y), g),
+    lambda g, ans, x, y: _tie_split(g, data(x) > data(y), x, y),
+    lambda g, ans, x, y: _tie_split(g, data(x) < data(y), x, y),
     "x y",
 )
 minimum = _binary(
     "minimum",
     _function("minimum"),
-    lambda g, ans, x, y: mask(data(x) < data(y), g),
-    lambda g, ans, x, y: mask(data(x) >= data(y), g),
+    lambda g, ans, x, y: _tie_split(g, data(x) < data(y), x, y),
+    lambda g, ans, x, y: _tie_split(g, data(x) > data(y), x, y),
     "x y",
 )
+
+
+def nonzero_divide(g, numerator, denominator):
+    """`g * numerator / denominator`, and 0 (a subgradient, as PyTorch's norms) where the
+    denominator is 0: no division by zero, no warning."""
+    zero = data(denominator) == 0
+    return mask(~zero, g * numerator / where(zero, 1.0, denominator))
+
+
+# atan2 and hypot divide by what vanishes at (0, 0): their gradient there is 0 (PyTorch's for
+# atan2 and for the 2-norm of (x, y); PyTorch's hypot gives nan).
 atan2 = _binary(
     "atan2",
     _function("atan2"),
-    lambda g, ans, y, x: g * x / add(x * x, y * y),
-    lambda g, ans, y, x: -g * y / add(x * x, y * y),
+    lambda g, ans, y, x: nonzero_divide(g, x, add(x * x, y * y)),
+    lambda g, ans, y, x: -nonzero_divide(g, y, add(x * x, y * y)),
     "x y",
 )
 hypot = _binary(
     "hypot",
     _function("hypot"),
-    lambda g, ans, x, y: g * x / ans,
-    lambda g, ans, x, y: g * y / ans,
+    lambda g, ans, x, y: nonzero_divide(g, x, ans),
+    lambda g, ans, x, y: nonzero_divide(g, y, ans),
     ("x ans", "y ans"),
 )
 logaddexp = _binary(
@@ -330,13 +353,27 @@ logaddexp = _binary(
     lambda g, ans, x, y: g * exp(subtract(y, ans)),
     ("x ans", "y ans"),
 )
+# copysign(x, y) = |x| sign(y): flat at x = +-0, as abs (and PyTorch).
 copysign = _binary(
     "copysign",
     _function("copysign"),
-    lambda g, ans, x, y: where(_plain_signbit(x) == _plain_signbit(ans), g, -g),
+    lambda g, ans, x, y: mask(data(x) != 0, where(_plain_signbit(x) == _plain_signbit(ans), g, -g)),
     lambda g, ans, x, y: None,
     ("x ans", ""),
 )
+
+
+# nextafter(x, y) moves x by one ulp: PyTorch's gradient, g to x and none to y.
+nextafter = _binary(
+    "nextafter",
+    _function("nextafter"),
+    lambda g, ans, x, y: g,
+    lambda g, ans, x, y: None,
+    "",
+)
+nextafter.__doc__ = """The next float after `x1` towards `x2`. As in PyTorch, its gradient is
+the incoming gradient for `x1` (the step of one ulp is treated as a constant) and none for
+`x2` (the result is piecewise constant in it)."""
 
 
 def _where_forward(xp, condition, x, y):
@@ -423,8 +460,7 @@ _UNARY_PLAIN = (
 ).split()
 _BINARY_PLAIN = (
     "equal not_equal greater greater_equal less less_equal logical_and logical_or logical_xor "
-    "bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift floor_divide "
-    "nextafter"
+    "bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift floor_divide"
 ).split()
 PLAIN_FUNCTIONS = {name: _plain(name, _unary_signature) for name in _UNARY_PLAIN}
 PLAIN_FUNCTIONS.update({name: _plain(name, _binary_signature) for name in _BINARY_PLAIN})

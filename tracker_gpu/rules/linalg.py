@@ -55,8 +55,9 @@ from . import decompositions
 from .decompositions import *  # noqa: F403 (re-exported: part of the extension)
 from .decompositions import svdvals
 from .elementwise import abs as _abs
-from .elementwise import conj, is_complex, multiply, real, real_dtype, subtract, where
+from .elementwise import conj, is_complex, mask, multiply, real, real_dtype, subtract, where
 from .elementwise import conjugate_derivative as _conj
+from .elementwise import sign as _sign
 from .linalg_base import _H, _eye, _tracked, _xp, inv, matmul, matrix_transpose, solve
 from .reductions import expand, sumabs2_of
 from .reductions import max as _max
@@ -370,7 +371,28 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
         return _max(_abs(x), **kw)
     if ord == -math.inf:
         return _min(_abs(x), **kw)
-    return _sum(_abs(x) ** ord, **kw) ** (1 / ord)
+    return _normp(x, ord=ord, **kw)
+
+
+def _normp_forward(xp, x, ord, axis=None, keepdims=False):
+    if _native(xp, "vector_norm"):
+        return xp.linalg.vector_norm(x, axis=axis, keepdims=keepdims, ord=ord)
+    return xp.sum(xp.abs(x) ** ord, axis=axis, keepdims=keepdims) ** (1 / ord)
+
+
+def _normp_vjp(g, ans, x, ord, axis=None, keepdims=False):
+    # sign(x) |x|^(p-1) / |x|_p^(p-1) (PyTorch's), 0 where x is 0 and where the norm is 0
+    # (for p < 1, where |x|^(p-1) is infinite at 0, no division by the norm at all)
+    plain = data(x)
+    scaled = _sign(x) * mask(plain != 0, _abs(where(plain == 0, 1.0, x)) ** (ord - 1))
+    if ord < 1:
+        return expand(g * ans ** (1 - ord), x, axis, keepdims) * scaled
+    zero = data(ans) == 0
+    share = mask(~zero, g / where(zero, 1.0, ans) ** (ord - 1))
+    return expand(share, x, axis, keepdims) * scaled
+
+
+_normp = Primitive("vector_norm_p", _normp_forward, (_normp_vjp,), saves="x ans")
 
 
 def matrix_norm(x, /, *, keepdims=False, ord="fro"):

@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from .. import recording
 from ..backend import SCALARS, device_of, namespace_of
 from ..checks import checking
 from ..primitive import Primitive
@@ -283,6 +284,21 @@ def logitcrossentropy(logits, labels, /, *, axis=-1, agg="mean"):
 
 
 # --- composites
+def _check_probabilities(name, yhat, instead):
+    """Probabilities outside [0, 1] (logits passed by mistake: a negative loss, or nan) raise,
+    where that check costs no synchronisation with the device (`tg.sync_checks`), as labels."""
+    plain = data(yhat)
+    if type(plain) in SCALARS or recording.current() is not None or not checking(plain):
+        return
+    xp = namespace_of(plain)
+    if not bool(xp.all((plain >= 0) & (plain <= 1))):  # nan fails too
+        low, high = float(xp.min(plain)), float(xp.max(plain))
+        raise ValueError(
+            f"{name}: yhat must hold probabilities in [0, 1], got values from {low} to {high}; "
+            f"for logits (unnormalised scores) use {instead}, which is also stabler"
+        )
+
+
 def _eps(name, x, eps):
     if eps is not None:
         return eps
@@ -293,8 +309,10 @@ def _eps(name, x, eps):
 def crossentropy(yhat, labels, /, *, axis=-1, agg="mean", eps=None):
     """Cross-entropy of probabilities `yhat` against `labels`: `agg(-sum(t * log(yhat + eps),
     axis))`. Prefer `logitcrossentropy` on logits: it is stabler. `eps` defaults to the dtype's
-    machine epsilon, as in Flux."""
+    machine epsilon, as in Flux. `yhat` outside [0, 1] (logits by mistake) raises ValueError
+    where checking costs no synchronisation with the device (`tg.sync_checks`)."""
     _check_agg("crossentropy", agg, composite=True)
+    _check_probabilities("crossentropy", yhat, "logitcrossentropy")
     axis = _axis("crossentropy", axis, len(_shape(yhat)))
     targets, _ = _targets("crossentropy", yhat, labels, axis)
     logp = log(yhat + _eps("crossentropy", yhat, eps))
@@ -303,9 +321,11 @@ def crossentropy(yhat, labels, /, *, axis=-1, agg="mean", eps=None):
 
 def binarycrossentropy(yhat, y, /, *, agg="mean", eps=None):
     """Binary cross-entropy of probabilities `yhat` against targets `y` of the same shape:
-    `agg(-y * log(yhat + eps) - (1 - y) * log(1 - yhat + eps))`."""
+    `agg(-y * log(yhat + eps) - (1 - y) * log(1 - yhat + eps))`. `yhat` outside [0, 1] raises
+    ValueError where checking costs no synchronisation with the device (`tg.sync_checks`)."""
     _check_agg("binarycrossentropy", agg, composite=True)
     _check_same_shape("binarycrossentropy", yhat, y)
+    _check_probabilities("binarycrossentropy", yhat, "logitbinarycrossentropy")
     eps = _eps("binarycrossentropy", yhat, eps)
     positive = multiply(log(yhat + eps), y)
     negative_part = multiply(log(1.0 + eps - yhat), subtract(1.0, y))

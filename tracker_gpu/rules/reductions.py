@@ -2,8 +2,9 @@
 (Julia's `sum(abs2, x)`), which `sum(x**2)`, `sum(square(x))` and `sum(x * x)` become.
 
 A reduction's vjp passes the gradient back as a broadcast view, never a filled array.
-`max`/`min` send the whole gradient to the first extremum along the reduced axes (ties are not
-split), as Tracker does. `prod` is exact at zeros, to any order of differentiation.
+`max`/`min` share the gradient evenly among all the extrema along the reduced axes (PyTorch's
+`amax`/`amin`; `maximum`/`minimum` split ties evenly too). `std` has gradient 0 where it is 0
+(constant features), as PyTorch. `prod` is exact at zeros, to any order of differentiation.
 
 >>> import numpy as np, tracker_gpu as tg
 >>> tg.gradient(tg.prod, np.array([2.0, 0.0, 3.0]))[0]
@@ -21,9 +22,9 @@ from .elementwise import (
     is_complex,
     mask,
     multiply,
+    nonzero_divide,
     pow,
     real,
-    sqrt,
     square,
     where,
 )
@@ -197,7 +198,6 @@ def _expand_rows(x, n):
 
 
 def _device(x):
-    from ..backend import device_of
 
     return device_of(data(x))
 
@@ -205,33 +205,20 @@ def _device(x):
 _others = Primitive("prod_others", _others_forward, (_others_vjp,), saves="x")
 
 
-# --- max and min: the gradient goes to the first extremum
-def _extremum_vjp(arg):
-    def vjp(g, ans, x, axis=None, keepdims=False):
-        return mask(_first_extremum(arg, data(x), axis), expand(g, x, axis, keepdims))
-
-    return vjp
-
-
-def _first_extremum(arg, x, axis):
-    """A boolean mask of the first extremum of `x` along `axis` (found with argmax/argmin)."""
-    xp = namespace_of(x)
-    ndim = x.ndim
-    reduced = normalize_axes(axis, ndim)
-    kept = tuple(a for a in range(ndim) if a not in reduced)
-    order = kept + reduced
-    moved = xp.permute_dims(x, order)
-    lead = tuple(moved.shape[: len(kept)])
-    flat = xp.reshape(moved, lead + (_count(x.shape, axis),))  # not -1: x may be empty
-    index = getattr(xp, arg)(flat, axis=-1, keepdims=True)
-    positions = xp.arange(flat.shape[-1], device=device_of(x))
-    hit = xp.reshape(positions == index, tuple(moved.shape))
-    inverse = tuple(sorted(range(ndim), key=lambda i: order[i]))
-    return xp.permute_dims(hit, inverse)
+# --- max and min: the gradient is shared evenly among the tied extrema (PyTorch's amax)
+def _extremum_vjp(g, ans, x, axis=None, keepdims=False):
+    plain = data(x)
+    xp = namespace_of(plain)
+    reduced = normalize_axes(axis, plain.ndim)
+    kept_shape = tuple(1 if i in reduced else n for i, n in enumerate(plain.shape))
+    hit = plain == xp.reshape(data(ans), kept_shape)  # nan: no extremum, no gradient
+    count = xp.sum(xp.astype(hit, plain.dtype), axis=reduced, keepdims=True)
+    count = xp.where(count == 0, xp.ones_like(count), count)
+    return mask(hit, expand(g, x, axis, keepdims) / count)
 
 
-max = Primitive("max", _reduction_without_dtype("max"), (_extremum_vjp("argmax"),), saves="x")
-min = Primitive("min", _reduction_without_dtype("min"), (_extremum_vjp("argmin"),), saves="x")
+max = Primitive("max", _reduction_without_dtype("max"), (_extremum_vjp,), saves="x ans")
+min = Primitive("min", _reduction_without_dtype("min"), (_extremum_vjp,), saves="x ans")
 
 
 # --- composites: differentiable through the rules above
@@ -247,7 +234,15 @@ def std(x, /, *, axis=None, correction=0.0, keepdims=False):
     """Standard deviation over `axis` (the square root of `var`; real data, as the standard
     says)."""
     _check_real("std", x)
-    return sqrt(var(x, axis=axis, correction=correction, keepdims=keepdims))
+    return _std_sqrt(var(x, axis=axis, correction=correction, keepdims=keepdims))
+
+
+def _std_sqrt_vjp(g, ans, v):
+    # 1 / (2 std), and 0 where std is 0 (constant data), as PyTorch: not inf * 0 = nan
+    return nonzero_divide(g, 1.0, ans * 2)
+
+
+_std_sqrt = Primitive("std_sqrt", lambda xp, v: xp.sqrt(v), (_std_sqrt_vjp,), saves="ans")
 
 
 def _check_real(name, x):
