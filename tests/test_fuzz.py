@@ -57,6 +57,16 @@ from fuzz_operations import (
 from fuzz_programs import programs
 from helpers import require_array_attribute
 
+pytestmark = [
+    # Dask's integer-array indexing makes its integer offsets' metadata from the indexed
+    # array's (complex in some programs): a cast warning of Dask's own, meaningless here.
+    pytest.mark.filterwarnings(
+        "ignore:Casting complex values to real:numpy.exceptions.ComplexWarning:dask"
+    ),
+    # A program may read its constant inputs only: its loss is a plain array, as meant.
+    pytest.mark.filterwarnings("ignore:the loss of .* is a plain:UserWarning"),
+]
+
 EXAMPLES = int(os.environ.get("TRACKER_GPU_FUZZ_EXAMPLES", "0"))
 SETTINGS = dict(
     deadline=None,

@@ -11,6 +11,7 @@
 import math
 import sys
 import warnings
+import weakref
 from collections import namedtuple
 
 import numpy as np
@@ -116,7 +117,11 @@ def gradient(f, *args, nest=False, wrt=None):
     or a list of floats, warns (they get no gradient). `f` may return `(loss, aux...)`. With
     `nest=True` the gradients are tracked, so they can be differentiated again. `wrt` (an
     argument's position, or a tuple of them) differentiates only those arguments: the others
-    are data, passed to `f` as they are, and get `None`.
+    are data, passed to `f` as they are, and get `None`. A loss cut from the graph (a plain
+    array computed from `tg.data(x)`, or a value of other parameters than the arguments: every
+    gradient `None`) warns once, naming `f`, so that a training loop that learns nothing does
+    not pass unnoticed; a loss whose derivative is zero (a tracked constant: floor, sign, the
+    derivative of a linear function) gets `None` without a warning.
 
     The implicit form `gradient(lambda: loss, Params([W, b]))` returns `Grads`, looked up by
     parameter.
@@ -148,8 +153,19 @@ def withgradient(f, *args, nest=False, wrt=None):
     if len(args) == 1 and isinstance(args[0], Params):
         if wrt is not None:
             raise TypeError("wrt= names arguments by position; Params already says what to track")
-        return _implicit(f, args[0], nest)
+        losses = []
+        result = _implicit(lambda: _kept(f(), losses), args[0], nest)
+        if len(args[0]) and all(g is None for _, g in result.grad.items()):
+            if not isinstance(losses[0], TrackedArray):  # a plain loss: cut from the graph
+                _warn_no_dependence(f, losses[0], "of the Params")
+        return result
     return _withgradient(f, args, nest, wrt)
+
+
+def _kept(val, losses):
+    """`val`, with its loss noted in `losses`."""
+    losses.append(val[0] if isinstance(val, tuple) else val)
+    return val
 
 
 def _withgradient(f, args, nest, wrt, quiet=False):
@@ -165,10 +181,50 @@ def _withgradient(f, args, nest, wrt, quiet=False):
             "converts its result to a Python number, as scikit-learn's metrics do), so every "
             "gradient is None. Return the 0-d tracked array instead"
         )
-    found = backprop(loss, inputs.values(), nest)
+    others = []
+    found = backprop(loss, inputs.values(), nest, others)
+    if inputs and not quiet and _none_reached(inputs.values(), found):
+        _warn_no_dependence(f, loss, "argument", others)
     plain = not nest and recording.current() is None  # a recording keeps the values traced
     grads = gradients_in_place(args, inputs, found, nest, chosen)
     return WithGradient(untracked(val) if plain else val, grads)
+
+
+def _none_reached(inputs, found):
+    """Whether the backward pass reached none of the tracked `inputs`."""
+    return not any(id(made._node) in found for made in inputs)
+
+
+def _warn_no_dependence(f, loss, what, others=()):
+    """One warning for a loss cut from the graph, where every gradient is None (which a
+    training loop would take for a step that changes nothing): a plain array, or a value on
+    the tape that depends on none of the parameters given. A Python number has its own
+    warning; a tracked constant does not warn: the function's derivative is zero (floor,
+    sign, a comparison, the derivative of a linear function), as PyTorch gives zeros there."""
+    if type(loss) in SCALARS or (isinstance(loss, TrackedArray) and loss._node is None):
+        return
+    if isinstance(loss, TrackedArray):
+        if not others:  # nothing but nested seeds: a derivative that is constant, zero
+            return
+        _warn(
+            f"the loss of {_describe(f)} does not depend on any {what} given to differentiate, "
+            "only on other tracked arrays (a model's parameters read from a closure, say), so "
+            "every gradient is None. Pass what is to be differentiated as an argument"
+        )
+    else:
+        _warn(
+            f"the loss of {_describe(f)} is a plain {type(loss).__name__}, not a tracked array: "
+            "it was computed from plain values (tg.data(x), NumPy on the data, a library that "
+            "converts to NumPy), so it does not depend on any argument given to differentiate "
+            "and every gradient is None. Compute it with tracker_gpu's functions (tg.*)"
+        )
+
+
+def _describe(f):
+    """`name (file:line)` of a function, for a message."""
+    name = getattr(f, "__qualname__", None) or type(f).__name__
+    code = getattr(f, "__code__", None)
+    return name if code is None else f"{name} ({code.co_filename}:{code.co_firstlineno})"
 
 
 def quiet_gradient(f, *args, nest=False):
@@ -254,8 +310,9 @@ def _as_data(tree):
 
 
 def top_level(x, position):
-    """A top-level float becomes a 0-d float64 array, a parameter; the surprising cases warn."""
-    if type(x) is float:
+    """A top-level float (complex) becomes a 0-d float64 (complex128) array, a parameter; the
+    surprising cases warn."""
+    if type(x) in (float, complex):
         return np.asarray(x)
     if type(x) is int:
         _warn(
@@ -317,12 +374,20 @@ def _input(x, nest, recorded=False):
         return None
     xp = backend.namespace_of(x)
     if xp.isdtype(x.dtype, ("real floating", "complex floating")):
-        return leaf(x)
+        # a PyTorch tensor that requires grad: its value (a view, never written), so that
+        # PyTorch does not record alongside; the user's tensor keeps its requires_grad
+        return leaf(x.detach() if getattr(x, "requires_grad", False) is True else x)
     return None  # integers and booleans: data, passed to f as they are
 
 
-def backprop(loss, inputs, nest):
-    """{id(input): gradient} for the inputs the scalar `loss` depends on."""
+# The leaves that seed nested passes: a nested gradient depends on its seed, which is no
+# parameter.
+_SEEDS = weakref.WeakSet()
+
+
+def backprop(loss, inputs, nest, others=None):
+    """{id(input): gradient} for the inputs the scalar `loss` depends on. The list `others`,
+    if given, collects the other leaves reached (not the seeds of nested passes)."""
     _check_loss_is_scalar(loss)
     if not istracked(loss):
         return {}
@@ -330,9 +395,17 @@ def backprop(loss, inputs, nest):
         seed = scalar_seed(loss)
         if nest:  # a tracked constant, so that every vjp sees a tracked gradient
             seed = TrackedArray(seed, loss._xp)
+            _SEEDS.add(seed._node)
         stop = [made._node for made in inputs]
         reached = walk(loss._node, seed, once=not nest, nested=nest, stop=stop)
-    return {id(node): g for node, g in reached}
+        if others is None:
+            return {id(node): g for node, g in reached}
+        found = {}
+        for node, g in reached:
+            found[id(node)] = g
+            if node.rule is None and node not in _SEEDS:
+                others.append(node)
+    return found
 
 
 def _check_loss_is_scalar(loss):

@@ -21,6 +21,7 @@ from .api import (
 )
 from .backend import namespace_of
 from .primitive import Primitive, record_saving_arguments, resolve, tracked_values
+from .pytree import tree_leaves
 from .rules.elementwise import identity
 from .rules.reductions import sum as _sum
 from .tape import Node, walk
@@ -129,13 +130,57 @@ def hvp(f, x, v):
     """The Hessian of the scalar `f` at `x` times `v`, without building the Hessian.
 
     `None` where the gradient of `f` does not depend on `x` (as `gradient` gives `None`).
+    Written as `jvp` takes its arguments, `hvp(f, (x, y), (v, w))` differentiates `f(x, y)`
+    with respect to all its arguments and returns a tuple: the product of the whole Hessian
+    with the direction `(v, w)`, one part per argument.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> tg.hvp(lambda x: tg.sum(x**3), np.array([1.0, 2.0]), np.array([1.0, 1.0]))
+    array([ 6., 12.])
+    >>> tg.hvp(lambda x: tg.sum(x**3), (np.array([1.0, 2.0]),), (np.array([1.0, 1.0]),))
+    (array([ 6., 12.]),)
     """
+    if isinstance(x, tuple) or isinstance(v, tuple):
+        return _hvp(f, *_tuple_form(x, v))
 
     def directional(x):
         g = gradient(f, x, nest=True)[0]
         return 0.0 if g is None else _sum(g * v)
 
     return quiet_gradient(directional, x)[0]
+
+
+def _tuple_form(primals, tangents):
+    if not (isinstance(primals, tuple) and isinstance(tangents, tuple)):
+        given = "the point" if isinstance(primals, tuple) else "the direction"
+        raise TypeError(
+            f"hvp: {given} is a tuple, the other is not; write hvp(f, x, v) for one argument, "
+            "or hvp(f, (x, y), (v, w)) with a tuple of each, as jvp takes them"
+        )
+    if len(primals) != len(tangents):
+        raise ValueError(
+            f"hvp: {len(primals)} arguments but {len(tangents)} directions; give one direction "
+            "per argument"
+        )
+    return primals, tangents
+
+
+def _hvp(f, primals, tangents):
+    """The products of the Hessian of `f(*primals)` with the direction `tangents`, a tuple."""
+
+    def directional(*xs):
+        grads = gradient(f, *xs, nest=True)
+        parts = [
+            _sum(g * t)
+            for g, t in zip(tree_leaves(grads), tree_leaves(tangents))
+            if isinstance(g, TrackedArray)
+        ]
+        total = 0.0
+        for part in parts:
+            total = part + total
+        return total
+
+    return quiet_gradient(directional, *primals)
 
 
 def _as_float(x):

@@ -10,7 +10,7 @@ import operator
 
 import numpy as np
 
-from . import backend, recording
+from . import backend, foreign, recording
 from .backend import SCALARS, namespace_of
 from .recording import ACTIVE
 from .tape import leaf_node
@@ -31,7 +31,17 @@ __all__ = [
 class TrackedArray:
     """An array of any Array API library whose operations are recorded for differentiation.
 
-    A 0-d TrackedArray plays the role of Tracker's `TrackedReal`.
+    A 0-d TrackedArray plays the role of Tracker's `TrackedReal`; it formats (`f"{x:.3f}"`)
+    and rounds (`round(x)`) as its Python number.
+
+    Pickling keeps the value, not the tape (which stays in the process that recorded it): a
+    leaf comes back a leaf with its data and the gradient it has accumulated (as PyTorch keeps
+    a leaf's `requires_grad`), a tracked constant a constant, and a value inside a graph a leaf
+    of its value. The library is found again from the data. `copy.deepcopy` gives the same,
+    with new buffers: an independent leaf. `copy.copy` gives a second handle on the same value
+    and place on the tape (a leaf's copy is the same parameter). Both are refused while
+    `tg.compile` records. NumPy's methods outside the standard (`x.sum()`) raise an
+    AttributeError naming the function to call (`tg.sum(x)`).
 
     >>> import numpy as np, tracker_gpu as tg
     >>> x = tg.param(np.array([1.0, 2.0]))
@@ -215,6 +225,56 @@ class TrackedArray:
             )
         return operator.index(self.data)
 
+    def __format__(self, format_spec):
+        """`f"{x:.3f}"`: a 0-d array formats as its Python number; no spec gives `str(x)`."""
+        if not format_spec:
+            return str(self)
+        if self.ndim != 0:
+            raise TypeError(
+                f"a format spec ({format_spec!r}) applies to a 0-d tracked array, this one has "
+                f"shape {tuple(self.shape)}; format its elements, or tg.data(x)"
+            )
+        _refuse_while_recording("format(x) (an f-string with a format spec)")
+        return format(_python_number(self), format_spec)
+
+    def __round__(self, ndigits=None):
+        """`round(x)` of a 0-d array: a Python int (a float with `ndigits`), as for NumPy's
+        scalars; no gradient (`tg.round(x)` is the array function)."""
+        if self.ndim != 0:
+            raise TypeError(
+                f"round() takes a 0-d tracked array, this one has shape {tuple(self.shape)}; "
+                "use tg.round(x) for an array"
+            )
+        _refuse_while_recording("round(x)")
+        return round(_python_number(self), ndigits)
+
+    # --- pickling and copying: the value travels, the tape stays (see _restored)
+    def __reduce__(self):
+        _refuse_while_recording("pickle or copy.deepcopy of a tracked array")
+        node = self._node
+        if node is None:
+            return _restored, (self.data, "constant", None)
+        return _restored, (self.data, "leaf", node.grad if node.rule is None else None)
+
+    def __deepcopy__(self, memo):
+        _refuse_while_recording("pickle or copy.deepcopy of a tracked array")
+        restore, (value, kind, g) = self.__reduce__()
+        xp = self._xp
+        copied = [None if a is None else xp.asarray(a, copy=True) for a in (value, g)]
+        return restore(copied[0], kind, copied[1])
+
+    def __copy__(self):
+        """`copy.copy(x)`: a second handle on the same value and place on the tape (as
+        `alias`): a leaf's copy is the same parameter; a write rebinds one handle only."""
+        return alias(self)
+
+    def __getattr__(self, name):
+        """Only for names not found: a NumPy- or PyTorch-style method (`x.sum()`) raises an
+        AttributeError naming the function to call; any other name a plain AttributeError."""
+        if hasattr(TrackedArray, name):  # a property or slot that raised: raise it again
+            return object.__getattribute__(self, name)
+        raise missing_attribute_error(name)
+
     def __len__(self):
         if self.ndim == 0:
             raise TypeError("len() of a 0-d tracked array")
@@ -231,33 +291,19 @@ class TrackedArray:
         return f"TrackedArray({self.data!r}, {kind})"
 
 
-# NumPy's names of the standard's functions, where they differ.
-_STANDARD_NAMES = {
-    "absolute": "abs", "power": "pow", "true_divide": "divide", "conjugate": "conj",
-    "arcsin": "asin", "arccos": "acos", "arctan": "atan", "arctan2": "atan2",
-    "arcsinh": "asinh", "arccosh": "acosh", "arctanh": "atanh", "concatenate": "concat",
-    "transpose": "permute_dims", "amax": "max", "amin": "min", "cumsum": "cumulative_sum",
-    "cumprod": "cumulative_prod", "invert": "bitwise_invert", "left_shift":
-    "bitwise_left_shift", "right_shift": "bitwise_right_shift", "dot": "matmul",
-}  # fmt: skip
 _COMPARISONS = frozenset("less less_equal greater greater_equal equal not_equal".split())
 _BITWISE = frozenset("bitwise_and bitwise_or bitwise_xor invert left_shift right_shift".split())
 
 
 def numpy_function_error(name):
     """The error for a NumPy function called on a tracked array, naming what to call instead."""
-    standard = _STANDARD_NAMES.get(name, name)
-    if hasattr(_NAMESPACES[0](np), standard):
-        hint = (
-            f"call tg.{standard}(x) instead, or xp.{standard}(x) with "
-            "xp = array_api_compat.array_namespace(x): both record it"
-        )
-    else:
-        hint = (
-            f"tracker_gpu has no differentiable {standard}: write it with the Array API's "
-            "functions (tg.*), or call NumPy on tg.data(x) for a plain value without gradient"
-        )
-    return TypeError(f"NumPy's {name} cannot record a gradient on a TrackedArray; {hint}")
+    return foreign.numpy_function_error(name, _NAMESPACES[0](np))
+
+
+def missing_attribute_error(name):
+    """The AttributeError for `x.name`, naming the function to use instead (see `foreign`)."""
+    namespace = None if _NAMESPACES[0] is None else _NAMESPACES[0](np)
+    return foreign.missing_attribute_error(name, namespace)
 
 
 # The tracked namespace bound to a library (the namespace module registers its `namespace_for`
@@ -307,6 +353,31 @@ def alias(x):
     out = _new(TrackedArray)
     out.data, out._node, out._xp = x.data, x._node, x._xp
     return out
+
+
+def _restored(value, kind, g=None):
+    """A tracked array rebuilt from a pickle: the namespace is found anew from the data; the
+    tape is not pickled, so a value on it comes back as a leaf over its value, keeping the
+    gradient accumulated in a leaf; a tracked constant comes back a constant."""
+    xp = namespace_of(value)
+    if kind == "constant":
+        return constant(value, xp)
+    out = _new(TrackedArray)  # not TrackedArray(...): a recording must not see it as an input
+    out.data, out._xp, out._node = value, xp, leaf_node(value.shape, value.dtype)
+    out._node.grad = g
+    return out
+
+
+def _python_number(x):
+    """The Python number of a 0-d tracked array, of the kind its dtype says."""
+    xp, value = x._xp, x.data
+    if xp.isdtype(x.dtype, "bool"):
+        return bool(value)
+    if xp.isdtype(x.dtype, "integral"):
+        return int(value)
+    if xp.isdtype(x.dtype, "complex floating"):
+        return complex(value)
+    return float(value)
 
 
 def _compared(x, other, compare):

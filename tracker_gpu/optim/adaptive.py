@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..backend import namespace_of
 from ..rules.elementwise import astype, sqrt
-from .rules import Rule, check_beta, check_fraction, check_nonnegative
+from .rules import Rule, check_beta, check_flags, check_fraction, check_nonnegative
 
 __all__ = ["Adam", "AdamW", "RMSProp", "AdaGrad", "AdaBelief", "Lion"]
 
@@ -103,6 +103,7 @@ class AdamW(Rule):
     def __post_init__(self):
         check_nonnegative(self, eta=self.eta, epsilon=self.epsilon, weight_decay=self.weight_decay)
         check_beta(self, self.beta)
+        check_flags(self, couple=self.couple)
 
     init = _moments_init
 
@@ -129,6 +130,7 @@ class RMSProp(Rule):
     def __post_init__(self):
         check_nonnegative(self, eta=self.eta, epsilon=self.epsilon)
         check_fraction(self, "rho", self.rho)
+        check_flags(self, centred=self.centred)
 
     def init(self, x):
         xp = namespace_of(x)

@@ -14,7 +14,10 @@ array([0.55, 0.45])
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..backend import is_array, namespace_of
 from ..tracked import data
@@ -48,23 +51,76 @@ class Rule:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if k in names})
 
 
+# What each hyperparameter is, for the error messages.
+MEANINGS = {
+    "eta": "the learning rate", "rho": "the momentum", "beta": "the moments' decay rates",
+    "epsilon": "the guard against division by zero", "weight_decay": "the weight decay",
+    "kappa": "the L1 penalty", "delta": "the clipping bound", "omega": "the largest norm",
+    "p": "the norm's order", "decay": "the factor of the learning rate",
+    "eta_min": "the last learning rate", "throw": "raise on a NaN or infinite norm",
+    "couple": "weight decay scaled by eta", "centred": "use the gradient's variance",
+}  # fmt: skip
+# May be infinite: no clipping.
+UNBOUNDED = frozenset({"delta", "omega"})
+
+
+def _error(error, rule, name, value, requirement):
+    """`Adam: eta must be >= 0 (the learning rate), got -1.0`: the rule, the argument, what
+    it must be and the value given."""
+    meaning = MEANINGS.get(name)
+    plain = _is_number(value) or isinstance(value, (tuple, list))
+    kind = "" if plain else f" (a {type(value).__name__})"
+    return error(
+        f"{type(rule).__name__}: {name} must be {requirement}"
+        + (f" ({meaning})" if meaning else "")
+        + f", got {value!r}{kind}"
+    )
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def check_number(rule, name, value, requirement, holds):
+    """`value` is a real number (not a bool or a string) for which `holds(value)`; else an
+    error naming the rule, the argument and the value. A rate in an array (a schedule's,
+    under tg.compile) is not read: it would stall a replay."""
+    if is_array(data(value)):
+        return
+    if not _is_number(value):
+        raise _error(TypeError, rule, name, value, f"a number {requirement}")
+    if not holds(value):
+        raise _error(ValueError, rule, name, value, requirement)
+
+
 def check_nonnegative(rule, **values):
-    """A rate in an array (a schedule's, under tg.compile) is not read: it would stall a replay."""
+    """Each of `values` a number >= 0, finite except the bounds named in UNBOUNDED."""
     for name, value in values.items():
-        if is_array(data(value)):
-            continue
-        if not value >= 0:
-            raise ValueError(f"{type(rule).__name__}: {name} must be >= 0, got {value!r}")
+        if name in UNBOUNDED:
+            check_number(rule, name, value, ">= 0", lambda v: v >= 0)
+        else:
+            check_number(rule, name, value, ">= 0 and finite", lambda v: 0 <= v < math.inf)
 
 
-def check_beta(rule, beta):
-    if len(beta) != 2 or not all(0 <= b < 1 for b in beta):
-        raise ValueError(f"{type(rule).__name__}: beta must be two numbers in [0, 1), got {beta!r}")
+def check_beta(rule, beta, name="beta"):
+    """`beta` a pair of numbers in [0, 1)."""
+    requirement = "two numbers in [0, 1)"
+    if not (isinstance(beta, (tuple, list)) and len(beta) == 2):
+        raise _error(TypeError, rule, name, beta, requirement + " (a tuple)")
+    if not all(_is_number(b) for b in beta):
+        raise _error(TypeError, rule, name, beta, requirement)
+    if not all(0 <= b < 1 for b in beta):
+        raise _error(ValueError, rule, name, beta, requirement)
 
 
 def check_fraction(rule, name, value):
-    if not 0 <= value < 1:
-        raise ValueError(f"{type(rule).__name__}: {name} must be in [0, 1), got {value!r}")
+    check_number(rule, name, value, "in [0, 1)", lambda v: 0 <= v < 1)
+
+
+def check_flags(rule, **values):
+    for name, value in values.items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise _error(TypeError, rule, name, value, "True or False")
 
 
 @dataclass(frozen=True)
@@ -170,6 +226,8 @@ class ClipNorm(Rule):
 
     def __post_init__(self):
         check_nonnegative(self, omega=self.omega)
+        check_number(self, "p", self.p, "> 0 (inf for the largest element)", lambda v: v > 0)
+        check_flags(self, throw=self.throw)
 
     def apply(self, state, x, dx):
         xp = namespace_of(dx)

@@ -17,13 +17,14 @@ taken, so a saved and reloaded state goes on where it stopped.
 (0.025, 3)
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from ..backend import is_array
 from ..rules.elementwise import astype, cos, minimum, where
 from ..tracked import data
-from .rules import Descent, Rule, check_nonnegative
+from .rules import Descent, OptimiserChain, Rule, check_nonnegative
 
 __all__ = ["Step", "Exp", "Cosine", "Scheduled"]
 
@@ -106,6 +107,18 @@ class Cosine:
         return where(t < self.warmup, self.eta * (t + 1) / self.warmup, rate)
 
 
+def _field_names(rule):
+    """The hyperparameters of a rule (of every rule of a chain), or None if unknown."""
+    if isinstance(rule, OptimiserChain):
+        found = [_field_names(r) for r in rule.rules]
+        return None if None in found else set().union(*found)
+    if isinstance(rule, Scheduled):  # its own schedule sets its field; the rest pass on
+        return None
+    if dataclasses.is_dataclass(rule):
+        return {f.name for f in dataclasses.fields(rule)}
+    return None
+
+
 @dataclass(frozen=True)
 class Scheduled(Rule):
     """`rule` with its learning rate (the field `field`, `eta` by default) set by `schedule(t)`
@@ -122,6 +135,13 @@ class Scheduled(Rule):
         if not callable(self.schedule):
             raise TypeError(
                 f"Scheduled needs a schedule (a function of the step), got {self.schedule!r}"
+            )
+        names = _field_names(self.rule)
+        if names is not None and self.field not in names:
+            raise ValueError(
+                f"Scheduled: field {self.field!r} is not a hyperparameter of "
+                f"{type(self.rule).__name__} (it has {', '.join(sorted(names))}); the schedule "
+                "sets the field named so, usually eta"
             )
 
     def at(self, t, like=None):

@@ -140,12 +140,17 @@ def _setup(rule, x, seen):
 
 
 # --- update
-def update(state, model, grads):
+def update(state, model, grads, *, allow_no_gradient=False):
     """`(state, model)` after one step of each parameter along its gradient in `grads` (shaped
     like the model, as `withgradient` returns it; a None gradient leaves its parameter as it is).
     A tied parameter is updated once, with the gradient found at its first place
     (`withgradient` puts the whole gradient in every place), and stays one array. Nothing is
-    mutated: the old state and model stay valid."""
+    mutated: the old state and model stay valid.
+
+    A step with no gradient for any trainable (not frozen) parameter raises ValueError: the
+    loss was cut from the graph, and the step would change nothing (as PyTorch refuses a loss
+    that does not require grad). `allow_no_gradient=True` lets such a step pass, unchanged;
+    `freeze` the parameters that are not to be trained."""
     if isinstance(grads, tuple) and len(grads) == 1 and not isinstance(model, tuple):
         raise ValueError(
             "update: the gradient is a tuple of one, the model is not; withgradient returns a "
@@ -155,7 +160,28 @@ def update(state, model, grads):
     new_model, new_state = _update(model, grads, state, (), done, skipped)
     if skipped & done.keys():  # a tied parameter without a gradient at its first place
         new_model, new_state = _update(model, grads, state, (), done, set())
+    if not done and not allow_no_gradient:
+        _check_nothing_to_train(state)
     return new_state, new_model
+
+
+def _check_nothing_to_train(state):
+    """Raise when `state` has a parameter to train (a Leaf not frozen): none got a gradient."""
+    trainable = []
+    tree_map_with_path(
+        lambda path, leaf: trainable.append(path) if type(leaf) is Leaf and not leaf.frozen else 0,
+        state,
+        is_leaf=lambda x: type(x) is Leaf,
+    )
+    if trainable:
+        raise ValueError(
+            f"update: no gradient for any trainable parameter ({len(trainable)} of them, "
+            f"{', '.join(trainable[:3])}{', ...' if len(trainable) > 3 else ''}): every gradient "
+            "is None, so this step would change nothing. The loss does not depend on the "
+            "model's parameters: it was computed from tg.data(x), a Python number (float(x), "
+            "x.item()) or another cut from the graph. Pass allow_no_gradient=True if such a "
+            "step is meant to do nothing, or freeze(state, path) what is not to be trained"
+        )
 
 
 _UPDATE_NAMES = ("model", "gradient", "optimiser state")

@@ -29,8 +29,23 @@ def _expand_dims_forward(xp, x, /, axis):
     return xp.expand_dims(x, axis=axis)
 
 
-def _squeeze_forward(xp, x, /, axis):
+def _squeeze_forward(xp, x, /, axis=None):
+    if axis is None:  # the standard's squeeze has no default axis (NumPy's squeezes them all)
+        raise TypeError(
+            "squeeze needs the axis (or tuple of axes) to remove, as the Array API's squeeze "
+            f"does: tg.squeeze(x, axis={_unit_axes(x.shape)})"
+        )
     return xp.squeeze(x, axis=axis)
+
+
+def _unit_axes(shape):
+    """The axes of size 1 in `shape`, written as squeeze's axis would take them."""
+    axes = tuple(i for i, n in enumerate(shape) if n == 1)
+    return axes[0] if len(axes) == 1 else axes
+
+
+def _squeeze_signature(x, /, axis):
+    """The standard's signature of squeeze: the axis is required."""
 
 
 def _flip_forward(xp, x, /, *, axis=None):
@@ -72,6 +87,7 @@ squeeze = Primitive(
     _squeeze_forward,
     (lambda g, ans, x, *axis, **kw: reshape(g, x.shape), None),
     saves="",
+    signature=_squeeze_signature,
 )
 flip = Primitive("flip", _flip_forward, (lambda g, ans, x, **kw: flip(g, **kw),), saves="")
 # The gradient of broadcast_to is summed back to the argument's shape by the fitting step.

@@ -1,0 +1,115 @@
+"""Every optimiser checks its arguments by name (issue 23): a wrong type or a value out of range
+raises an error naming the optimiser, the argument and the value given. The rules and schedules
+are enumerated from `optim.__all__`, so one added later is covered."""
+
+import dataclasses
+import math
+import re
+
+import numpy as np
+import pytest
+
+from tracker_gpu import optim
+
+# The arguments a schedule needs (no default), valid.
+REQUIRED = {"eta": 0.1, "steps": 10}
+
+
+def _optimisers():
+    found = []
+    for name in optim.__all__:
+        cls = getattr(optim, name)
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls is not optim.Leaf:
+            if name not in (c.__name__ for c in found):
+                found.append(cls)
+    return found
+
+
+def _fields(kinds):
+    """(class, field) for every field of every optimiser whose default is of one of `kinds`
+    (a required field counts by its annotation)."""
+    cases = []
+    for cls in _optimisers():
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else REQUIRED.get(f.name)
+            if type(default) in kinds:
+                cases.append(pytest.param(cls, f.name, id=f"{cls.__name__}.{f.name}"))
+    return cases
+
+
+def _make(cls, **given):
+    required = {
+        f.name: REQUIRED[f.name]
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    return cls(**{**required, **given})
+
+
+def _names_all(info, cls, name, value):
+    message = str(info.value)
+    assert cls.__name__ in message and re.search(rf"\b{name}\b", message), message
+    assert repr(value) in message, message
+
+
+def test_every_optimiser_is_enumerated():
+    names = {cls.__name__ for cls in _optimisers()}
+    assert {"Descent", "Adam", "AdamW", "RMSProp", "Lion", "ClipNorm", "Cosine"} <= names
+
+
+def test_the_issue_example():
+    with pytest.raises(TypeError, match=r"Descent: eta .*'0\.1'"):
+        optim.Descent("0.1")
+
+
+@pytest.mark.parametrize("cls, name", _fields({float, int}))
+def test_a_number_given_as_a_string(cls, name):
+    with pytest.raises((TypeError, ValueError)) as info:
+        _make(cls, **{name: "0.1"})
+    _names_all(info, cls, name, "0.1")
+
+
+@pytest.mark.parametrize("cls, name", _fields({float, int}))
+@pytest.mark.parametrize("value", [-1.0, math.nan])
+def test_a_number_out_of_range(cls, name, value):
+    with pytest.raises(ValueError) as info:
+        _make(cls, **{name: value})
+    _names_all(info, cls, name, value)
+
+
+@pytest.mark.parametrize("cls, name", _fields({float}))
+def test_numpy_numbers_are_numbers(cls, name):
+    default = getattr(_make(cls), name)
+    _make(cls, **{name: np.float32(default)})
+
+
+@pytest.mark.parametrize("cls, name", _fields({tuple}))
+@pytest.mark.parametrize("value", [("0.9", 0.999), (0.9,), (1.5, 0.9), (0.9, -0.1), 0.9])
+def test_a_pair_checked(cls, name, value):
+    with pytest.raises((TypeError, ValueError)) as info:
+        _make(cls, **{name: value})
+    _names_all(info, cls, name, value)
+
+
+@pytest.mark.parametrize("cls, name", _fields({bool}))
+def test_a_flag_checked(cls, name):
+    with pytest.raises(TypeError) as info:
+        _make(cls, **{name: "yes"})
+    _names_all(info, cls, name, "yes")
+
+
+def test_adjust_is_checked_too():
+    state = optim.setup(optim.Adam(), {"w": np.ones(2)})
+    with pytest.raises(TypeError, match=r"Adam: eta .*'1e-3'"):
+        optim.adjust(state, eta="1e-3")
+
+
+def test_an_infinite_learning_rate_refused():
+    with pytest.raises(ValueError, match=r"Descent: eta .*inf"):
+        optim.Descent(math.inf)
+    optim.ClipGrad(math.inf)  # no clipping: allowed
+
+
+def test_scheduled_field_names_a_field_of_the_rule():
+    with pytest.raises(ValueError, match=r"Scheduled: field 'lr'.*Descent.*eta"):
+        optim.Scheduled(optim.Descent(), optim.Exp(0.1), field="lr")

@@ -1,0 +1,220 @@
+"""Tracked arrays behave like Python objects (issue 23): pickling and copying, formatting and
+rounding, NumPy-style methods answered with the function to call, and clear refusals."""
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+import tracker_gpu as tg
+
+
+def _round_trip(x):
+    return pickle.loads(pickle.dumps(x))
+
+
+def _constant(backend, values):
+    """A tracked constant of the backend's library (its tracked namespace's asarray)."""
+    txp = tg.param(backend.asarray([0.0])).__array_namespace__()
+    return txp.asarray(backend.asarray(values))
+
+
+def _skip_without_float(backend):
+    if backend.name == "strict-device1":
+        pytest.skip("array_api_strict refuses float() of an array on device1 itself")
+
+
+# --- pickling and copying
+def test_a_leaf_pickles_as_a_leaf_with_its_gradient(backend):
+    x = tg.param(backend.asarray([1.0, 2.0]))
+    tg.back(tg.sum(x * x))
+    y = _round_trip(x)
+    assert tg.isleaf(y) and y is not x
+    assert np.array_equal(backend.to_numpy(tg.data(y)), [1.0, 2.0])
+    assert np.array_equal(backend.to_numpy(tg.grad(y)), [2.0, 4.0])
+    assert y.__array_namespace__() is x.__array_namespace__()
+    tg.back(tg.sum(y * 3.0))  # a leaf of its own: its gradient goes on accumulating
+    assert np.array_equal(backend.to_numpy(tg.grad(y)), [5.0, 7.0])
+    assert np.array_equal(backend.to_numpy(tg.grad(x)), [2.0, 4.0])
+
+
+def test_a_leaf_without_gradient_pickles_with_none(backend):
+    y = _round_trip(tg.param(backend.asarray([1.0, 2.0])))
+    assert tg.isleaf(y) and y._node.grad is None
+    (g,) = tg.gradient(lambda p: tg.sum(p * p), y)
+    assert np.array_equal(backend.to_numpy(tg.data(g)), [2.0, 4.0])
+
+
+def test_a_constant_pickles_as_a_constant(backend):
+    c = _constant(backend, [1, 2, 3])
+    y = _round_trip(c)
+    assert isinstance(y, tg.TrackedArray) and not tg.istracked(y)
+    assert np.array_equal(backend.to_numpy(y), [1, 2, 3])
+
+
+def test_an_interior_value_pickles_as_a_leaf_of_its_value(backend):
+    x = tg.param(backend.asarray([1.0, 2.0]))
+    y = _round_trip(x * 2.0)
+    assert tg.isleaf(y)
+    assert np.array_equal(backend.to_numpy(tg.data(y)), [2.0, 4.0])
+    assert np.array_equal(backend.to_numpy(tg.grad(y)), [0.0, 0.0])
+
+
+def test_a_model_of_tracked_arrays_pickles():
+    model = {"w": tg.param(np.ones((2, 2))), "step": tg.asarray(np.asarray(3))}
+    back = _round_trip(model)
+    assert tg.isleaf(back["w"]) and not tg.istracked(back["step"])
+    assert int(back["step"]) == 3
+
+
+def test_deepcopy_gives_an_independent_leaf(backend):
+    x = tg.param(backend.asarray([1.0, 2.0]))
+    tg.back(tg.sum(x * x))
+    y = copy.deepcopy(x)
+    assert tg.isleaf(y) and y._node is not x._node
+    assert np.array_equal(backend.to_numpy(tg.grad(y)), [2.0, 4.0])
+    y[0] = 10.0
+    tg.back(tg.sum(x))
+    assert np.array_equal(backend.to_numpy(tg.data(x)), [1.0, 2.0])
+    assert np.array_equal(backend.to_numpy(tg.grad(x)), [3.0, 5.0])
+
+
+def test_deepcopy_copies_the_buffer():
+    x = tg.param(np.array([1.0, 2.0]))
+    y = copy.deepcopy(x)
+    assert not np.shares_memory(tg.data(x), tg.data(y))
+    c = copy.deepcopy(tg.asarray(np.array([1, 2])))
+    assert not tg.istracked(c) and isinstance(c, tg.TrackedArray)
+    model = copy.deepcopy({"a": x, "b": x})
+    assert model["a"] is model["b"]  # the memo keeps a shared array shared
+
+
+def test_copy_is_the_same_value_and_place_on_the_tape(backend):
+    x = tg.param(backend.asarray([1.0, 2.0]))
+    y = copy.copy(x)
+    assert y is not x and y._node is x._node and y.data is x.data
+    y[0] = 5.0  # a write rebinds y alone
+    assert np.array_equal(backend.to_numpy(tg.data(x)), [1.0, 2.0])
+    c = copy.copy(_constant(backend, [1, 2]))
+    assert not tg.istracked(c)
+
+
+def test_pickling_refused_while_recording():
+    def f(x):
+        pickle.dumps(x)
+        return tg.sum(x)
+
+    with pytest.raises(Exception, match="tg.compile cannot replay pickl"):
+        tg.compile(f)(np.ones(2))
+
+
+# --- format and round
+def test_format_of_a_0d_array(backend):
+    _skip_without_float(backend)
+    x = tg.sum(tg.param(backend.asarray([1.0, 0.23456])))
+    assert f"{x:.3f}" == "1.235"
+    assert f"{x:>8.2f}" == "    1.23"
+    assert f"{_constant(backend, 7):03d}" == "007"
+    assert f"{x}" == str(x)  # no spec: as before
+
+
+def test_format_spec_of_an_array_refused():
+    with pytest.raises(TypeError, match="0-d"):
+        f"{tg.param(np.ones(2)):.3f}"
+
+
+def test_round_of_a_0d_array(backend):
+    _skip_without_float(backend)
+    x = tg.sum(tg.param(backend.asarray([1.0, 0.6])))
+    assert round(x) == 2 and type(round(x)) is int
+    assert round(x, 1) == 1.6 and type(round(x, 1)) is float
+    with pytest.raises(TypeError, match="tg.round"):
+        round(tg.param(np.ones(2)))
+
+
+def test_format_and_round_refused_while_recording():
+    for use in (lambda s: f"{s:.2f}", round):
+
+        def f(x, use=use):
+            s = tg.sum(x)
+            use(s)
+            return s
+
+        with pytest.raises(Exception, match="tg.compile cannot replay"):
+            tg.compile(f)(np.ones(2))
+
+
+# --- NumPy-style methods
+@pytest.mark.parametrize(
+    "name, hint",
+    [
+        ("sum", "tg.sum(x)"),
+        ("mean", "tg.mean(x)"),
+        ("reshape", "tg.reshape(x"),
+        ("astype", "tg.astype(x"),
+        ("item", "float(x)"),
+        ("numpy", "tg.data(x)"),
+        ("tolist", "tg.data(x)"),
+        ("cumsum", "tg.cumulative_sum(x)"),
+        ("transpose", "tg.permute_dims"),
+        ("flatten", "tg.reshape(x, (-1,))"),
+        ("backward", "tg.back(x)"),
+        ("detach", "tg.stop_gradient(x)"),
+        ("real", "tg.real(x)"),
+    ],
+)
+def test_numpy_style_methods_name_the_function(name, hint):
+    x = tg.param(np.ones(2))
+    with pytest.raises(AttributeError, match="TrackedArray") as info:
+        getattr(x, name)
+    assert hint in str(info.value)
+
+
+def test_unknown_attributes_and_protocols_stay_plain_attribute_errors():
+    x = tg.param(np.ones(2))
+    with pytest.raises(AttributeError, match="no attribute 'frobnicate'"):
+        _ = x.frobnicate
+    for name in ("__array_interface__", "__array_struct__", "__dask_graph__", "_xp_extra"):
+        assert not hasattr(x, name)
+    assert hasattr(x, "shape") and hasattr(x, "__array_namespace__")
+
+
+def test_an_empty_object_does_not_recurse():
+    x = object.__new__(tg.TrackedArray)
+    for name in ("data", "_node", "_xp", "shape", "sum"):
+        assert not hasattr(x, name)
+
+
+# --- clear refusals
+def test_squeeze_without_axis_says_so():
+    with pytest.raises(TypeError, match="axis") as info:
+        tg.squeeze(tg.param(np.ones((2, 1))))
+    assert "_squeeze_forward" not in str(info.value)
+    with pytest.raises(TypeError, match="axis") as info:
+        tg.squeeze(np.ones((2, 1)))
+    assert "_squeeze_forward" not in str(info.value)
+
+
+def test_hvp_takes_jvp_tuples(backend):
+    f = lambda x: tg.sum(x**3)  # noqa: E731
+    x, v = backend.asarray([1.0, 2.0]), backend.asarray([1.0, 1.0])
+    plain = tg.hvp(f, x, v)
+    (tupled,) = tg.hvp(f, (x,), (v,))
+    assert np.allclose(backend.to_numpy(tupled), backend.to_numpy(plain))
+    assert np.allclose(backend.to_numpy(plain), [6.0, 12.0])
+
+
+def test_hvp_tuples_of_several_arguments():
+    f = lambda x, y: tg.sum(x * x * y)  # noqa: E731
+    x, y = np.array([1.0, 2.0]), np.array([3.0, 4.0])
+    hx, hy = tg.hvp(f, (x, y), (np.array([1.0, 0.0]), np.array([0.0, 1.0])))
+    # H = [[2y, 2x], [2x, 0]] (diagonal blocks); H @ (e0, e1')
+    assert np.allclose(hx, [6.0, 4.0]) and np.allclose(hy, [2.0, 0.0])
+
+
+def test_hvp_tuple_mismatch_refused():
+    with pytest.raises(TypeError, match="hvp"):
+        tg.hvp(lambda x: tg.sum(x**3), (np.ones(2),), np.ones(2))
+    with pytest.raises(ValueError, match="hvp"):
+        tg.hvp(lambda x: tg.sum(x**3), (np.ones(2),), (np.ones(2), np.ones(2)))

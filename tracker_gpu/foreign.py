@@ -1,0 +1,81 @@
+"""What users of NumPy and PyTorch reach for on a tracked array, and what to write instead: the
+messages of the errors for NumPy's functions (`np.exp(x)`) and for methods and attributes
+outside the Array API standard (`x.sum()`, `x.numpy()`).
+
+>>> import tracker_gpu as tg
+>>> "write tg.sum(x) instead" in str(missing_attribute_error("sum", tg.namespace))
+True
+"""
+
+__all__ = ["numpy_function_error", "missing_attribute_error"]
+
+# NumPy's names of the standard's functions, where they differ.
+_STANDARD_NAMES = {
+    "absolute": "abs", "power": "pow", "true_divide": "divide", "conjugate": "conj",
+    "arcsin": "asin", "arccos": "acos", "arctan": "atan", "arctan2": "atan2",
+    "arcsinh": "asinh", "arccosh": "acosh", "arctanh": "atanh", "concatenate": "concat",
+    "transpose": "permute_dims", "amax": "max", "amin": "min", "cumsum": "cumulative_sum",
+    "cumprod": "cumulative_prod", "invert": "bitwise_invert", "left_shift":
+    "bitwise_left_shift", "right_shift": "bitwise_right_shift", "dot": "matmul",
+}  # fmt: skip
+
+
+def numpy_function_error(name, namespace):
+    """The error for NumPy's function `name` called on a tracked array, naming what to call
+    instead (where the tracked `namespace` has it)."""
+    standard = _STANDARD_NAMES.get(name, name)
+    if hasattr(namespace, standard):
+        hint = (
+            f"call tg.{standard}(x) instead, or xp.{standard}(x) with "
+            "xp = array_api_compat.array_namespace(x): both record it"
+        )
+    else:
+        hint = (
+            f"tracker_gpu has no differentiable {standard}: write it with the Array API's "
+            "functions (tg.*), or call NumPy on tg.data(x) for a plain value without gradient"
+        )
+    return TypeError(f"NumPy's {name} cannot record a gradient on a TrackedArray; {hint}")
+
+
+# NumPy's and PyTorch's methods and attributes outside the standard, with what to write instead
+# (a NumPy function name in _STANDARD_NAMES, or one of the standard's functions, gets tg.<name>).
+_METHOD_HINTS = {
+    "reshape": "tg.reshape(x, shape)", "astype": "tg.astype(x, dtype)",
+    "flatten": "tg.reshape(x, (-1,))", "ravel": "tg.reshape(x, (-1,))",
+    "view": "tg.reshape(x, shape)", "copy": "tg.asarray(x, copy=True)",
+    "clone": "tg.asarray(x, copy=True)", "transpose": "tg.permute_dims(x, axes) or x.T",
+    "swapaxes": "tg.permute_dims(x, axes)", "item": "float(x) (or int(x))",
+    "numpy": "tg.data(x) for the plain array (no gradient)",
+    "tolist": "tg.data(x) for the plain array (no gradient), then its tolist()",
+    "backward": "tg.back(x)", "grad": "tg.grad(x)", "detach": "tg.stop_gradient(x)",
+    "requires_grad": "tg.istracked(x)", "cpu": "tg.to_device(x, device)",
+    "to": "tg.to_device(x, device) or tg.astype(x, dtype)", "dim": "x.ndim", "numel": "x.size",
+    "fill": "tg.full_like(x, value)", "trace": "tg.linalg.trace(x)",
+    "diagonal": "tg.linalg.diagonal(x)", "dot": "tg.matmul(x, y) or x @ y",
+    "nonzero": "tg.nonzero(x)", "sort": "tg.sort(x)", "argsort": "tg.argsort(x)",
+    "clip": "tg.clip(x, min, max)", "round": "tg.round(x)", "repeat": "tg.repeat(x, repeats)",
+    "take": "tg.take(x, indices, axis=...)", "squeeze": "tg.squeeze(x, axis=...)",
+    "nbytes": "tg.data(x).nbytes", "itemsize": "tg.data(x).itemsize",
+    "strides": "tg.data(x).strides", "flat": "tg.reshape(x, (-1,))",
+}  # fmt: skip
+
+
+def missing_attribute_error(name, namespace):
+    """The AttributeError for `x.name`, naming the function to use where `name` is a method
+    or attribute of NumPy's or PyTorch's arrays outside the standard (or a function of the
+    tracked `namespace`, None while it loads)."""
+    plain = f"'TrackedArray' object has no attribute '{name}'"
+    if name.startswith("_"):  # protocols probed with hasattr (__array_interface__...): fast
+        return AttributeError(plain, name=name)
+    hint = _METHOD_HINTS.get(name)
+    if hint is None:
+        standard = _STANDARD_NAMES.get(name, name)
+        if namespace is None or not hasattr(namespace, standard):
+            return AttributeError(plain, name=name)
+        hint = f"tg.{standard}(x)"
+    return AttributeError(
+        f"{plain}: a TrackedArray has the Array API's attributes and operators only (as the "
+        f"standard's arrays); write {hint} instead, or use xp = "
+        "array_api_compat.array_namespace(x) and the function of xp",
+        name=name,
+    )
