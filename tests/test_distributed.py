@@ -174,6 +174,8 @@ def test_the_digits_mlp_learns_as_well_data_parallel(client):
     assert_trees_close(model, ref_model, rtol=1e-9)
 
 
+# A second cluster beside the module's: its dashboard takes another port than 8787, and says so.
+@pytest.mark.filterwarnings("ignore:Port 8787 is already in use:UserWarning")
 def test_out_of_core_gradient_on_a_worker_smaller_than_the_data():
     """A 256 MiB data matrix, made chunk by chunk on a worker limited to 320 MiB: holding the
     matrix whole kills the worker, its logistic-regression gradient computes."""
@@ -205,6 +207,8 @@ def test_out_of_core_gradient_on_a_worker_smaller_than_the_data():
     assert np.allclose(grad, expected, rtol=1e-10)
 
 
+# A second cluster beside the module's: its dashboard takes another port than 8787, and says so.
+@pytest.mark.filterwarnings("ignore:Port 8787 is already in use:UserWarning")
 def test_the_main_job_trains_data_parallel(client, tmp_path, capsys):
     """`--scheduler` joins a running cluster, `--workers` starts one: both train the MLP as the
     single process does (up to the order of the shards' sums)."""

@@ -171,3 +171,103 @@ def test_cupy_without_a_gpu_is_a_clear_error():
         train_module.select_backend("cupy", "auto")
     xp, device, where = train_module.select_backend("auto", "auto")
     assert xp == "numpy" and where == "numpy on the CPU"
+
+
+# --- every argument checked before any work (issue 23) ---------------------------------------
+
+QUICK = ["--backend", "numpy", "--models", "mlp", "--epochs", "1", "--no-progress"]
+
+
+def _refused(capsys, argv):
+    """The usage error of `argv`: exit status 2, one message, nothing trained."""
+    with pytest.raises(SystemExit) as stopped:
+        train_module.main(argv)
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2
+    assert "digits:" not in out and "Traceback" not in err
+    return err
+
+
+def test_a_plot_format_matplotlib_cannot_write_is_refused_before_training(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    err = _refused(capsys, [*QUICK, "--plot", str(tmp_path / "x.txt")])
+    assert "matplotlib cannot write '.txt' files" in err and ".png" in err
+
+
+def test_a_plot_without_a_suffix_says_the_path_it_wrote(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    train_module.main([*QUICK, "--plot", str(tmp_path / "x")])
+    assert f"plot written to {tmp_path / 'x.png'}\n" in capsys.readouterr().out
+    assert (tmp_path / "x.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--seed", "-3", "--seed: must be at least 0"),
+        ("--seed", str(2**32), "--seed: must be at least 0 and less than 4294967296"),
+        ("--lr", "inf", "--lr: must be a finite number, got inf"),
+        ("--lr", "nan", "--lr: must be a finite number, got nan"),
+        ("--lr", "0", "--lr: must be more than 0"),
+        ("--device", "tpu", "--device 'tpu' is not a device here; choose auto, cpu, gpu or gpu:N"),
+    ],
+)
+def test_numbers_and_devices_are_checked(capsys, option, value, message):
+    args = [a for a in QUICK if a not in ("--backend", "numpy")] if option == "--device" else QUICK
+    err = _refused(capsys, [*args, option, value])
+    assert message in err
+    assert "--backend numpy" not in err  # not blamed on an option the user never passed
+
+
+def test_a_gpu_without_one_names_the_device_not_a_backend(capsys):
+    try:
+        import cupy
+
+        if cupy.is_available():
+            pytest.skip("a GPU is present")
+    except ImportError:
+        pass
+    err = _refused(capsys, ["--device", "gpu:1", "--models", "mlp"])
+    assert "--device gpu:1 needs CuPy and a CUDA GPU" in err and "--backend numpy" not in err
+
+
+def test_a_learning_rate_that_diverges_is_one_line_of_advice(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        train_module.main([*QUICK, "--models", "cnn", "--lr", "1e9", "--plot", ""])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1
+    assert err.strip().splitlines() == [
+        "python -m tracker_gpu.train: error: cnn: the loss became nan in epoch 1; lower the "
+        "learning rate"
+    ]
+
+
+@pytest.fixture
+def silent_port():
+    """A port that accepts connections and never answers (as an HTTP server does Dask)."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["refused", "silent"])
+def test_an_unreachable_scheduler_is_one_line_naming_it(capsys, monkeypatch, kind, request):
+    pytest.importorskip("distributed")
+    import time
+
+    address = "tcp://127.0.0.1:1"
+    if kind == "silent":
+        address = f"tcp://127.0.0.1:{request.getfixturevalue('silent_port')}"
+    assert 5 <= train_module.cli.CONNECT_TIMEOUT <= 15  # about 10 s, not Dask's 30
+    monkeypatch.setattr(train_module.cli, "CONNECT_TIMEOUT", 1)
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as stopped:
+        train_module.main([*QUICK, "--plot", "", "--scheduler", address])
+    out, err = capsys.readouterr()
+    assert time.perf_counter() - start < 8
+    assert stopped.value.code == 1 and "digits:" not in out
+    (line,) = err.strip().splitlines()
+    assert f"no Dask scheduler answered at {address} within 1 s" in line

@@ -38,21 +38,25 @@ from .api import withgradient as _withgradient
 from .pytree import tree_leaves, tree_map
 from .tracked import data
 
-__all__ = ["cluster", "withgradient", "step", "shard_arrays", "compute"]
+__all__ = ["cluster", "describe", "withgradient", "step", "shard_arrays", "compute"]
 
 # One thread for each worker's BLAS and PyTorch: a worker is one core.
 _ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @contextlib.contextmanager
-def cluster(workers=None, *, scheduler=None, cuda=False, **options):
+def cluster(workers=None, *, scheduler=None, cuda=False, timeout=None, **options):
     """A `distributed.Client` for the block: of a new `LocalCluster` (processes, `workers` of
     them, default one per core, each with one thread), started here and stopped on exit; or of
-    the running cluster at `scheduler`; or, with `cuda=True`, of dask-cuda's `LocalCUDACluster`.
-    Other keywords go to the cluster's constructor (e.g. `memory_limit`)."""
+    the running cluster at `scheduler`, reached within `timeout` seconds (else `OSError`); or,
+    with `cuda=True`, of dask-cuda's `LocalCUDACluster`. Other keywords go to the cluster's
+    constructor (e.g. `memory_limit`). A local cluster has a dashboard on a free port when
+    bokeh is installed."""
     distributed = _import("distributed", "dask.distributed")
     if scheduler is not None:
-        with distributed.Client(scheduler) as client:
+        if timeout is not None:
+            _check_answers(scheduler, timeout)
+        with distributed.Client(scheduler, **_timeout(timeout)) as client:
             yield client
         return
     if cuda:
@@ -60,12 +64,83 @@ def cluster(workers=None, *, scheduler=None, cuda=False, **options):
         made = dask_cuda.LocalCUDACluster(**options)
     else:
         settings = {"n_workers": workers or os.cpu_count() or 1, "threads_per_worker": 1}
-        settings |= {"dashboard_address": None, "silence_logs": logging.ERROR}
+        settings |= {"dashboard_address": ":0" if _has("bokeh") else None,
+                     "silence_logs": logging.ERROR}  # fmt: skip
         if options.get("processes", True):
             settings["env"] = dict(_ONE_THREAD)
-        made = distributed.LocalCluster(**(settings | options))
+        with _deaf_to_ctrl_c():  # the workers inherit it: Ctrl-C is for this process
+            made = distributed.LocalCluster(**(settings | options))
     with made, distributed.Client(made) as client:
         yield client
+
+
+@contextlib.contextmanager
+def _deaf_to_ctrl_c():
+    """SIGINT ignored while the block starts processes, so that they ignore it: a Ctrl-C in a
+    terminal goes to the whole process group, and workers that died of it would leave the step
+    that waits for them hanging; this process stops them when it leaves `cluster`."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _timeout(seconds):
+    return {} if seconds is None else {"timeout": f"{seconds}s"}
+
+
+def _check_answers(address, seconds):
+    """Raise OSError unless a Dask server at `address` answers within `seconds`: a port that
+    refuses, or one that accepts and never answers (an HTTP server), on which Client would
+    wait forever."""
+    import asyncio
+
+    from distributed.comm import connect
+
+    try:
+        asyncio.get_running_loop()
+        return  # inside a running loop (a notebook): only Client's own timeout
+    except RuntimeError:
+        pass
+
+    async def identity():
+        comm = await connect(address, timeout=seconds)
+        try:
+            await comm.write({"op": "identity"})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    try:
+        asyncio.run(asyncio.wait_for(identity(), seconds))
+    except (TimeoutError, asyncio.TimeoutError):
+        raise OSError(f"no Dask scheduler answered at {address} within {seconds} s") from None
+
+
+def _has(module):
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def describe(client):
+    """One line on the cluster of `client`: the scheduler's address, the dashboard's link and
+    the workers (address and threads)."""
+    info = client.scheduler_info()
+    workers = info.get("workers", {})
+    listed = ", ".join(f"{address} ({w.get('nthreads', '?')} threads)"
+                       for address, w in sorted(workers.items()))  # fmt: skip
+    has_dashboard = "dashboard" in info.get("services", {}) and _has("bokeh")
+    dashboard = client.dashboard_link if has_dashboard else "none (pip install bokeh for one)"
+    return (f"dask: scheduler {client.scheduler.address}, dashboard {dashboard}, "
+            f"{len(workers)} workers: {listed}")  # fmt: skip
 
 
 def compute(*trees, **options):
@@ -101,7 +176,9 @@ def withgradient(client, f, model, *batch, shards=None, mean=True):
     """`(val, (grad,))` of `f(model, *batch)` over the whole batch, computed on the cluster.
 
     `batch` holds arrays with the examples on the first axis: dask arrays are split by their
-    chunks along it, other arrays into `shards` pieces (default: one per worker thread).
+    chunks along it, other arrays into `shards` pieces (default: one per worker thread alive
+    now; give `shards` for a result that does not depend on which workers are alive: the
+    shards are then fixed by the batch, and their sum's order by shard index).
     With `mean` (the default) `f` returns the mean of its examples' losses, and each shard is
     weighted by its share of the batch, so `val` and `grad` are those of `f` on the whole batch;
     with `mean=False`, `f` returns a sum and the shards add up. `f` may return `(loss, aux...)`

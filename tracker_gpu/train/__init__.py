@@ -19,7 +19,7 @@ One module per concern: `cli` (the command line), `loop` (the training loop and 
 from .cli import main, run
 from .data import Data, batches, digits
 from .devices import select_backend
-from .loop import Result, accuracy, compiled_step, fit, train, train_step
+from .loop import Interrupted, Result, accuracy, compiled_step, fit, train, train_step
 from .models import RECIPES, cnn, lstm, mlp
 from .plots import plot
 
@@ -30,6 +30,7 @@ __all__ = [
     "compiled_step",
     "accuracy",
     "Result",
+    "Interrupted",
     "digits",
     "batches",
     "Data",

@@ -1,32 +1,58 @@
 """The command line of the main job: every argument checked before any work, with argparse's
-own errors, then each model trained, its test accuracy printed and the plot written."""
+own errors (the checkpoints of `--resume` and the cluster of `--scheduler` included), then each
+model trained, its test accuracy printed and the plot written. SIGINT and SIGTERM stop the job
+after the current step, with a checkpoint under `--save` and the command that resumes."""
 
 import argparse
 import contextlib
 import importlib
+import math
 import os
+import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
+
+import numpy as np
 
 from .data import SKLEARN_MISSING, digits
 from .devices import select_backend
-from .loop import compiled_step, data_parallel_step, train, train_step
+from .loop import (
+    TEST_FRACTION,
+    Interrupted,
+    checkpoint_info,
+    compiled_step,
+    data_parallel_step,
+    train,
+    train_step,
+)
 from .models import RECIPES
 from .plots import plot
 
 __all__ = ["main", "run", "parser"]
 
+PROG = "python -m tracker_gpu.train"
 DESCRIPTION = "Train small models on scikit-learn's handwritten digits with tracker_gpu."
+BATCH_SIZE, SEED = 32, 0  # the defaults, when neither the command line nor a checkpoint says
+CONNECT_TIMEOUT = 10  # seconds to reach the scheduler of --scheduler
 
 
-def _positive(kind):
+def _number(kind, low, *, strict=True, high=math.inf):
     def parse(text):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if (value <= low if strict else value < low) or value >= high:
+            bound = f"more than {low}" if strict else f"at least {low}"
+            raise argparse.ArgumentTypeError(
+                f"must be {bound}"
+                + (f" and less than {high}" if high < math.inf else "")
+                + f", got {text}"
+            )
         return value
 
     parse.__name__ = kind.__name__
@@ -35,17 +61,27 @@ def _positive(kind):
 
 def parser():
     """The argument parser of `python -m tracker_gpu.train`."""
-    p = argparse.ArgumentParser(prog="python -m tracker_gpu.train", description=DESCRIPTION)
+    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, allow_abbrev=False)
     p.add_argument("--backend", default="auto", choices=["auto", "numpy", "torch", "cupy"])
     p.add_argument("--device", default="auto", help="auto (default), cpu, gpu or gpu:N")
     p.add_argument("--models", default="mlp,cnn,lstm",
                    help=f"comma-separated, from {', '.join(RECIPES)} (default: all)")  # fmt: skip
-    p.add_argument("--epochs", type=_positive(int),
-                   help="epochs per model (default: 20 mlp, 15 cnn, 15 lstm)")  # fmt: skip
-    p.add_argument("--batch-size", type=_positive(int), default=32)
-    p.add_argument("--lr", type=_positive(float), help="Adam's learning rate (default per model)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--plot", default="training.png", help="PNG path ('' for no plot)")
+    p.add_argument("--epochs", type=_number(int, 0),
+                   help="the total number of epochs per model, a resumed run included "
+                        "(default: 20 mlp, 15 cnn, 15 lstm, or the checkpoint's)")  # fmt: skip
+    p.add_argument("--batch-size", type=_number(int, 0),
+                   help=f"default {BATCH_SIZE}, or the checkpoint's")  # fmt: skip
+    p.add_argument(
+        "--lr",
+        type=_number(float, 0),
+        help="Adam's learning rate (default per model, or the checkpoint's)",
+    )
+    p.add_argument("--seed", type=_number(int, 0, strict=False, high=2**32),
+                   help=f"the data split and initial weights (default {SEED}, or the "
+                        "checkpoint's)")  # fmt: skip
+    p.add_argument("--plot", default="training.png",
+                   help="the plot's path; its suffix says the format (none: .png; '' for no "
+                        "plot)")  # fmt: skip
     p.add_argument(
         "--save",
         metavar="DIR",
@@ -54,7 +90,8 @@ def parser():
     p.add_argument(
         "--resume",
         metavar="DIR",
-        help="go on from the checkpoints DIR/<model>.npz (as --save wrote them)",
+        help="go on from the checkpoints DIR/<model>.npz (as --save wrote them); models "
+        "without one start from scratch",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")  # fmt: skip
     p.add_argument(
@@ -64,7 +101,7 @@ def parser():
     )
     p.add_argument(
         "--workers",
-        type=_positive(int),
+        type=_number(int, 0),
         help="train data-parallel on a local Dask cluster of N worker processes",
     )
     p.add_argument(
@@ -78,26 +115,40 @@ def parser():
 def _checked(p, argv):
     """The parsed arguments, every one checked before any work (argparse's errors exit 2)."""
     args = p.parse_args(argv)
+    args.argv = list(argv)
     args.names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.names if m not in RECIPES]
     if unknown or not args.names:
         p.error(f"--models: unknown {unknown}; choose from {', '.join(RECIPES)}")
     _check_modules(p, args)
-    folder = Path(args.plot).parent if args.plot else None
-    if folder is not None and not folder.is_dir():
-        p.error(f"--plot: the folder {str(folder)!r} does not exist; create it, or pass --plot ''")
+    _check_plot(p, args)
     if args.save and os.path.exists(args.save) and not os.path.isdir(args.save):
         p.error(f"--save: {args.save!r} is a file; give a folder for the checkpoints")
-    for name in args.names if args.resume else ():
-        if not os.path.isfile(_checkpoint(args.resume, name)):
-            p.error(f"--resume: no checkpoint {_checkpoint(args.resume, name)!r}; train with "
-                    f"--save {args.resume} first, or leave {name} out of --models")  # fmt: skip
     try:
         args.where = select_backend(args.backend, args.device)
     except ValueError as error:
         p.error(str(error))
     _check_cluster(p, args)
+    _plan(p, args)
     return args
+
+
+def _check_plot(p, args):
+    if not args.plot:
+        return
+    path = Path(args.plot)
+    if not path.suffix:
+        path = path.with_name(path.name + ".png")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        p.error(f"--plot: matplotlib cannot write {path.suffix!r} files; give a path ending "
+                f"in one of {', '.join('.' + f for f in sorted(formats))}")  # fmt: skip
+    if not path.parent.is_dir():
+        p.error(f"--plot: the folder {str(path.parent)!r} does not exist; create it, or pass "
+                "--plot ''")  # fmt: skip
+    args.plot = str(path)
 
 
 def _check_cluster(p, args):
@@ -134,32 +185,202 @@ def _checkpoint(folder, name):
     return os.path.join(folder, f"{name}.npz")
 
 
+def _step_kind(args):
+    if args.workers or args.scheduler:
+        return "data-parallel"
+    return "compiled" if args.compile else "eager"
+
+
+# --- what each model does: its settings, and whether it resumes ---------------------------
+
+
+def _plan(p, args):
+    """Each model's settings (`args.settings[name]`) and checkpoint to resume (`args.resumes`),
+    every checkpoint of `--resume` read and checked before any work. Settings that would change
+    the run (seed, batch size, learning rate, the model) are refused; `--epochs` (the total) and
+    the place of the run (backend, device, step) are applied and said (`args.notes`)."""
+    args.resumes, args.notes = {}, []
+    infos = _resume_infos(p, args) if args.resume else {}
+    saved = {name: info.get("settings") or {} for name, info in infos.items()}
+    seeds = {name: s["seed"] for name, s in saved.items() if "seed" in s}
+    args.seed = _common(p, args, "--seed", args.seed, seeds, SEED)
+    batches = {name: info["batch_size"] for name, info in infos.items() if "batch_size" in info}
+    common_batch = _common(p, args, "--batch-size", args.batch_size, batches, BATCH_SIZE)
+    args.settings = {}
+    for name in args.names:
+        if name not in infos:
+            settings = dict(epochs=args.epochs, lr=args.lr, seed=args.seed,
+                            batch_size=args.batch_size or common_batch)  # fmt: skip
+        else:
+            settings = _resumed_settings(p, args, name, infos[name], saved[name])
+            args.resumes[name] = _checkpoint(args.resume, name)
+        args.settings[name] = settings
+    missing = [name for name in args.names if name not in infos]
+    if args.resume and missing:
+        args.notes.append(f"no checkpoint in {args.resume} for {', '.join(missing)}: "
+                          "trained from scratch")  # fmt: skip
+
+
+def _resume_infos(p, args):
+    if not os.path.isdir(args.resume):
+        p.error(f"--resume: no folder {args.resume!r}; train with --save {args.resume} first")
+    infos = {}
+    for name in args.names:
+        path = _checkpoint(args.resume, name)
+        if os.path.exists(path):
+            try:
+                infos[name] = checkpoint_info(path, name)
+            except ValueError as error:
+                p.error(f"--resume: {error}")
+            if infos[name].get("name") != name:
+                p.error(f"--resume: {path} is a checkpoint of {infos[name].get('name')!r}, "
+                        f"not of {name}")  # fmt: skip
+    if not infos:
+        p.error(f"--resume: no checkpoint of {', '.join(args.names)} in {args.resume!r}; "
+                f"train with --save {args.resume} first")  # fmt: skip
+    return infos
+
+
+def _common(p, args, option, given, values, default):
+    """The value of a setting shared by all models (the data split, the batch size): the one
+    given, which must be the checkpoints' own (`values`, by model), else theirs, else the
+    default."""
+    for name, value in values.items():
+        if given is not None and value != given:
+            _refuse(p, args, name, option, value, given)
+    if len(set(values.values())) > 1:
+        p.error(f"--resume: the checkpoints in {args.resume} were saved with different "
+                f"{option}: {values}; resume them one at a time with --models")  # fmt: skip
+    if given is not None:
+        return given
+    return next(iter(values.values()), default)
+
+
+def _resumed_settings(p, args, name, info, saved):
+    batch = info.get("batch_size", saved.get("batch_size"))
+    if args.batch_size is not None and batch is not None and batch != args.batch_size:
+        _refuse(p, args, name, "--batch-size", batch, args.batch_size)
+    lr = saved.get("lr")
+    if args.lr is not None and lr is not None and lr != args.lr:
+        _refuse(p, args, name, "--lr", lr, args.lr)
+    recipe = RECIPES[name]
+    epochs = saved.get("epochs", recipe.epochs)
+    done = info.get("epoch", 0)
+    step = info.get("step") or 0
+    target = epochs if args.epochs is None else args.epochs
+    if target <= done:
+        if args.epochs is not None:
+            has, more = f"{done} epochs, --epochs {target} asks for no more", ""
+        else:
+            has, more = f"all {done} epochs of its run", " (--epochs N trains to N in all)"
+        args.notes.append(f"{name}: the checkpoint has {has}: evaluated, not trained{more}")
+    else:
+        if target != epochs:
+            args.notes.append(f"{name}: --epochs {target} applied: {target} epochs in all, not "
+                              f"{epochs}, the cosine schedule stretched to end there")  # fmt: skip
+        where = f" and {step} steps" if step else ""
+        args.notes.append(f"{name}: resumed after {done} epochs{where} of {target}")
+    epochs = target
+    _note_changes(args, name, saved)
+    batch = batch if batch is not None else (args.batch_size or BATCH_SIZE)
+    lr = lr if lr is not None else args.lr
+    return dict(epochs=epochs, lr=lr, seed=args.seed, batch_size=batch)
+
+
+def _note_changes(args, name, saved):
+    """The settings that may change on a resumed run, said: where it runs and how it steps
+    (the same run up to rounding), and the library's version."""
+    import tracker_gpu
+
+    here = dict(backend=args.where[0], step=_step_kind(args), version=tracker_gpu.__version__)
+    for key, value in here.items():
+        if key in saved and saved[key] != value:
+            args.notes.append(f"{name}: saved with {key} {saved[key]}, going on with {value} "
+                              "(the same run up to rounding)")  # fmt: skip
+
+
+def _refuse(p, args, name, option, saved, given):
+    p.error(f"--resume: {_checkpoint(args.resume, name)} was saved with {option} {saved}, "
+            f"and this run gives {option} {given}, which would make another run; leave "
+            f"{option} out to go on as saved, or start a new run without --resume")  # fmt: skip
+
+
+# --- running it ----------------------------------------------------------------------------
+
+
 def main(argv=None):
-    """The console script: train, print the test accuracies, write the plot."""
-    run(sys.argv[1:] if argv is None else argv)
+    """The console script: train, print the test accuracies, write the plot. A loss that is
+    not finite, an unreachable scheduler and a stop by SIGINT or SIGTERM are one line each, no
+    traceback (exit 1, 1, 130 or 143)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with _signals() as stop:
+        try:
+            run(argv, stop=stop)
+        except Interrupted as stopped:
+            print(_stopped_line(stopped, argv), file=sys.stderr, flush=True)
+            sys.exit(128 + stopped.signum)
+        except (FloatingPointError, ConnectionError) as error:
+            print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
+            sys.exit(1)
 
 
-def run(argv):
-    """`main`, returning the results."""
-    args = _checked(parser(), argv)
+def run(argv, stop=None):
+    """`main`, returning the results. `stop()`, asked after each step, returns a signal number
+    to stop the job there (`Interrupted`)."""
+    p = parser()
+    args = _checked(p, argv)
     xp, device, where = args.where
-    if args.save:
-        os.makedirs(args.save, exist_ok=True)
-    data = digits(xp=xp, device=device, seed=args.seed)
-    print(
-        f"digits: {data.train_x.shape[0]} training and {data.test_x.shape[0]} test images "
-        f"of 8x8 pixels; {where}",
-        flush=True,
-    )
-    results = []
-    with _cluster(args) as client:
+    with contextlib.ExitStack() as stack:
+        client = _connect(stack, args)
+        # the loop checks the loss itself, and says what to do when it is not finite
+        stack.enter_context(np.errstate(over="ignore", invalid="ignore"))
+        if args.save:
+            os.makedirs(args.save, exist_ok=True)
+        for note in args.notes:
+            print(note, flush=True)
+        data = digits(xp=xp, device=device, seed=args.seed, test_fraction=TEST_FRACTION)
+        print(
+            f"digits: {data.train_x.shape[0]} training and {data.test_x.shape[0]} test images "
+            f"of 8x8 pixels; {where}",
+            flush=True,
+        )
+        results = []
+        if stop is not None and hasattr(stop, "training"):
+            stop.training = True
         for name in args.names:
+            signum = stop() if stop is not None else None
+            if signum:
+                raise Interrupted(signum, name, 0, 0, None)
             step = _step_for(args, client)
-            results.append(_train_one(args, name, data, step))
+            results.append(_train_one(args, name, data, step, stop))
     if args.plot:
         plot(results, args.plot)
         print(f"plot written to {args.plot}")
     return results
+
+
+def _connect(stack, args):
+    """The Dask client of `--workers` or `--scheduler`, for the whole run (else None), with
+    the cluster's address, dashboard and workers printed. An unreachable scheduler is a
+    ConnectionError naming it, after about CONNECT_TIMEOUT seconds."""
+    if not (args.workers or args.scheduler):
+        return None
+    from tracker_gpu.distributed import cluster, describe
+
+    try:
+        client = stack.enter_context(
+            cluster(workers=args.workers, scheduler=args.scheduler, timeout=CONNECT_TIMEOUT)
+        )
+    except (OSError, TimeoutError) as error:
+        if args.scheduler is None:
+            raise
+        raise ConnectionError(
+            f"--scheduler: no Dask scheduler answered at {args.scheduler} within "
+            f"{CONNECT_TIMEOUT} s ({type(error).__name__}); start one with dask scheduler, "
+            "or check the address"
+        ) from None
+    print(describe(client), flush=True)
+    return client
 
 
 def _step_for(args, client):
@@ -168,32 +389,110 @@ def _step_for(args, client):
     return compiled_step() if args.compile else train_step
 
 
-def _cluster(args):
-    """The Dask client of `--workers` or `--scheduler`, for the whole run; else None."""
-    if not (args.workers or args.scheduler):
-        return contextlib.nullcontext()
-    from tracker_gpu.distributed import cluster
-
-    return cluster(workers=args.workers, scheduler=args.scheduler)
-
-
-def _train_one(args, name, data, step):
+def _train_one(args, name, data, step, stop):
     """Train model `name`, print its test accuracy, and return its `Result`."""
     xp, device, _ = args.where
+    settings = args.settings[name]
     result = train(
         name,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
+        epochs=settings["epochs"],
+        batch_size=settings["batch_size"],
+        lr=settings["lr"],
+        seed=settings["seed"],
         xp=xp,
         device=device,
         data=data,
         progress=not args.no_progress,
         save=_checkpoint(args.save, name) if args.save else None,
-        resume=_checkpoint(args.resume, name) if args.resume else None,
+        resume=args.resumes.get(name),
         step=step,
+        stop=stop,
+        step_kind=_step_kind(args),
     )
     print(f"{name}: test accuracy {result.test_accuracy:.3f} ({result.seconds:.1f} s)",
           flush=True)  # fmt: skip
     return result
+
+
+# --- signals -------------------------------------------------------------------------------
+
+
+class _Stop:
+    """Asked after each step: the number of the signal that came (SIGINT, SIGTERM), else None.
+    While `training` is false (connecting, loading), a signal stops the job at once."""
+
+    def __init__(self):
+        self.signum, self.training = None, False
+
+    def __call__(self):
+        return self.signum
+
+
+@contextlib.contextmanager
+def _signals():
+    """Within the block, SIGINT and SIGTERM ask the job to stop after the current step (the
+    `_Stop` yielded says so); before training starts, they stop it at once. A second signal
+    acts as it would without this. Outside the main thread, nothing is caught."""
+    stop = _Stop()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum, frame):
+        stop.signum = signum
+        for s, old in previous.items():  # a second signal acts as it would have
+            signal.signal(s, old)
+        if not stop.training:
+            raise Interrupted(signum, "the job", 0, 0, None)
+
+    for s in previous:
+        signal.signal(s, handler)
+    try:
+        yield stop
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def _stopped_line(stopped, argv):
+    """The one line printed on a stop: what was kept, and the command that resumes."""
+    name = signal.Signals(stopped.signum).name
+    folder = _option(argv, "--save")
+    if folder is None:
+        return (f"stopped by {name} in {stopped.name}; nothing was saved (no --save): rerun "
+                f"with --save DIR to be able to resume")  # fmt: skip
+    if not any(os.path.exists(_checkpoint(folder, name)) for name in RECIPES):
+        command = shlex.join([*PROG.split(), *argv])
+        return f"stopped by {name} before any checkpoint was written; start again with: {command}"
+    if stopped.saved is None:
+        kept = f"{stopped.name} not started"
+    elif stopped.step:
+        kept = f"{stopped.name} saved after {stopped.epoch} epochs and {stopped.step} steps"
+    else:
+        kept = f"{stopped.name} saved after {stopped.epoch} epochs"
+    command = shlex.join([*PROG.split(), *_without(argv, "--resume"), "--resume", folder])
+    return f"stopped by {name} ({kept}); resume with: {command}"
+
+
+def _option(argv, option):
+    """The value of `option` in `argv` (`--opt v` or `--opt=v`), the last one, or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == option and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(option + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _without(argv, option):
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            out.append(arg)
+    return out

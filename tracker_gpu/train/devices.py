@@ -11,10 +11,14 @@ __all__ = ["select_backend", "one_thread"]
 def select_backend(backend="auto", device="auto"):
     """`(xp, device, description)` for `--backend` and `--device`; raises ValueError when the
     choice cannot run here."""
+    _check_device(device)
     if backend == "auto":
         backend = "cupy" if device != "cpu" and _cupy_usable() else "numpy"
-        if device == "gpu" and backend != "cupy":
-            raise ValueError("--device gpu needs CuPy and a CUDA GPU it can use; none was found")
+        if device != "auto" and backend != "cupy" and device != "cpu":
+            raise ValueError(
+                f"--device {device} needs CuPy and a CUDA GPU it can use; none was found "
+                "(use --device cpu, or --backend torch for PyTorch's GPUs)"
+            )
     if backend == "numpy":
         if device not in ("auto", "cpu"):
             raise ValueError("--backend numpy runs on the CPU only; use --device cpu")
@@ -24,6 +28,13 @@ def select_backend(backend="auto", device="auto"):
     if backend == "torch":
         return _torch_device(device)
     raise ValueError(f"unknown backend {backend!r}; choose auto, numpy, torch or cupy")
+
+
+def _check_device(device):
+    kind, _, index = device.partition(":")
+    if device in ("auto", "cpu", "gpu") or (kind == "gpu" and index.isdigit()):
+        return
+    raise ValueError(f"--device {device!r} is not a device here; choose auto, cpu, gpu or gpu:N")
 
 
 def _cupy_usable():

@@ -4,6 +4,7 @@ optimiser state and runs `fit`, which runs epochs of `step(model, state, x, y)` 
 curves, a progress bar and, after each epoch, a checkpoint from which a stopped run resumes bit
 for bit."""
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -13,6 +14,8 @@ import numpy as np
 import tracker_gpu as tg
 from tracker_gpu import nn, optim
 from tracker_gpu.backend import namespace_of, on_device_of
+from tracker_gpu.optim.state import Leaf
+from tracker_gpu.optim.tree import tree_map_with_path
 
 from .data import batches, digits
 from .devices import one_thread
@@ -27,7 +30,12 @@ __all__ = [
     "data_parallel_step",
     "accuracy",
     "schedule_for",
+    "settings_of",
+    "checkpoint_info",
+    "Interrupted",
 ]
+
+TEST_FRACTION = 0.25  # the share of the digits held out for testing (stratified)
 
 
 def loss_function(model, x, y):
@@ -63,11 +71,17 @@ def compiled_step():
 
 def data_parallel_step(client):
     """A `train_step` whose gradient is computed on the Dask cluster of `client`, the batch split
-    across its workers (`tracker_gpu.distributed.step`); pass it to `train` as `step`."""
+    across its workers (`tracker_gpu.distributed.step`); pass it to `train` as `step`. The
+    number of shards is fixed when the step is made (one per worker thread then): a worker lost
+    and replaced during the run changes neither the shards nor the order of their sum."""
     from tracker_gpu.distributed import step as cluster_step
 
+    shards = max(1, sum(client.nthreads().values()))
+
     def step(model, state, x, y):
-        (loss, logits), model, state = cluster_step(client, loss_function, model, state, x, y)
+        (loss, logits), model, state = cluster_step(
+            client, loss_function, model, state, x, y, shards=shards
+        )
         return loss, logits, model, state
 
     return step
@@ -102,36 +116,100 @@ def schedule_for(lr, epochs, steps_per_epoch):
     return optim.Scheduled(optim.Adam(lr), optim.Cosine(lr, steps=total, eta_min=0.05 * lr))
 
 
+def settings_of(name, *, epochs=None, batch_size=32, lr=None, seed=0, data=None, step="eager"):
+    """What a checkpoint records of the run that made it (JSON): the model, the data split, the
+    schedule, the batch size, the dtype, the backend and the library's version (`train` adds
+    the model's parameters and their shapes)."""
+    recipe = RECIPES[name]
+    lr = recipe.lr if lr is None else lr
+    epochs = recipe.epochs if epochs is None else epochs
+    settings = dict(model=name, seed=seed, test_fraction=TEST_FRACTION, batch_size=batch_size,
+                    lr=lr, epochs=epochs, schedule=f"cosine from {lr:g} to {0.05 * lr:g} over "
+                    f"{epochs} epochs", step=step, version=tg.__version__)  # fmt: skip
+    if data is not None:
+        settings |= dict(split=[int(data.train_x.shape[0]), int(data.test_x.shape[0])],
+                         dtype=str(data.train_x.dtype).rsplit(".", 1)[-1],
+                         backend=namespace_of(data.train_x).__name__.rsplit(".", 1)[-1],
+                         device=str(tg.backend.device_of(data.train_x)))  # fmt: skip
+    return settings
+
+
+def checkpoint_info(path, name=None):
+    """The `info` that the job saved in the checkpoint at `path` (its settings and progress).
+    With the model's `name`, the whole checkpoint is checked against that model's recipe too
+    (every array, by loading it and letting it go), so that a run checks all its checkpoints
+    before it trains. Raises `optim.BadFileError` (a ValueError) naming the file."""
+    if name is None or name not in RECIPES:
+        return dict(optim.read_checkpoint_info(path))
+    model = RECIPES[name].build(rng=np.random.default_rng(0))
+    return dict(optim.read_checkpoint_info(path, model))
+
+
+class Interrupted(Exception):
+    """Training stopped by a signal after a whole step. `signum`, the model's `name`, where it
+    stopped (`epoch` whole epochs and `step` steps of the next) and the checkpoint written there
+    (`saved`, or None without `save`)."""
+
+    def __init__(self, signum, name, epoch, step, saved):
+        super().__init__(f"{name} stopped by signal {signum} after {epoch} epochs and {step} steps")
+        self.signum, self.name, self.epoch, self.step, self.saved = signum, name, epoch, step, saved
+
+
 def train(name="mlp", *, epochs=None, batch_size=32, lr=None, seed=0, xp=None, device=None,
           data=None, progress=False, save=None, resume=None, on_epoch=None,
-          step=train_step):  # fmt: skip
+          step=train_step, stop=None, step_kind="eager"):  # fmt: skip
     """Train model `name` ("mlp", "cnn" or "lstm") on the digits and return a `Result`.
 
     `xp` (a namespace or "numpy", "torch", "cupy", "strict") and `device` say where the model and
-    data live; `epochs` and `lr` default to the model's recipe; `data` reuses a `digits()` split.
-    `save` is a checkpoint file written after each epoch, `resume` one to go on from (its model,
-    optimiser state, random generator and curves); `on_epoch(epoch, history)` is called after
-    each epoch's checkpoint, and `step` runs one training step.
+    data live; `epochs` (the total, a resumed run included) and `lr` default to the model's
+    recipe; `data` reuses a `digits()` split. `save` is a checkpoint file written after each
+    epoch, `resume` one to go on from (its model, optimiser state, random generator, curves and
+    the place in the epoch); `on_epoch(epoch, history)` is called after each epoch's checkpoint,
+    and `step` runs one training step. `stop()`, asked after each step, returns a signal number
+    to stop there: the checkpoint is written (mid-epoch) and `Interrupted` raised. A resumed run
+    whose checkpoint has `epochs` epochs already is evaluated, not trained.
     """
     recipe = RECIPES[name]
     epochs = recipe.epochs if epochs is None else epochs
+    lr = recipe.lr if lr is None else lr
     start = time.perf_counter()
     data = data if data is not None else digits(xp=xp, device=device, seed=seed)
     rng = np.random.default_rng(seed)
     model = recipe.build(rng=rng, xp=xp, device=device)
     steps = math.ceil(data.train_x.shape[0] / batch_size)
-    state = optim.setup(schedule_for(recipe.lr if lr is None else lr, epochs, steps), model)
-    history, done = {"loss": [], "train_accuracy": [], "test_accuracy": []}, 0
+    state = optim.setup(schedule_for(lr, epochs, steps), model)
+    history, done, within = {"loss": [], "train_accuracy": [], "test_accuracy": []}, 0, None
     if resume is not None:
         model, state, info = optim.load_checkpoint(resume, model)
         _check_resumable(resume, info, name, batch_size)
         rng.bit_generator.state, history, done = info["rng"], info["history"], info["epoch"]
+        within = (info["step"], info["partial"]) if info.get("step") else None
+        if info.get("settings", {}).get("epochs", epochs) != epochs:
+            state = _rescheduled(state, model, schedule_for(lr, epochs, steps))
+    settings = settings_of(name, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
+                           data=data, step=step_kind)  # fmt: skip
+    settings["parameters"] = {k: list(v.shape) for k, v in nn._parameters(model).items()}
     # on CuPy every new array and kernel goes to the data's GPU, not the current one
     with one_thread(data.train_x), on_device_of(data.train_x):
-        run = _Run(name, data, batch_size, rng, step, save, on_epoch)
-        model, state = fit(run, model, state, history, range(done + 1, epochs + 1), progress)
-    test = history["test_accuracy"][-1] if history["test_accuracy"] else math.nan
+        run = _Run(name, data, batch_size, rng, step, save, on_epoch, stop, settings, within)
+        todo = range(done + 1, epochs + 1)
+        model, state = fit(run, model, state, history, todo, progress)
+        if todo or not history["test_accuracy"]:
+            test = history["test_accuracy"][-1] if history["test_accuracy"] else math.nan
+        else:  # nothing left to train: evaluate the model as it is
+            test = accuracy(model, data.test_x, data.test_y)
     return Result(name, model, test, time.perf_counter() - start, history)
+
+
+def _rescheduled(state, model, rule):
+    """`state` with each parameter's rule replaced by `rule` (a schedule over a new number of
+    epochs), its moments and step counts kept."""
+    fresh = optim.setup(rule, model)
+
+    def swap(path, old, new):
+        return Leaf(new.rule, old.state, old.frozen) if isinstance(old, Leaf) else old
+
+    return tree_map_with_path(swap, state, fresh, is_leaf=lambda x: isinstance(x, Leaf))
 
 
 def _check_resumable(path, info, name, batch_size):
@@ -154,33 +232,58 @@ class _Run:
     step: object
     save: object
     on_epoch: object
+    stop: object = None
+    settings: dict = None
+    within: tuple = None  # (steps done, [loss sum, correct]) of the first epoch, when resumed
+
+    def checkpoint(self, model, state, history, epoch, rng_state, step=0, partial=None):
+        """Write the checkpoint of `epoch` whole epochs (and `step` steps of the next)."""
+        if self.save is None:
+            return None
+        info = dict(name=self.name, batch_size=self.batch_size, epoch=epoch, step=step,
+                    rng=rng_state, partial=partial, history=history,
+                    settings=self.settings)  # fmt: skip
+        optim.save_checkpoint(self.save, model, state, **info)
+        return self.save
 
 
 def fit(run, model, state, history, epochs, progress=False):
     """Train `model` for each epoch of `epochs` (numbers), appending to `history`; return the
     model and state."""
     steps = math.ceil(run.data.train_x.shape[0] / run.batch_size)
-    bar = _progress(run.name, len(epochs) * steps, progress)
-    for epoch in epochs:
-        model, state = _epoch(run, model, state, history, epoch, bar)
-        if run.save is not None:
-            info = dict(name=run.name, batch_size=run.batch_size, epoch=epoch,
-                        rng=run.rng.bit_generator.state, history=history)  # fmt: skip
-            optim.save_checkpoint(run.save, model, state, **info)
-        if run.on_epoch is not None:
-            run.on_epoch(epoch, history)
-    bar.close()
+    skipped = run.within[0] if run.within and len(epochs) else 0
+    bar = _progress(run.name, len(epochs) * steps - skipped, progress)
+    try:
+        for epoch in epochs:
+            within, run.within = run.within, None
+            model, state = _epoch(run, model, state, history, epoch, bar, within)
+            run.checkpoint(model, state, history, epoch, run.rng.bit_generator.state)
+            if run.on_epoch is not None:
+                run.on_epoch(epoch, history)
+            signum = run.stop() if run.stop is not None else None
+            if signum and epoch < epochs[-1]:
+                raise Interrupted(signum, run.name, epoch, 0, run.save)
+    finally:
+        bar.close()
     return model, state
 
 
-def _epoch(run, model, state, history, epoch, bar):
+def _epoch(run, model, state, history, epoch, bar, within=None):
     data, n = run.data, run.data.train_x.shape[0]
-    total_loss, correct = 0.0, 0  # summed on the device: no wait for it in a step
-    for x, y in batches(data, run.batch_size, run.rng):
-        loss, logits, model, state = run.step(model, state, x, y)
+    skip, (total_loss, correct) = within or (0, (0.0, 0))  # summed on the device: no wait
+    rng_state = run.rng.bit_generator.state  # the order of this epoch is drawn from it
+    steps = math.ceil(n / run.batch_size)
+    for i, (x, y) in enumerate(itertools.islice(batches(data, run.batch_size, run.rng), skip, None),
+                               start=skip + 1):  # fmt: skip
+        loss, logits, model, state = _guarded(run, epoch, model, state, x, y)
         total_loss = loss * x.shape[0] + total_loss
         correct = _hits(logits, y) + correct
         bar.update(1)
+        signum = run.stop() if run.stop is not None else None
+        if signum and i < steps:
+            partial = [float(total_loss), int(correct)]
+            saved = run.checkpoint(model, state, history, epoch - 1, rng_state, i, partial)
+            raise Interrupted(signum, run.name, epoch - 1, i, saved)
     total_loss, correct = float(total_loss), int(correct)
     _check_finite(run.name, epoch, total_loss)
     history["loss"].append(total_loss / n)
@@ -189,6 +292,19 @@ def _epoch(run, model, state, history, epoch, bar):
     bar.set_postfix(loss=f"{history['loss'][-1]:.4f}", acc=f"{history['train_accuracy'][-1]:.3f}",
                     test=f"{history['test_accuracy'][-1]:.3f}")  # fmt: skip
     return model, state
+
+
+def _guarded(run, epoch, model, state, x, y):
+    """One step; a loss that is not finite is the loop's FloatingPointError, with its advice."""
+    try:
+        return run.step(model, state, x, y)
+    except tg.BackError as error:
+        if not str(error).startswith("loss is "):
+            raise
+        value = str(error).split()[2]
+        raise FloatingPointError(
+            f"{run.name}: the loss became {value} in epoch {epoch}; lower the learning rate"
+        ) from None
 
 
 def _check_finite(name, epoch, total_loss):

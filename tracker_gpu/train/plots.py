@@ -1,6 +1,10 @@
 """The plot of the main job: each model's training loss, and its training and test accuracy,
 per epoch."""
 
+from pathlib import Path
+
+from ..files import atomic_file
+
 __all__ = ["plot"]
 
 
@@ -26,5 +30,12 @@ def plot(results, path):
         axes.grid(alpha=0.3)
         axes.legend()
     figure.suptitle("tracker_gpu on scikit-learn's digits")
-    figure.savefig(path, dpi=100)
+    _write(figure, Path(path))
     return figure
+
+
+def _write(figure, path):
+    """Save the figure atomically (`files.atomic_file`): a stopped job never leaves half a
+    plot. The format is the suffix's (no suffix: PNG, and `path` is used as given)."""
+    with atomic_file(path) as file:
+        figure.savefig(file, dpi=100, format=path.suffix.lstrip(".").lower() or "png")
