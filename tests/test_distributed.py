@@ -107,27 +107,30 @@ def test_bad_batches_are_refused_clearly(client):
         tgd.withgradient(client, loss_and_logits, mlp(), x[:0], y[:0])
 
 
-def train(client, steps, kill=None):
-    """`steps` Adam steps of the MLP on fixed batches; `kill` is a trigger file: the shard task
-    that finds it kills its own worker process (SIGKILL), once."""
+def train(client, steps, kill=None, stop=None, **options):
+    """`steps` Adam steps of the MLP on fixed batches; `kill` (`stop`) is a trigger file: the
+    shard task that finds it kills (stops) its own worker process, once. `options` go to
+    `tgd.step`."""
     model = mlp()
     state = optim.setup(optim.Adam(1e-2), model)
     data = [batch(48, seed) for seed in range(steps)]
 
+    trigger, sig = (kill, signal.SIGKILL) if kill is not None else (stop, signal.SIGSTOP)
+
     def loss(m, x, y):
-        if kill is not None:
+        if trigger is not None:
             try:
-                os.rename(kill, str(kill) + ".done")  # atomic: exactly one task takes it
+                os.rename(trigger, str(trigger) + ".done")  # atomic: exactly one task takes it
             except FileNotFoundError:
                 pass
             else:
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), sig)
         return nn.logitcrossentropy(m(x), y)
 
     for i, (x, y) in enumerate(data):
-        if kill is not None and i == steps // 2:
-            Path(kill).touch()
-        _, model, state = tgd.step(client, loss, model, state, x, y, shards=2)
+        if trigger is not None and i == steps // 2:
+            Path(trigger).touch()
+        _, model, state = tgd.step(client, loss, model, state, x, y, shards=2, **options)
     return model
 
 
@@ -141,6 +144,83 @@ def test_a_killed_worker_does_not_lose_the_run(client, tmp_path):
     assert set(client.run(os.getpid).values()) != pids  # a new process took the killed one's place
     for a, b in zip(parameters(model).values(), parameters(reference).values()):
         assert np.array_equal(a, b)
+
+
+# A second cluster beside the module's: its dashboard takes another port than 8787, and says so.
+@pytest.mark.filterwarnings("ignore:Port 8787 is already in use:UserWarning")
+def test_a_stopped_worker_is_named_and_the_run_goes_on_without_it(tmp_path):
+    """One of two workers stopped (SIGSTOP) in the middle of a step: after the step's timeout it
+    is named and removed, its shard computed by the other, and the weights are those of the
+    undisturbed run, bit for bit. The stopped process is killed at the end."""
+    import warnings
+
+    trigger = tmp_path / "stop"
+
+    def stopping_train(client):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", tgd.StalledWorkerWarning)
+            model = train(client, 4, stop=trigger, timeout=3)
+        return model, [w for w in caught if issubclass(w.category, tgd.StalledWorkerWarning)]
+
+    with tgd.cluster(workers=2) as client:
+        reference = train(client, 4)
+        (model, stalled), stopped = _with_stopped_workers(client, stopping_train)
+    assert Path(str(trigger) + ".done").exists(), "no worker was stopped"
+    assert len(stopped) == 1
+    assert len(stalled) == 1 and stopped[0] in str(stalled[0].message)
+    assert "did not answer within 3 s and was removed" in str(stalled[0].message)
+    for a, b in zip(parameters(model).values(), parameters(reference).values()):
+        assert np.array_equal(a, b)
+
+
+# A second cluster beside the module's: its dashboard takes another port than 8787, and says so.
+@pytest.mark.filterwarnings("ignore:Port 8787 is already in use:UserWarning")
+def test_a_step_no_worker_answers_stops_naming_them(tmp_path):
+    """The only worker stopped in the middle of a step: after the timeout the step raises
+    `StalledWorkers` naming it, instead of waiting for ever."""
+
+    def stopping_train(client):
+        with pytest.raises(tgd.StalledWorkers, match="no worker answered within 1 s") as caught:
+            train(client, 2, stop=tmp_path / "stop", timeout=1)
+        return caught.value
+
+    with tgd.cluster(workers=1) as client:
+        error, stopped = _with_stopped_workers(client, stopping_train)
+    assert len(stopped) == 1 and error.workers == stopped and stopped[0] in str(error)
+
+
+def _with_stopped_workers(client, run, seconds=30):
+    """`run(client)` in a thread, at most `seconds` (today's step would wait for ever on a
+    stopped worker), and the addresses of the workers stopped then; stopped workers are
+    killed at the end, which lets a step that waits for them finish."""
+    import concurrent.futures
+
+    psutil = pytest.importorskip("psutil")
+    pids = client.run(os.getpid)  # address: pid
+    stopped = []
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            running = pool.submit(run, client)
+            try:
+                return running.result(timeout=seconds), stopped
+            finally:
+                stopped += [a for a, pid in pids.items() if _is_stopped(psutil, pid)]
+                _kill_stopped(psutil, pids.values())
+    finally:
+        _kill_stopped(psutil, pids.values())
+
+
+def _is_stopped(psutil, pid):
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _kill_stopped(psutil, pids):
+    for pid in pids:
+        if _is_stopped(psutil, pid):
+            os.kill(pid, signal.SIGKILL)  # SIGKILL reaches a stopped process
 
 
 def test_the_digits_mlp_learns_as_well_data_parallel(client):

@@ -210,6 +210,9 @@ def test_a_plot_without_a_suffix_says_the_path_it_wrote(capsys, tmp_path):
         ("--lr", "nan", "--lr: must be a finite number, got nan"),
         ("--lr", "0", "--lr: must be more than 0"),
         ("--device", "tpu", "--device 'tpu' is not a device here; choose auto, cpu, gpu or gpu:N"),
+        ("--step-timeout", "0", "--step-timeout: must be more than 0"),
+        ("--step-timeout", "nan", "--step-timeout: must be a finite number, got nan"),
+        ("--step-timeout", "soon", "--step-timeout: expected a number, got 'soon'"),
     ],
 )
 def test_numbers_and_devices_are_checked(capsys, option, value, message):
@@ -271,3 +274,52 @@ def test_an_unreachable_scheduler_is_one_line_naming_it(capsys, monkeypatch, kin
     assert stopped.value.code == 1 and "digits:" not in out
     (line,) = err.strip().splitlines()
     assert f"no Dask scheduler answered at {address} within 1 s" in line
+
+
+def test_a_step_timeout_needs_a_cluster(capsys):
+    pytest.importorskip("distributed")
+    err = _refused(capsys, [*QUICK, "--plot", "", "--step-timeout", "5"])
+    assert "--step-timeout bounds a data-parallel step: pass it with --workers" in err
+
+
+def test_a_step_no_worker_answers_is_one_line_and_keeps_the_last_epoch(capsys, monkeypatch,
+                                                                        tmp_path):  # fmt: skip
+    """The job whose cluster stops answering in its second epoch: one line naming the workers,
+    the command that resumes, and the checkpoint of the first epoch intact."""
+    import shlex
+
+    pytest.importorskip("distributed")
+    from tracker_gpu.distributed import StalledWorkers
+
+    given = []
+
+    def stalling_step(client, timeout=None):
+        given.append(timeout)
+        steps = iter(range(1000))
+
+        def step(model, state, x, y):
+            if next(steps) == 3:  # the first step of the second epoch (3 batches of 512)
+                raise StalledWorkers(
+                    "a data-parallel step waited 7 s and no worker answered within 5 s "
+                    "(tcp://10.0.0.1:1234); check or restart them",
+                    ["tcp://10.0.0.1:1234"],
+                )
+            return train_module.train_step(model, state, x, y)
+
+        return step
+
+    monkeypatch.setattr(train_module.cli, "_connect", lambda stack, args: object())
+    monkeypatch.setattr(train_module.cli, "data_parallel_step", stalling_step)
+    folder = tmp_path / "runs"
+    argv = [*QUICK, "--epochs", "2", "--batch-size", "512", "--plot", "", "--workers", "2",
+            "--step-timeout", "7", "--save", str(folder)]  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        train_module.main(argv)
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 1 and given == [7.0]
+    assert line.startswith("python -m tracker_gpu.train: error: a data-parallel step waited")
+    assert "tcp://10.0.0.1:1234" in line
+    command = shlex.join(["python", "-m", "tracker_gpu.train", *argv, "--resume", str(folder)])
+    assert line.endswith(f"; the checkpoints in {folder} keep the last finished epoch; resume "
+                         f"with: {command}")  # fmt: skip
+    assert train_module.loop.checkpoint_info(str(folder / "mlp.npz"), "mlp")["epoch"] == 1

@@ -11,6 +11,12 @@ it held from that graph.
         for x, y in batches:
             loss, model, state = step(client, loss_fn, model, state, x, y)
 
+A step that waits longer than `timeout` seconds (default 60) asks every worker whether it
+answers: those that do not (stopped, hung, cut off) are named in a `StalledWorkerWarning` and
+removed from the cluster, and Dask recomputes their shards on the others, so the result is the
+one an undisturbed step gives (bit for bit with `shards=` given); when no worker answers, the
+step raises `StalledWorkers`. A step whose workers all answer is slow, not stalled: it waits on.
+
 `cluster(scheduler="tcp://host:8786")` connects to a running cluster instead, and
 `cluster(cuda=True)` starts dask-cuda's `LocalCUDACluster` (one worker per GPU; give it a model
 of CuPy arrays and data as dask arrays with CuPy chunks).
@@ -28,7 +34,9 @@ import contextlib
 import logging
 import math
 import os
+import time
 import uuid
+import warnings
 
 import numpy as np
 
@@ -38,7 +46,19 @@ from .api import withgradient as _withgradient
 from .pytree import tree_leaves, tree_map
 from .tracked import data
 
-__all__ = ["cluster", "describe", "withgradient", "step", "shard_arrays", "compute"]
+__all__ = [
+    "cluster",
+    "describe",
+    "withgradient",
+    "step",
+    "shard_arrays",
+    "compute",
+    "StalledWorkers",
+    "StalledWorkerWarning",
+    "STEP_TIMEOUT",
+]
+
+STEP_TIMEOUT = 60.0  # seconds a step waits before it asks whether its workers answer
 
 # One thread for each worker's BLAS and PyTorch: a worker is one core.
 _ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -172,7 +192,21 @@ def _import(module, what):
         ) from None
 
 
-def withgradient(client, f, model, *batch, shards=None, mean=True):
+class StalledWorkers(TimeoutError):
+    """A data-parallel step waited longer than its timeout and no worker that answers was left
+    to finish it. `workers`: the addresses of those that did not answer."""
+
+    def __init__(self, message, workers=()):
+        super().__init__(message)
+        self.workers = list(workers)
+
+
+class StalledWorkerWarning(RuntimeWarning):
+    """Workers that did not answer during a step were removed from the cluster; the step went
+    on without them."""
+
+
+def withgradient(client, f, model, *batch, shards=None, mean=True, timeout=STEP_TIMEOUT):
     """`(val, (grad,))` of `f(model, *batch)` over the whole batch, computed on the cluster.
 
     `batch` holds arrays with the examples on the first axis: dask arrays are split by their
@@ -183,14 +217,22 @@ def withgradient(client, f, model, *batch, shards=None, mean=True):
     weighted by its share of the batch, so `val` and `grad` are those of `f` on the whole batch;
     with `mean=False`, `f` returns a sum and the shards add up. `f` may return `(loss, aux...)`
     where each `aux` has the examples on its first axis: they come back joined in batch order.
+
+    A step that waits longer than `timeout` seconds (None: no limit) asks each worker whether
+    it answers; those that do not are named (`StalledWorkerWarning`) and removed from the
+    cluster, their shards recomputed by the others, and the step goes on; when none answers, it
+    raises `StalledWorkers` naming them. Workers that answer but compute longer are waited for.
     """
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be a number of seconds more than 0, or None; got "
+                         f"{timeout!r}")  # fmt: skip
     blocks = shard_arrays(client, batch, shards)
     total = sum(blocks[0].chunks[0])
     part = _shard_gradient_task(f, mean, total)
     model_node = _as_node(model)
     columns = [b.to_delayed().ravel() for b in blocks]
     parts = [part(model_node, *row) for row in zip(*columns)]
-    loss, grad, aux = client.compute(_tree_sum(parts)).result()
+    loss, grad, aux = _result(client, client.compute(_tree_sum(parts)), timeout)
     return WithGradient((loss, *aux) if aux is not None else loss, (grad,))
 
 
@@ -200,6 +242,102 @@ def step(client, f, model, state, *batch, **options):
     val, (grad,) = withgradient(client, f, model, *batch, **options)
     state, model = optim.update(state, model, grad)
     return val, model, state
+
+
+def _result(client, future, timeout):
+    """The result of `future`; every `timeout` seconds it waits, the workers that do not answer
+    are removed (and named), or `StalledWorkers` raised when none answers."""
+    waited = 0.0
+    try:
+        while True:
+            began = time.monotonic()
+            try:
+                return future.result(timeout=timeout)
+            except TimeoutError:
+                if future.done():  # the user's own TimeoutError, or a slow gather
+                    return future.result()
+            waited += time.monotonic() - began
+            _drop_stalled(client, waited, min(timeout, 5.0))
+    except BaseException:
+        future.cancel()
+        raise
+
+
+def _drop_stalled(client, waited, seconds):
+    """Ask every worker whether it answers within `seconds`; remove those that do not, naming
+    them, or raise `StalledWorkers` when none does."""
+    try:  # `callback_timeout` bounds the call itself (Client.sync's keyword)
+        workers, silent = client.run_on_scheduler(
+            _stalled_task(), seconds, callback_timeout=2 * seconds + 10
+        )
+    except TimeoutError:
+        raise StalledWorkers(
+            f"a data-parallel step waited {waited:.0f} s and the scheduler at "
+            f"{client.scheduler.address} did not answer either; check or restart it"
+        ) from None
+    if not silent:
+        if workers:
+            return  # all answer: the step is slow, not stalled
+        raise StalledWorkers(f"a data-parallel step waited {waited:.0f} s and the cluster has no "
+                             "worker left; start workers, or restart the job")  # fmt: skip
+    named = ", ".join(silent)
+    if len(silent) == len(workers):
+        raise StalledWorkers(
+            f"a data-parallel step waited {waited:.0f} s and no worker answered within "
+            f"{seconds:g} s ({named}); check or restart them",
+            silent,
+        )
+    plural = len(silent) > 1
+    warnings.warn(
+        f"a data-parallel step waited {waited:.0f} s: worker{'s' if plural else ''} {named} "
+        f"did not answer within {seconds:g} s and {'were' if plural else 'was'} removed from "
+        f"the cluster; {len(workers) - len(silent)} of {len(workers)} workers go on, "
+        f"recomputing {'their' if plural else 'its'} shards",
+        StalledWorkerWarning,
+        stacklevel=4,
+    )
+
+
+def _stalled_task():
+    """A function for `run_on_scheduler` (pickled by value: the scheduler needs no
+    tracker_gpu), which reaches every worker even where this process cannot: it asks each
+    worker for its identity, at most `seconds`, and removes those that do not answer from the
+    cluster, unless none answers (their tasks go to the others, what they held is recomputed
+    from the graph). Returns the workers and the silent ones."""
+
+    async def stalled(seconds, dask_scheduler=None):
+        import asyncio
+
+        from distributed.comm import connect
+
+        async def answers(address):
+            comm = None
+            try:
+                comm = await connect(address, timeout=seconds)
+                await comm.write({"op": "identity"})
+                await comm.read()
+            finally:
+                if comm is not None:
+                    comm.abort()
+
+        async def is_silent(address):
+            try:
+                await asyncio.wait_for(answers(address), seconds)
+                return False
+            except (OSError, asyncio.TimeoutError, TimeoutError):
+                return True
+
+        workers = sorted(dask_scheduler.workers)
+        found = await asyncio.gather(*(is_silent(a) for a in workers))
+        silent = [a for a, s in zip(workers, found) if s]
+        if len(silent) < len(workers):
+            for address in silent:
+                await dask_scheduler.remove_worker(
+                    address, stimulus_id=f"tracker-gpu-stalled-{address}", close=True
+                )
+        return workers, silent
+
+    return stalled
 
 
 def shard_arrays(client, arrays, shards=None):

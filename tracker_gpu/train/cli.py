@@ -12,9 +12,12 @@ import shlex
 import signal
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
+
+from tracker_gpu.distributed import STEP_TIMEOUT, StalledWorkers, StalledWorkerWarning
 
 from .data import SKLEARN_MISSING, digits
 from .devices import select_backend
@@ -109,6 +112,14 @@ def parser():
         metavar="ADDRESS",
         help="train data-parallel on the running Dask cluster at ADDRESS (tcp://host:8786)",
     )
+    p.add_argument(
+        "--step-timeout",
+        metavar="SECONDS",
+        type=_number(float, 0),
+        help="with --workers or --scheduler: a step that waits longer drops the workers that do "
+        "not answer (named; their shards recomputed by the others), or stops the job when none "
+        f"answers (default {STEP_TIMEOUT:g})",
+    )
     return p
 
 
@@ -153,6 +164,9 @@ def _check_plot(p, args):
 
 def _check_cluster(p, args):
     if not (args.workers or args.scheduler):
+        if args.step_timeout is not None:
+            p.error("--step-timeout bounds a data-parallel step: pass it with --workers or "
+                    "--scheduler")  # fmt: skip
         return
     if args.workers and args.scheduler:
         p.error("--workers starts a cluster, --scheduler joins one: pass one of them")
@@ -310,10 +324,11 @@ def _refuse(p, args, name, option, saved, given):
 
 def main(argv=None):
     """The console script: train, print the test accuracies, write the plot. A loss that is
-    not finite, an unreachable scheduler and a stop by SIGINT or SIGTERM are one line each, no
-    traceback (exit 1, 1, 130 or 143)."""
+    not finite, an unreachable scheduler, a step that no worker answers within --step-timeout
+    and a stop by SIGINT or SIGTERM are one line each, no traceback (exit 1, 1, 1, 130 or
+    143)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    with _signals() as stop:
+    with _signals() as stop, _one_line_warnings():
         try:
             run(argv, stop=stop)
         except Interrupted as stopped:
@@ -321,6 +336,9 @@ def main(argv=None):
             sys.exit(128 + stopped.signum)
         except (FloatingPointError, ConnectionError) as error:
             print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
+            sys.exit(1)
+        except StalledWorkers as error:
+            print(f"{PROG}: error: {error}; {_kept(argv)}", file=sys.stderr, flush=True)
             sys.exit(1)
 
 
@@ -385,7 +403,7 @@ def _connect(stack, args):
 
 def _step_for(args, client):
     if client is not None:
-        return data_parallel_step(client)
+        return data_parallel_step(client, timeout=args.step_timeout)
     return compiled_step() if args.compile else train_step
 
 
@@ -473,6 +491,37 @@ def _stopped_line(stopped, argv):
         kept = f"{stopped.name} saved after {stopped.epoch} epochs"
     command = shlex.join([*PROG.split(), *_without(argv, "--resume"), "--resume", folder])
     return f"stopped by {name} ({kept}); resume with: {command}"
+
+
+@contextlib.contextmanager
+def _one_line_warnings():
+    """Within the block, a worker dropped for not answering (`StalledWorkerWarning`) is said in
+    one line, as the job's warning; other warnings as Python shows them."""
+    previous = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, StalledWorkerWarning):
+            print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
+def _kept(argv):
+    """What a job stopped by an error mid-epoch keeps: the checkpoints of `--save` hold each
+    model's last finished epoch (or nothing was saved), and the command that resumes."""
+    folder = _option(argv, "--save")
+    if folder is None:
+        return "nothing was saved (no --save)"
+    if not any(os.path.exists(_checkpoint(folder, name)) for name in RECIPES):
+        return "no checkpoint had been written yet"
+    command = shlex.join([*PROG.split(), *_without(argv, "--resume"), "--resume", folder])
+    return f"the checkpoints in {folder} keep the last finished epoch; resume with: {command}"
 
 
 def _option(argv, option):

@@ -69,18 +69,23 @@ def compiled_step():
     return step
 
 
-def data_parallel_step(client):
+def data_parallel_step(client, timeout=None):
     """A `train_step` whose gradient is computed on the Dask cluster of `client`, the batch split
     across its workers (`tracker_gpu.distributed.step`); pass it to `train` as `step`. The
     number of shards is fixed when the step is made (one per worker thread then): a worker lost
-    and replaced during the run changes neither the shards nor the order of their sum."""
+    and replaced during the run changes neither the shards nor the order of their sum. A step
+    that waits longer than `timeout` seconds (None: `distributed.STEP_TIMEOUT`, 60) drops the
+    workers that do not answer and goes on, or raises `distributed.StalledWorkers` when none
+    answers."""
+    from tracker_gpu.distributed import STEP_TIMEOUT
     from tracker_gpu.distributed import step as cluster_step
 
     shards = max(1, sum(client.nthreads().values()))
+    timeout = STEP_TIMEOUT if timeout is None else timeout
 
     def step(model, state, x, y):
         (loss, logits), model, state = cluster_step(
-            client, loss_function, model, state, x, y, shards=shards
+            client, loss_function, model, state, x, y, shards=shards, timeout=timeout
         )
         return loss, logits, model, state
 
