@@ -8,6 +8,8 @@ import array_api_compat
 import numpy as np
 import pytest
 
+import tracker_gpu as tg
+
 try:
     import torch
 except ImportError:
@@ -42,3 +44,27 @@ def require_scipy_array_api():
             "the Array API; run with SCIPY_ARRAY_API=1",
             allow_module_level=True,
         )
+
+
+def check_value(f, xs, rtol):
+    """`f` on tracked `xs` gives the namespace's array of `f`'s value on NumPy copies of them."""
+    params = [tg.param(x) for x in xs]
+    got = f(*params)
+    assert ns(got) is ns(*params)
+    np.testing.assert_allclose(tg.data(got), f(*(x.copy() for x in xs)), rtol=rtol, atol=1e-12)
+    return got
+
+
+def check_like_torch(f, xs, takes_torch, rtol):
+    """The gradient of `loss(f(xs))` is PyTorch's, where PyTorch can take the client's code
+    (`takes_torch` is True, else the reason it cannot)."""
+    if torch is None:
+        pytest.skip("PyTorch is not installed")
+    if takes_torch is not True:
+        pytest.skip(takes_torch)
+    w = weights(f(*xs))
+    expected = tg.gradient(lambda *a: loss(f(*a), w), *xs)
+    leaves = [torch.tensor(x, requires_grad=True) for x in xs]
+    loss(f(*leaves), w).backward()
+    for g, t in zip(expected, leaves):
+        np.testing.assert_allclose(g, t.grad.numpy(), rtol=rtol, atol=1e-11)

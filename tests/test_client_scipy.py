@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 
 import tracker_gpu as tg
-from tests.clients import loss, ns, require_scipy_array_api, torch, weights
+from tests.clients import (
+    check_like_torch,
+    check_value,
+    ns,
+    require_scipy_array_api,
+)
 from tracker_gpu.testing import gradcheck
 
 require_scipy_array_api()
@@ -100,10 +105,7 @@ CASES = {
 @pytest.mark.parametrize("name", CASES)
 def test_value(name):
     f, xs, _ = CASES[name]
-    params = [tg.param(x) for x in xs]
-    got = f(*params)
-    assert ns(got) is ns(*params)
-    np.testing.assert_allclose(tg.data(got), f(*(x.copy() for x in xs)), rtol=1e-10, atol=1e-12)
+    check_value(f, xs, rtol=1e-10)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -114,17 +116,7 @@ def test_gradient(name):
 
 @pytest.mark.parametrize("name", CASES)
 def test_gradient_like_torch(name):
-    f, xs, takes_torch = CASES[name]
-    if torch is None:
-        pytest.skip("PyTorch is not installed")
-    if takes_torch is not True:
-        pytest.skip(takes_torch)
-    w = weights(f(*xs))
-    expected = tg.gradient(lambda *a: loss(f(*a), w), *xs)
-    leaves = [torch.tensor(x, requires_grad=True) for x in xs]
-    loss(f(*leaves), w).backward()
-    for g, t in zip(expected, leaves):
-        np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-9, atol=1e-12)
+    check_like_torch(*CASES[name], rtol=1e-9)
 
 
 def test_moment_1_is_a_constant():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tracker_gpu as tg
-from tests.clients import loss, ns, require_scipy_array_api, torch
+from tests.clients import check_like_torch, check_value, ns, require_scipy_array_api
 from tracker_gpu.testing import gradcheck
 
 require_scipy_array_api()  # before scikit-learn imports SciPy
@@ -126,18 +126,10 @@ CASES = {
 }
 
 
-def check_value(f, *xs):
-    params = [tg.param(x) for x in xs]
-    got = f(*params)
-    assert ns(got) is ns(*params)
-    np.testing.assert_allclose(tg.data(got), f(*(x.copy() for x in xs)), rtol=1e-9, atol=1e-12)
-    return got
-
-
 @pytest.mark.parametrize("name", CASES)
 def test_value(name):
     f, xs, _ = CASES[name]
-    assert tg.istracked(check_value(f, *xs))
+    assert tg.istracked(check_value(f, xs, rtol=1e-9))
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -148,17 +140,7 @@ def test_gradient(name):
 
 @pytest.mark.parametrize("name", CASES)
 def test_gradient_like_torch(name):
-    f, xs, takes_torch = CASES[name]
-    if torch is None:
-        pytest.skip("PyTorch is not installed")
-    if takes_torch is not True:
-        pytest.skip(takes_torch)
-    w = np.random.default_rng(1).uniform(0.5, 1.5, size=np.shape(f(*xs)))
-    expected = tg.gradient(lambda *a: loss(f(*a), w), *xs)
-    leaves = [torch.tensor(x, requires_grad=True) for x in xs]
-    loss(f(*leaves), w).backward()
-    for g, t in zip(expected, leaves):
-        np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-8, atol=1e-11)
+    check_like_torch(*CASES[name], rtol=1e-8)
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered in divide:RuntimeWarning")
@@ -170,7 +152,7 @@ def test_standard_scaler_value(transform):
         scaler = preprocessing.StandardScaler().fit(a)
         return getattr(scaler, transform)(a)
 
-    check_value(f, X)
+    check_value(f, (X,), rtol=1e-9)
 
 
 def test_r2_score_scalar_value():
