@@ -14,8 +14,9 @@ TrackedArray(array([0., 0.], dtype=float32), constant)
 
 import numpy as np
 
+from . import recording
 from .backend import DTYPE_NAMES, dtype_in, dtype_name, is_array, library_of_device, namespace_of
-from .primitive import Primitive
+from .primitive import Primitive, no_gradient
 from .tracked import TrackedArray, constant, data
 
 __all__ = ["bound_functions", "tril", "triu"]
@@ -38,6 +39,9 @@ def bound_functions(default):
 
     def full(shape, fill_value, *, dtype=None, device=None):
         xp, dt = target(device, dtype)
+        if _traced(fill_value):  # a replay fills with the new value
+            fill = lambda lib, v: lib.full(shape, v, dtype=dt, device=device)
+            return no_gradient("full", fill)(fill_value)
         return constant(xp.full(shape, data(fill_value), dtype=dt, device=device), xp)
 
     def arange(start, /, stop=None, step=1, *, dtype=None, device=None):
@@ -151,9 +155,17 @@ def _like(name):
     return create
 
 
+def _traced(value):
+    """Whether `value` is traced while tg.compile records (so a replay must compute from it)."""
+    return type(value) is TrackedArray and value._node is not None and recording.current()
+
+
 def _full_like(x, /, fill_value, *, dtype=None, device=None):
     value = data(x)
     xp = namespace_of(value)
+    if _traced(fill_value):  # a replay fills with the new value
+        fill = lambda lib, v: lib.full_like(value, v, dtype=dtype_in(lib, dtype), device=device)
+        return no_gradient("full_like", fill)(fill_value)
     made = xp.full_like(value, data(fill_value), dtype=dtype_in(xp, dtype), device=device)
     return constant(made, x._xp) if isinstance(x, TrackedArray) else made
 

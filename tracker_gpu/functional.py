@@ -22,6 +22,7 @@ from .api import (
 from .backend import namespace_of
 from .primitive import Primitive, record_saving_arguments, resolve, tracked_values
 from .pytree import tree_leaves
+from .recording import ACTIVE
 from .rules.elementwise import identity
 from .rules.reductions import sum as _sum
 from .tape import Node, walk
@@ -53,7 +54,7 @@ def forward(f, *args):
         found = {id(node): g for node, g in reached}
         return gradients_in_place(args, inputs, found, nest=False)
 
-    return data(y), back
+    return primitive.detached(y), back  # while tg.compile records, traced data
 
 
 def jacobian(f, *args, wrt=0):
@@ -274,6 +275,8 @@ def stop_gradient(x):
     array([3.])
     """
     if isinstance(x, TrackedArray):
+        if x._node is not None and ACTIVE and recording.current() is not None:
+            return primitive.detached(x)  # traced data: every replay reads the new value
         return constant(x.data, x._xp)
     return x
 
@@ -281,7 +284,10 @@ def stop_gradient(x):
 @contextlib.contextmanager
 def notrack():
     """Within this block, operations on tracked arrays return plain arrays and record nothing
-    (in this thread only)."""
+    (in this thread only). Refused while tg.compile records: what the block computes would
+    be fixed at its recorded value."""
+    if ACTIVE and recording.current() is not None:
+        recording.refuse("tg.notrack() (a block whose plain results the replay cannot compute)")
     ident = threading.get_ident()
     outer = ident in primitive.NOT_TRACKING
     primitive.NOT_TRACKING.add(ident)

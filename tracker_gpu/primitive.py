@@ -30,7 +30,7 @@ from .cuda import dispatch
 from .recording import ACTIVE
 from .tape import Node, leaf_node
 
-__all__ = ["Primitive", "ByPosition", "rule", "record", "tracking", "NOT_TRACKING"]
+__all__ = ["Primitive", "ByPosition", "rule", "record", "tracking", "NOT_TRACKING", "no_gradient"]
 
 # Threads inside a `notrack()` block: their operations record nothing.
 NOT_TRACKING = set()
@@ -293,6 +293,27 @@ def detached(x):
     out = traced_data(x.data, x._xp)
     recorder.alias(out, x)
     return out
+
+
+def no_gradient(name, forward):
+    """A function of arrays that carries no gradient, `forward(xp, *values, **kw)`: plain
+    arrays in, a plain array out; tracked ones in, a tracked constant out, or, while tg.compile
+    records, traced data that every replay computes anew (never a value frozen at the
+    recording). How library code computes a mask, a sign or a statistic from a traced value."""
+    traced = Primitive(name, forward, ByPosition(lambda i, *a, **k: None), saves="",
+                       differentiable=False)  # fmt: skip
+
+    def function(*args, **kw):
+        tracked = next((a for a in args if type(a) is TrackedArray), None)
+        if tracked is not None and ACTIVE and recording.current() is not None:
+            return traced(*args, **kw)
+        values = [data(a) for a in args]
+        xp = tracked._xp if tracked is not None else _namespace_of_plain(values)
+        value = forward(xp, *values, **kw)
+        return value if tracked is None else constant(value, tracked._xp)
+
+    function.__name__ = name
+    return function
 
 
 def _record_one(prim, x, kw):

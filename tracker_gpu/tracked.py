@@ -80,8 +80,10 @@ class TrackedArray:
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """A constant's data, exported; an array on the tape refuses (what the consumer
         computed would not be recorded, so its gradient would be silently lost), as PyTorch
-        refuses a tensor that requires a gradient."""
+        refuses a tensor that requires a gradient; while tg.compile records, a traced array
+        refuses with a RecordingError (the export would be fixed at its recorded value)."""
         if self._node is not None:
+            _refuse_while_recording("__dlpack__ (a DLPack export) of a traced array")
             raise BufferError(
                 "cannot export a TrackedArray on the gradient tape through DLPack: what is "
                 "computed from the export would carry no gradient; export tg.data(x) for the "
@@ -95,8 +97,10 @@ class TrackedArray:
 
     def __array__(self, dtype=None, copy=None):
         """A constant converts like its data; an array on the tape refuses (its gradient
-        would be lost without a word)."""
+        would be lost without a word); while tg.compile records, a traced array refuses with a
+        RecordingError (the plain copy would be fixed at its recorded value)."""
         if self._node is not None:
+            _refuse_while_recording("np.asarray(x) (__array__) of a traced array")
             raise TypeError(
                 "converting a TrackedArray on the gradient tape to a NumPy array would drop its "
                 "gradient; use tg.data(x) for the plain value, or tg.stop_gradient(x) for a "

@@ -117,8 +117,8 @@ class MultiHeadAttention(Layer):
         if self.causal:
             xp, device = namespace_of(like), device_of(like)
             causal = xp.arange(lq, device=device)[:, None] >= xp.arange(lk, device=device)[None, :]
-            mask = causal if mask is None else (data(mask) & causal)
-        return None if mask is None else data(mask)
+            mask = causal if mask is None else (mask & causal)  # a traced mask stays traced
+        return mask
 
     def __repr__(self):
         if not _is_layer_field(self.q_proj.weight):

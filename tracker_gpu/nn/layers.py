@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import draws
+from .. import draws, recording
 from ..backend import device_of, is_array, namespace_of
 from ..optim.tree import tree_map_with_path
 from ..rules.elementwise import astype, multiply
@@ -76,6 +76,12 @@ class Layer:
 
     def _refuse(self, x, expected):
         raise ValueError(f"{self!r} expects {expected}, got an input of shape {_shape(x)}")
+
+
+def istraced(x):
+    """Whether `x` is a traced array while tg.compile records: what the layer computes from it
+    must go through the namespace's functions (recorded), never through its plain value."""
+    return istracked(x) and recording.current() is not None
 
 
 def _describe(value):
@@ -233,14 +239,20 @@ class Embedding(Layer):
         if not is_array(plain) or not namespace_of(plain).isdtype(plain.dtype, "integral"):
             self._expect(_shape(indices)[-1:] == (vocab,), indices, "integer indices or one-hot")
             return matmul(_match_dtype(indices, self.weight), self.weight)
+        traced = istraced(indices)  # while tg.compile records: the replay reads new indices
         if namespace_of(plain) is not xp:
-            plain = xp.asarray(to_numpy(plain), device=device_of(data(self.weight)))
+            if traced:
+                recording.refuse(
+                    "nn.Embedding with indices of another library than its weight (a copy "
+                    "between libraries); pass the indices in the weight's library"
+                )
+            plain = indices = xp.asarray(to_numpy(plain), device=device_of(data(self.weight)))
         if bool(xp.any((plain < 0) | (plain >= vocab))):
             raise ValueError(
                 f"{self!r}: indices must lie in [0, {vocab - 1}], got indices from "
                 f"{int(xp.min(plain))} to {int(xp.max(plain))}"
             )
-        rows = take(self.weight, xp.reshape(plain, (-1,)), axis=0)
+        rows = take(self.weight, reshape(indices if traced else plain, (-1,)), axis=0)
         return reshape(rows, tuple(plain.shape) + (dim,))
 
     def __repr__(self):

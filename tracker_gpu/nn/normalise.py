@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from ..backend import device_of, namespace_of
-from ..rules.elementwise import add, divide, multiply, subtract
+from ..primitive import detached
+from ..rules.elementwise import add, divide, multiply, sqrt, subtract
 from ..rules.nn import normalise
 from ..rules.shape import reshape
 from ..tracked import data, istracked
@@ -243,9 +244,10 @@ class BatchNorm(Layer):
                 self._track(data(x), axes)
         else:
             shape = _channel_shape(x)
-            centred = subtract(x, reshape(data(self.running_mean), shape))
-            xp = namespace_of(data(self.running_var))
-            y = divide(centred, reshape(xp.sqrt(data(self.running_var) + self.eps), shape))
+            # detached: no gradient, and read anew by every replay of tg.compile
+            mean, var = detached(self.running_mean), detached(self.running_var)
+            centred = subtract(x, reshape(mean, shape))
+            y = divide(centred, reshape(sqrt(add(var, self.eps)), shape))
         return _activate(self.activation, _scale_shift(y, self.scale, self.bias, _channel_shape(x)))
 
     def _track(self, x, axes):

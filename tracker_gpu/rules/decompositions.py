@@ -12,9 +12,10 @@ re-exports everything here.
 import math
 from collections import namedtuple
 
+from .. import recording
 from ..backend import device_of, namespace_of
 from ..primitive import Primitive
-from ..tracked import TrackedArray, data
+from ..tracked import TrackedArray, data, istracked
 from .elementwise import add, divide, is_complex, multiply, real, real_dtype, subtract
 from .linalg_base import _H, _eye, _tracked, _xp, matmul, solve
 from .shape import concat, expand_dims, reshape
@@ -368,4 +369,6 @@ _pinv = Primitive("pinv", _pinv_forward, (_pinv_vjp,))
 
 def pinv(x, /, *, rtol=None):
     """The Moore-Penrose pseudo-inverse; differentiable where the rank is locally constant."""
+    if istracked(rtol) and recording.current() is not None:
+        recording.refuse("linalg.pinv(x, rtol=...) with a traced rtol (pass it as a number)")
     return _pinv(x, rtol=data(rtol))  # a tolerance, not differentiated

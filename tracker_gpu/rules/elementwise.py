@@ -11,6 +11,7 @@ array([1.])
 
 import inspect
 import math
+import operator
 
 from .. import recording
 from ..backend import SCALARS, device_of, is_complex_dtype, namespace_of
@@ -172,13 +173,13 @@ divide = _binary(
 def _pow_vjp_x(g, ans, x, y):
     if type(y) in SCALARS:
         return g * _conj(y) * _conj(x ** (y - 1 if y != 0 else 1))
-    return g * _conj(y) * _conj(x ** where(data(y) == 0, 1.0, y - 1))
+    return g * _conj(y) * _conj(x ** where(y == 0, 1.0, y - 1))
 
 
 def _pow_vjp_y(g, ans, x, y):
     if type(x) in SCALARS:
         return g * _conj(log(x) if x != 0 else 0.0) * _conj(ans)
-    return g * _conj(log(where(data(x) == 0, 1.0, x))) * _conj(ans)
+    return g * _conj(log(where(x == 0, 1.0, x))) * _conj(ans)
 
 
 pow = _binary("pow", lambda xp, x, y: x**y, _pow_vjp_x, _pow_vjp_y, ("x y", "x ans"))
@@ -237,14 +238,15 @@ atanh = _analytic("atanh", lambda g, ans, x: g / (1 - x * x), "x")
 
 def _abs_vjp(g, ans, x):
     if not is_complex(x):
-        return _sign_times(data(x), g)  # abs'(+-0) = 0: sign(x), as Tracker and PyTorch
+        return _sign_times(x, g)  # abs'(+-0) = 0: sign(x), as Tracker and PyTorch
     r = abs(x)  # recomputed: real data, the common case, keeps only x
-    unit = where(data(r) == 0, zeros_like(x), x / where(data(r) == 0, 1.0, r))
+    zero = r == 0
+    unit = where(zero, zeros_like(x), x / where(zero, 1.0, r))
     return g * unit  # the gradient of |z| is z / |z| (0 at 0, as PyTorch)
 
 
 def _sign_times(x, g):
-    """`sign(x) * g` for real plain `x`, by selection (0 at +-0 and nan; never 0 * inf)."""
+    """`sign(x) * g` for real `x`, by selection (0 at +-0 and nan; never 0 * inf)."""
     return where(x > 0, g, mask(x < 0, -g))
 
 
@@ -253,7 +255,7 @@ def _sign_vjp(g, ans, x):
         return None  # the sign of a real number is piecewise constant
     # sign(z) = z / |z|: the gradient is (g - s real(g conj(s))) / |z|, 0 at 0 (as PyTorch)
     r = abs(x)
-    nonzero = data(r) != 0
+    nonzero = r != 0
     r = where(nonzero, r, 1.0)
     s = x / r
     return mask(nonzero, (g - s * real(g * conj(s))) / r)
@@ -302,23 +304,35 @@ _conj = conjugate_derivative
 # --- binary functions
 # A tie of maximum/minimum splits the gradient evenly between the two arguments (as PyTorch:
 # maximum(x, y) stays symmetric); where either is nan, neither gets any.
+_OPERATORS = {"equal": operator.eq, "greater": operator.gt, "less": operator.lt,
+              "greater_equal": operator.ge, "less_equal": operator.le}  # fmt: skip
+
+
+def _compare(name, x, y):
+    """`x <op> y` in a pullback: plain for plain values, the namespace's comparison where one
+    is tracked (a nested pass: traced while tg.compile records, so a replay computes it)."""
+    if type(x) is TrackedArray or type(y) is TrackedArray:
+        return PLAIN_FUNCTIONS[name](x, y)
+    return _OPERATORS[name](x, y)
+
+
 def _tie_split(g, chosen, x, y):
     """`g` where the plain mask `chosen` holds, half of it where `x == y`, zero elsewhere."""
-    return where(chosen, g, mask(data(x) == data(y), g * 0.5))
+    return where(chosen, g, mask(_compare("equal", x, y), g * 0.5))
 
 
 maximum = _binary(
     "maximum",
     _function("maximum"),
-    lambda g, ans, x, y: _tie_split(g, data(x) > data(y), x, y),
-    lambda g, ans, x, y: _tie_split(g, data(x) < data(y), x, y),
+    lambda g, ans, x, y: _tie_split(g, _compare("greater", x, y), x, y),
+    lambda g, ans, x, y: _tie_split(g, _compare("less", x, y), x, y),
     "x y",
 )
 minimum = _binary(
     "minimum",
     _function("minimum"),
-    lambda g, ans, x, y: _tie_split(g, data(x) < data(y), x, y),
-    lambda g, ans, x, y: _tie_split(g, data(x) > data(y), x, y),
+    lambda g, ans, x, y: _tie_split(g, _compare("less", x, y), x, y),
+    lambda g, ans, x, y: _tie_split(g, _compare("greater", x, y), x, y),
     "x y",
 )
 
@@ -326,7 +340,7 @@ minimum = _binary(
 def nonzero_divide(g, numerator, denominator):
     """`g * numerator / denominator`, and 0 (a subgradient, as PyTorch's norms) where the
     denominator is 0: no division by zero, no warning."""
-    zero = data(denominator) == 0
+    zero = denominator == 0
     return mask(~zero, g * numerator / where(zero, 1.0, denominator))
 
 
@@ -357,7 +371,7 @@ logaddexp = _binary(
 copysign = _binary(
     "copysign",
     _function("copysign"),
-    lambda g, ans, x, y: mask(data(x) != 0, where(_plain_signbit(x) == _plain_signbit(ans), g, -g)),
+    lambda g, ans, x, y: mask(x != 0, where(_plain_signbit(x) == _plain_signbit(ans), g, -g)),
     lambda g, ans, x, y: None,
     ("x ans", ""),
 )
@@ -399,7 +413,9 @@ def _clip_forward(xp, x, lo, hi):
 
 
 def _clip_vjp_x(g, ans, x, lo, hi):
-    inside = _and(lo is None or data(x) >= data(lo), hi is None or data(x) <= data(hi))
+    inside = _and(
+        lo is None or _compare("greater_equal", x, lo), hi is None or _compare("less_equal", x, hi)
+    )
     return g if inside is True else mask(inside, g)
 
 
@@ -408,8 +424,8 @@ _clip = Primitive(
     _clip_forward,
     (
         _clip_vjp_x,
-        lambda g, ans, x, lo, hi: mask(data(x) < data(lo), g),
-        lambda g, ans, x, lo, hi: mask(data(x) > data(hi), g),
+        lambda g, ans, x, lo, hi: mask(_compare("less", x, lo), g),
+        lambda g, ans, x, lo, hi: mask(_compare("greater", x, hi), g),
     ),
     saves=("x lo hi", "x lo", "x hi"),
 )

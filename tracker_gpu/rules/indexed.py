@@ -109,6 +109,8 @@ def _in_library(xp, x, value):
     """`value` as something `x[key] = value` takes: a number, or an array of `x`'s library."""
     plain = data(value)
     if backend.is_array(plain) and namespace_of(plain) is not xp:
+        if istracked(value) and recording.current() is not None:
+            recording.refuse("a write x[k] = v of a traced v of another library than x")
         return xp.asarray(np.asarray(_host(plain)), dtype=x.dtype, device=x.device)
     if isinstance(plain, (list, tuple)):
         return xp.asarray(plain, dtype=x.dtype, device=x.device)

@@ -48,9 +48,9 @@ import math
 import operator
 from collections import namedtuple
 
-from ..backend import device_of, namespace_of
-from ..primitive import Primitive, tracking
-from ..tracked import TrackedArray, constant, constants, data, istracked
+from ..backend import device_of
+from ..primitive import Primitive, no_gradient, tracking
+from ..tracked import data, istracked
 from . import decompositions
 from .decompositions import *  # noqa: F403 (re-exported: part of the extension)
 from .decompositions import svdvals
@@ -268,7 +268,10 @@ def slogdet(x, /):
     both = _slogdet(x)
     if is_complex(both):
         return SlogdetResult(both[..., 0], real(both[..., 1]))
-    return SlogdetResult(constant(data(both)[..., 0], both._xp), both[..., 1])
+    return SlogdetResult(_slogdet_sign(both), both[..., 1])
+
+
+_slogdet_sign = no_gradient("slogdet_sign", lambda xp, both: both[..., 0])
 
 
 def _logdet_complex_forward(xp, x):
@@ -296,10 +299,15 @@ def logdet(x, /):
 # --- rank
 def matrix_rank(x, /, *, rtol=None):
     """The rank of each matrix in `x` (integers; not differentiable)."""
-    tracked, x, rtol = x, data(x), data(rtol)
-    linalg = _xp(x).linalg
-    rank = linalg.matrix_rank(x) if rtol is None else linalg.matrix_rank(x, rtol=rtol)
-    return constants(rank, tracked._xp) if isinstance(tracked, TrackedArray) else rank
+    if rtol is None:
+        return _matrix_rank(x)
+    return _matrix_rank_rtol(x, rtol)
+
+
+_matrix_rank = no_gradient("matrix_rank", lambda xp, x: xp.linalg.matrix_rank(x))
+_matrix_rank_rtol = no_gradient(
+    "matrix_rank", lambda xp, x, rtol: xp.linalg.matrix_rank(x, rtol=rtol)
+)
 
 
 # --- powers
@@ -339,11 +347,11 @@ def _norm2_forward(xp, x, axis=None, keepdims=False):
 
 def _norm2_vjp(g, ans, x, axis=None, keepdims=False):
     # g * x / |x|, and 0 (a subgradient) where the norm is 0.
-    plain = data(ans)
-    safe = ans + namespace_of(plain).astype(plain == 0, plain.dtype)
+    safe = ans + _zero_as_one(ans)  # traced in a recorded nested pass
     return multiply(expand(g / safe, x, axis, keepdims), x)
 
 
+_zero_as_one = no_gradient("zero_as_one", lambda xp, v: xp.astype(v == 0, v.dtype))
 _norm2 = Primitive("vector_norm", _norm2_forward, (_norm2_vjp,), saves="x ans")
 
 
@@ -383,11 +391,10 @@ def _normp_forward(xp, x, ord, axis=None, keepdims=False):
 def _normp_vjp(g, ans, x, ord, axis=None, keepdims=False):
     # sign(x) |x|^(p-1) / |x|_p^(p-1) (PyTorch's), 0 where x is 0 and where the norm is 0
     # (for p < 1, where |x|^(p-1) is infinite at 0, no division by the norm at all)
-    plain = data(x)
-    scaled = _sign(x) * mask(plain != 0, _abs(where(plain == 0, 1.0, x)) ** (ord - 1))
+    scaled = _sign(x) * mask(x != 0, _abs(where(x == 0, 1.0, x)) ** (ord - 1))
     if ord < 1:
         return expand(g * ans ** (1 - ord), x, axis, keepdims) * scaled
-    zero = data(ans) == 0
+    zero = ans == 0
     share = mask(~zero, g / where(zero, 1.0, ans) ** (ord - 1))
     return expand(share, x, axis, keepdims) * scaled
 

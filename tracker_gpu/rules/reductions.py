@@ -14,7 +14,7 @@ array([0., 6., 0.])
 import builtins
 
 from ..backend import device_of, namespace_of
-from ..primitive import Primitive, record, tracking
+from ..primitive import Primitive, no_gradient, record, tracking
 from ..tape import Node
 from ..tracked import TrackedArray, data
 from .elementwise import (
@@ -207,14 +207,24 @@ _others = Primitive("prod_others", _others_forward, (_others_vjp,), saves="x")
 
 # --- max and min: the gradient is shared evenly among the tied extrema (PyTorch's amax)
 def _extremum_vjp(g, ans, x, axis=None, keepdims=False):
-    plain = data(x)
-    xp = namespace_of(plain)
-    reduced = normalize_axes(axis, plain.ndim)
-    kept_shape = tuple(1 if i in reduced else n for i, n in enumerate(plain.shape))
-    hit = plain == xp.reshape(data(ans), kept_shape)  # nan: no extremum, no gradient
-    count = xp.sum(xp.astype(hit, plain.dtype), axis=reduced, keepdims=True)
-    count = xp.where(count == 0, xp.ones_like(count), count)
+    reduced = normalize_axes(axis, len(x.shape))
+    hit = _extremum_hits(x, ans, reduced=reduced)  # traced in a recorded nested pass
+    count = _extremum_count(hit, x, reduced=reduced)
     return mask(hit, expand(g, x, axis, keepdims) / count)
+
+
+def _hits_forward(xp, x, ans, *, reduced):
+    kept_shape = tuple(1 if i in reduced else n for i, n in enumerate(x.shape))
+    return x == xp.reshape(ans, kept_shape)  # nan: no extremum, no gradient
+
+
+def _count_forward(xp, hit, x, *, reduced):
+    count = xp.sum(xp.astype(hit, x.dtype), axis=reduced, keepdims=True)
+    return xp.where(count == 0, xp.ones_like(count), count)
+
+
+_extremum_hits = no_gradient("extremum_hits", _hits_forward)
+_extremum_count = no_gradient("extremum_count", _count_forward)
 
 
 max = Primitive("max", _reduction_without_dtype("max"), (_extremum_vjp,), saves="x ans")

@@ -261,9 +261,22 @@ _getitem_traced = Primitive(
     lambda xp, x, *indices, key, where: x[_fill(key, where, indices)],
     ByPosition(
         lambda i, g, ans, x, *indices, key, where: (
-            _index_adjoint(g, x.shape, _fill(key, where, [data(k) for k in indices]))
+            _index_adjoint_traced(g, *indices, shape=x.shape, key=key, where=where)
             if i == 0
             else None
+        )
+    ),
+    saves="indices",
+)
+# its adjoint, the indices arguments too: traced in a recorded nested pass, read at each replay
+_index_adjoint_traced = Primitive(
+    "index_adjoint_traced",
+    lambda xp, g, *indices, shape, key, where: _index_adjoint_forward(
+        xp, g, shape, _fill(key, where, [data(k) for k in indices])
+    ),
+    ByPosition(
+        lambda i, gg, ans, g, *indices, shape, key, where: (
+            _getitem_traced(gg, *indices, key=key, where=where) if i == 0 else None
         )
     ),
     saves="indices",
