@@ -295,24 +295,33 @@ def detached(x):
     return out
 
 
-def no_gradient(name, forward):
+def no_gradient(name, forward, *, signature=None, shaped_by_data=False):
     """A function of arrays that carries no gradient, `forward(xp, *values, **kw)`: plain
-    arrays in, a plain array out; tracked ones in, a tracked constant out, or, while tg.compile
+    arrays in, plain arrays out; tracked ones in, tracked constants out, or, while tg.compile
     records, traced data that every replay computes anew (never a value frozen at the
-    recording). How library code computes a mask, a sign or a statistic from a traced value."""
+    recording; refused where the result's shape depends on the data, `shaped_by_data`). The
+    standard's functions with no gradient (comparisons, `argmax`, `unique_values`...) are
+    these, shown with the standard's `signature` (a function's), and so is what library code
+    computes from a traced value without a gradient (a mask, a sign, a statistic)."""
     traced = Primitive(name, forward, ByPosition(lambda i, *a, **k: None), saves="",
                        differentiable=False)  # fmt: skip
 
     def function(*args, **kw):
         tracked = next((a for a in args if type(a) is TrackedArray), None)
         if tracked is not None and ACTIVE and recording.current() is not None:
+            if shaped_by_data:
+                recording.refuse(f"{name}(x) of a traced array (its shape depends on the data)")
             return traced(*args, **kw)
         values = [data(a) for a in args]
+        kw = {k: data(v) for k, v in kw.items()} if kw else kw
         xp = tracked._xp if tracked is not None else _namespace_of_plain(values)
         value = forward(xp, *values, **kw)
-        return value if tracked is None else constant(value, tracked._xp)
+        return value if tracked is None else constants(value, tracked._xp)
 
-    function.__name__ = name
+    function.__name__ = function.__qualname__ = name
+    if signature is not None:
+        function.__doc__ = f"The standard's `{name}`; not differentiable (a constant out)."
+        function.__signature__ = inspect.signature(signature)
     return function
 
 
@@ -530,4 +539,4 @@ def record_saving_arguments(value, xp, rule, args, ctx, replay):
 
 
 # The tracked array and the rules are defined in terms of each other: resolved once both exist.
-from .tracked import TrackedArray, constant, data  # noqa: E402
+from .tracked import TrackedArray, constant, constants, data  # noqa: E402

@@ -9,16 +9,13 @@ constants of the derivative.
 array([1.])
 """
 
-import inspect
 import math
 import operator
 
-from .. import recording
 from ..backend import SCALARS, device_of, is_complex_dtype, namespace_of
-from ..primitive import ByPosition, Primitive
-from ..recording import ACTIVE
+from ..primitive import Primitive, no_gradient
 from ..tape import Node
-from ..tracked import TrackedArray, constants, data
+from ..tracked import TrackedArray, data
 
 __all__ = [
     "add",
@@ -449,22 +446,7 @@ def _plain(name, signature):
     def forward(xp, *values, **kw):
         return getattr(xp, name)(*_as_arrays(xp, *values), **kw)
 
-    no_gradient = ByPosition(lambda i, *a, **k: None)
-    traced = Primitive(name, forward, no_gradient, saves="", differentiable=False)
-
-    def plain_function(*args, **kw):
-        if ACTIVE and recording.current() is not None:
-            return traced(*args, **kw)
-        tracked = next((a for a in args if type(a) is TrackedArray), None)
-        values = [data(a) for a in args]
-        xp = namespace_of(next(v for v in values if type(v) not in SCALARS))
-        value = forward(xp, *values, **kw)
-        return value if tracked is None else constants(value, tracked._xp)
-
-    plain_function.__name__ = name
-    plain_function.__doc__ = f"The standard's `{name}`; not differentiable (a constant out)."
-    plain_function.__signature__ = inspect.signature(signature)
-    return plain_function
+    return no_gradient(name, forward, signature=signature)
 
 
 def _unary_signature(x, /):

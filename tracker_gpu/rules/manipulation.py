@@ -13,15 +13,14 @@ array([1., 8., 0.])
 """
 
 import builtins
-import inspect
 
 import array_api_compat
 import numpy as np
 
 from .. import backend, recording
 from ..backend import device_of, namespace_of
-from ..primitive import ByPosition, Primitive
-from ..tracked import TrackedArray, constants, data
+from ..primitive import Primitive, no_gradient
+from ..tracked import TrackedArray, data
 from .elementwise import conjugate_derivative, multiply, subtract
 from .shape import broadcast_to, concat, expand_dims, flip, getitem, permute_dims, reshape
 
@@ -422,7 +421,7 @@ def sort(x, /, *, axis=-1, descending=False, stable=True):
 # arrays for plain arguments); while tg.compile records, traced ones (recorded, with no
 # gradient), or refused where the result's shape depends on the data
 def _plain(name, signature, shaped_by_data=False):
-    """`name` on plain values, showing the standard's `signature` (a function's)."""
+    """`name`, with no gradient, showing the standard's `signature` (a function's)."""
 
     def forward(xp, *args, **kw):
         # the standard's signature (argsort's `descending`, say) is array-api-compat's, not
@@ -430,26 +429,7 @@ def _plain(name, signature, shaped_by_data=False):
         xp = array_api_compat.array_namespace(*(a for a in args if backend.is_array(a)))
         return getattr(xp, name)(*args, **kw)
 
-    no_gradient = ByPosition(lambda i, *a, **k: None)
-    traced = Primitive(name, forward, no_gradient, saves="", differentiable=False)
-
-    def plain_function(*args, **kw):
-        if recording.current() is not None and builtins.any(
-            isinstance(a, TrackedArray) for a in args
-        ):
-            if shaped_by_data:
-                recording.refuse(f"{name}(x) of a traced array (its shape depends on the data)")
-            return traced(*args, **kw)
-        tracked = next((a for a in args if isinstance(a, TrackedArray)), None)
-        args = [data(a) for a in args]
-        kw = {k: data(v) for k, v in kw.items()}
-        value = forward(None, *args, **kw)
-        return value if tracked is None else constants(value, tracked._xp)
-
-    plain_function.__name__ = plain_function.__qualname__ = name
-    plain_function.__doc__ = f"The standard's `{name}`; not differentiable (a constant out)."
-    plain_function.__signature__ = inspect.signature(signature)
-    return plain_function
+    return no_gradient(name, forward, signature=signature, shaped_by_data=shaped_by_data)
 
 
 argsort = _plain("argsort", lambda x, /, *, axis=-1, descending=False, stable=True: None)
