@@ -111,8 +111,9 @@ class TrackedArray:
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         """A NumPy array (or scalar) on the left of an operator: `ndarray * tracked` records
-        like `tracked * ndarray`; comparisons and bitwise operators give plain arrays; any
-        other NumPy function raises an error naming the function to call instead."""
+        like `tracked * ndarray`; comparisons and bitwise operators give constants; NumPy's
+        functions of constants alone give NumPy's answer; any other NumPy function raises an
+        error naming the function to call instead."""
         if "out" in kwargs:
             raise TypeError(
                 "cannot write a tracked result into a NumPy array (an in-place operator such "
@@ -410,7 +411,7 @@ def _untracked(tree):
 
 
 def _traced(name, x, other):
-    """A comparison or a bitwise operator: plain arrays, or traced ones (recorded) while
+    """A comparison or a bitwise operator: constants, or traced arrays (recorded) while
     tg.compile records."""
     from .rules.elementwise import PLAIN_FUNCTIONS
 

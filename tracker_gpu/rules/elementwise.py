@@ -400,7 +400,7 @@ where = Primitive(
         lambda g, ans, c, x, y: where(c, g, zeros_like(g)),
         lambda g, ans, c, x, y: where(c, zeros_like(g), g),
     ),
-    saves="",  # the condition is a plain boolean array, kept as it was given
+    saves="",  # the condition carries no gradient (a constant): kept as it was given
     signature=lambda condition, x1, x2, /: None,
 )
 

@@ -397,7 +397,7 @@ def ifftshift(x, /, *, axes=None):
     return _ifftshift(x, axes=_shift_axes(x, axes, "ifftshift"))
 
 
-# --- frequencies: plain arrays (no gradient), made by the library the namespace is bound to
+# --- frequencies: constants (no gradient), made by the library the namespace is bound to
 def bound_functions(default):
     """`fftfreq` and `rfftfreq` creating arrays of library `default` (or of `device`'s)."""
 

@@ -5,7 +5,7 @@ they are differentiable to any order for free. Three are primitives: `cumulative
 `cumulative_prod` and the linear recurrence behind the latter's gradient, which is exact at zeros
 (it never divides). `sort` sends the gradient through the permutation found by `argsort`.
 Searching, sorting indices, set functions and truth tests are not differentiable: they take the
-plain values of tracked arguments and return plain arrays.
+plain values of tracked arguments and return tracked constants (plain arrays for plain ones).
 
 >>> import numpy as np, tracker_gpu as tg
 >>> tg.gradient(lambda x: tg.sum(tg.cumulative_prod(x)), np.array([2.0, 0.0, 3.0]))[0]
