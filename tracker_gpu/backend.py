@@ -26,6 +26,7 @@ __all__ = [
     "writable",
     "memory_key",
     "owning",
+    "shapes_agree",
     "check_same_library",
     "common_library",
     "widened",
@@ -95,6 +96,14 @@ def is_floating_dtype(dtype):
         return kind in "fc"
     name = str(dtype)
     return "float" in name or "complex" in name
+
+
+def shapes_agree(shape, other):
+    """Whether two shapes are equal where both sizes are known (Dask's shapes hold NaN for a
+    size it does not know yet, after a boolean mask)."""
+    return len(shape) == len(other) and all(
+        m == n or m != m or n != n for m, n in zip(shape, other)
+    )
 
 
 def is_cupy(x):

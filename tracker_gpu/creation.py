@@ -17,7 +17,7 @@ import numpy as np
 from . import recording
 from .backend import DTYPE_NAMES, dtype_in, dtype_name, is_array, library_of_device, namespace_of
 from .primitive import Primitive, no_gradient
-from .tracked import TrackedArray, constant, data
+from .tracked import TrackedArray, constant, data, holds_tracked
 
 __all__ = ["bound_functions", "tril", "triu"]
 
@@ -60,7 +60,7 @@ def bound_functions(default):
     def asarray(obj, /, *, dtype=None, device=None, copy=None):
         if isinstance(obj, TrackedArray) and obj._node is not None:
             return _tracked_asarray(obj, dtype, device, copy)
-        if isinstance(obj, (list, tuple)) and _holds_tracked(obj):
+        if isinstance(obj, (list, tuple)) and holds_tracked(obj):
             return _stacked(obj, dtype, device)
         if isinstance(obj, TrackedArray):  # a constant
             same_dtype = dtype is None or dtype_name(dtype) == dtype_name(obj.dtype)
@@ -111,12 +111,6 @@ def _tracked_asarray(x, dtype, device, copy):
     if device is not None and device != x.device:
         changed = to_device(changed, device)
     return identity(changed) if copy and changed is x else changed
-
-
-def _holds_tracked(obj):
-    if isinstance(obj, (list, tuple)):
-        return any(_holds_tracked(o) for o in obj)
-    return isinstance(obj, TrackedArray) and obj._node is not None
 
 
 def _first_tracked(obj):

@@ -429,16 +429,13 @@ def _library_with_plain_operands(xp, values):
 # How a gradient is fitted to its argument (summed over the axes it was broadcast along, cast to
 # its dtype): written with the rules' own functions, so that it is differentiable, and
 # registered by them (rules.shape) when they load.
-_FIT = [None]
+_fit = None
 
 
 def fit_gradients_with(fit):
     """Have every pullback fit its gradients with `fit(ga, node, name)`."""
-    _FIT[0] = fit
-
-
-def _fit(ga, a, name):
-    return _FIT[0](ga, a, name)
+    global _fit
+    _fit = fit
 
 
 # --- custom rules: Tracker's `track` + `@grad`

@@ -18,6 +18,7 @@ from .tape import leaf_node
 __all__ = [
     "TrackedArray",
     "constant",
+    "holds_tracked",
     "param",
     "data",
     "grad",
@@ -72,7 +73,7 @@ class TrackedArray:
     mT = property(lambda self: matrix_transpose(self))
 
     def __array_namespace__(self, *, api_version=None):
-        return _NAMESPACES[0](self._xp)
+        return _namespace_for(self._xp)
 
     def to_device(self, device, /, *, stream=None):
         return to_device(self, device)
@@ -130,7 +131,7 @@ class TrackedArray:
                                    f"{ufunc.__name__}.{method}")  # fmt: skip
 
     def __array_function__(self, func, types, args, kwargs):
-        if not _holds_tracked((args, kwargs)):  # constants only: NumPy's own answer
+        if not holds_tracked((args, kwargs)):  # constants only: NumPy's own answer
             return func(*_untracked(args), **_untracked(kwargs))
         raise numpy_function_error(func.__name__)
 
@@ -302,23 +303,24 @@ _BITWISE = frozenset("bitwise_and bitwise_or bitwise_xor invert left_shift right
 
 def numpy_function_error(name):
     """The error for a NumPy function called on a tracked array, naming what to call instead."""
-    return foreign.numpy_function_error(name, _NAMESPACES[0](np))
+    return foreign.numpy_function_error(name, _namespace_for(np))
 
 
 def missing_attribute_error(name):
     """The AttributeError for `x.name`, naming the function to use instead (see `foreign`)."""
-    namespace = None if _NAMESPACES[0] is None else _NAMESPACES[0](np)
+    namespace = None if _namespace_for is None else _namespace_for(np)
     return foreign.missing_attribute_error(name, namespace)
 
 
 # The tracked namespace bound to a library (the namespace module registers its `namespace_for`
 # when it loads: it is built on the rules, which build on this module).
-_NAMESPACES = [None]
+_namespace_for = None
 
 
 def serve_namespaces(namespace_for):
     """Have `x.__array_namespace__()` answer with `namespace_for(library of x)`."""
-    _NAMESPACES[0] = namespace_for
+    global _namespace_for
+    _namespace_for = namespace_for
 
 
 # --- constants, and writes
@@ -389,12 +391,12 @@ def _compared(x, other, compare):
     return constant(compare(x.data, data(other)), x._xp)
 
 
-def _holds_tracked(tree):
+def holds_tracked(tree):
     """Whether a tree of lists, tuples and dicts holds an array on the tape."""
     if isinstance(tree, (list, tuple)):
-        return any(_holds_tracked(t) for t in tree)
+        return any(holds_tracked(t) for t in tree)
     if isinstance(tree, dict):
-        return any(_holds_tracked(t) for t in tree.values())
+        return any(holds_tracked(t) for t in tree.values())
     return istracked(tree)
 
 

@@ -211,7 +211,7 @@ def in_place_operator(name, function):
         result = function(self, other)
         if not isinstance(result, TrackedArray):
             result = constant(result, self._xp)
-        if not _same_shape(result.shape, self.shape):
+        if not backend.shapes_agree(result.shape, self.shape):
             raise ValueError(
                 f"x {name}= y would change the shape of x from {tuple(self.shape)} to "
                 f"{tuple(result.shape)}; write x = x {name} y for a new array"
@@ -222,11 +222,6 @@ def in_place_operator(name, function):
         return self
 
     return operator
-
-
-def _same_shape(a, b):
-    """Whether two shapes agree, where they are known (Dask's may hold NaN for unknown)."""
-    return len(a) == len(b) and all(m == n or m != m or n != n for m, n in zip(a, b))
 
 
 def _cast_back(result, x, name):

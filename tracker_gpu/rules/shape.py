@@ -99,20 +99,13 @@ broadcast_to = Primitive(
 def fit(ga, a, name):
     """Sum a gradient down to the shape of its argument (a node), and cast it to its dtype."""
     shape = a.shape
-    if ga.shape != shape and not _unknown_alike(ga.shape, shape):
+    if ga.shape != shape and not backend.shapes_agree(ga.shape, shape):
         ga = unbroadcast(ga, shape, name)
     if ga.dtype != a.dtype:
         if backend.is_complex_dtype(ga.dtype) and not backend.is_complex_dtype(a.dtype):
             ga = real(ga)  # a real argument of a complex function: its part of the gradient
         ga = astype(ga, a.dtype)
     return ga
-
-
-def _unknown_alike(shape, other):
-    """Whether two shapes differ only where a size is unknown (NaN: Dask's after a mask)."""
-    return len(shape) == len(other) and all(
-        m == n or m != m or n != n for m, n in zip(shape, other)
-    )
 
 
 def unbroadcast(g, shape, name="?"):
