@@ -7,11 +7,13 @@
 
 # isort: skip_file
 # `tracked` first: the rule modules build on it, and it binds its operators to them.
-from .tracked import TrackedArray, data, grad, isleaf, istracked, param, update, zero_grad
+from .tracked import TrackedArray, grad, isleaf, istracked, param, update, zero_grad
+from .tracked import user_data as data
 from .primitive import rule
 from . import namespace, testing
 from .namespace import *
-from .api import Grads, Params, WithGradient, back, gradient, nobacksies, withgradient
+from .api import Grads, NestedDerivativeError, Params, WithGradient, back, gradient, nobacksies
+from .api import withgradient
 from .broadcast import broadcast
 from .rules.indexed import at
 from .checks import sync_checks

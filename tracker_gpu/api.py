@@ -16,15 +16,24 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import backend, recording
+from . import backend, nesting, recording
 from .backend import SCALARS
 from .checks import checking
 from .primitive import record, traced_data
 from .pytree import is_container, tree_leaves, tree_map
-from .tape import BackError, walk
+from .tape import BackError, serial_now, walk
 from .tracked import TrackedArray, alias, data, identity, istracked, leaf
 
-__all__ = ["back", "gradient", "withgradient", "WithGradient", "Params", "Grads", "nobacksies"]
+__all__ = [
+    "back",
+    "gradient",
+    "withgradient",
+    "WithGradient",
+    "Params",
+    "Grads",
+    "nobacksies",
+    "NestedDerivativeError",
+]
 
 WithGradient = namedtuple("WithGradient", ["val", "grad"])
 
@@ -169,10 +178,16 @@ def _kept(val, losses):
 
 
 def _withgradient(f, args, nest, wrt, quiet=False):
-    """`withgradient`; `quiet` for a caller in this package whose `f` may return a number."""
+    """`withgradient`; `quiet` for a caller in this package whose `f` may return a number.
+    Inside another transform's function it nests by itself (see `nesting`)."""
     chosen = positions(wrt, len(args))
+    nest = nest or nesting.active()
+    if not nest:
+        nesting.at_top_level()
+    since = serial_now()
     args, inputs, tracked_args = track_inputs(args, nest, chosen)
-    val = f(*tracked_args)
+    with nesting.inside():
+        val = f(*tracked_args)
     loss = val[0] if isinstance(val, tuple) else val
     if type(loss) in SCALARS and inputs and not quiet:
         _warn(
@@ -182,12 +197,19 @@ def _withgradient(f, args, nest, wrt, quiet=False):
             "gradient is None. Return the 0-d tracked array instead"
         )
     others = []
-    found = backprop(loss, inputs.values(), nest, others)
+    found = backprop(loss, inputs.values(), nest, others, since)
     if inputs and not quiet and _none_reached(inputs.values(), found):
         _warn_no_dependence(f, loss, "argument", others)
     plain = not nest and recording.current() is None  # a recording keeps the values traced
-    grads = gradients_in_place(args, inputs, found, nest, chosen)
+    grads = gradients_in_place(args, inputs, found, nest, chosen, captured(others, since))
     return WithGradient(untracked(val) if plain else val, grads)
+
+
+def captured(reached, since):
+    """The first node among `reached` made before the serial `since`: a tracked value the
+    function closed over (its gradient, taken at top level, cannot be differentiated again
+    with respect to it); None if none."""
+    return next((node for node in reached if node.serial < since), None)
 
 
 def _none_reached(inputs, found):
@@ -287,13 +309,15 @@ def track_inputs(args, nest, chosen=None):
     return args, inputs, tracked_args
 
 
-def gradients_in_place(args, inputs, found, nest, chosen=None):
+def gradients_in_place(args, inputs, found, nest, chosen=None, closed_over=None):
     """The arguments' structure with each parameter's gradient (from `found`) in its place;
-    None for an argument not among the positions `chosen` (all when None)."""
+    None for an argument not among the positions `chosen` (all when None). Plain gradients of
+    a pass that read a tracked value (a tracked argument, or the node `closed_over`) are
+    linked to it by `nobacksies`, so that differentiating them again raises."""
     plain = not nest and recording.current() is None  # a recording keeps the gradients traced
     hand_out = HandOut(made.data for made in inputs.values()) if plain else None
     return tuple(
-        tree_map(lambda x: _grad_of(x, inputs, found, hand_out), a)
+        tree_map(lambda x: _grad_of(x, inputs, found, hand_out, closed_over), a)
         if chosen is None or i in chosen
         else None
         for i, a in enumerate(args)
@@ -368,8 +392,10 @@ def _traced_data(x, traced):
 
 def _input(x, nest, recorded=False):
     """The tracked input standing for a user's value, or None if it is not a parameter."""
-    if isinstance(x, TrackedArray):  # linked to its graph when nested, or recorded
-        return identity(x) if nest or recorded else leaf(x.data)
+    if isinstance(x, TrackedArray):
+        if x._node is not None and not recording.is_data(x._node):
+            return identity(x) if nest or recorded else leaf(x.data)  # linked when nested
+        x = x.data  # a constant, or traced data: a value as a plain array is
     if not backend.is_array(x):
         return None
     xp = backend.namespace_of(x)
@@ -385,27 +411,35 @@ def _input(x, nest, recorded=False):
 _SEEDS = weakref.WeakSet()
 
 
-def backprop(loss, inputs, nest, others=None):
-    """{id(input): gradient} for the inputs the scalar `loss` depends on. The list `others`,
-    if given, collects the other leaves reached (not the seeds of nested passes)."""
+def backprop(loss, inputs, nest, others=None, since=0):
+    """{id(input): gradient} for the inputs the scalar `loss` depends on, walking the nodes
+    made since the serial `since` (older ones are values closed over). The list `others`, if
+    given, collects the other leaves and older nodes reached (not the seeds of nested passes)."""
     _check_loss_is_scalar(loss)
     if not istracked(loss):
         return {}
     with backend.on_device_of(loss.data):  # buffers and kernels on the loss's GPU
         seed = scalar_seed(loss)
-        if nest:  # a tracked constant, so that every vjp sees a tracked gradient
-            seed = TrackedArray(seed, loss._xp)
-            _SEEDS.add(seed._node)
+        if nest:
+            seed = nested_seed(seed, loss._xp)
         stop = [made._node for made in inputs]
-        reached = walk(loss._node, seed, once=not nest, nested=nest, stop=stop)
+        reached = walk(loss._node, seed, once=not nest, nested=nest, stop=stop, since=since)
         if others is None:
             return {id(node): g for node, g in reached}
         found = {}
         for node, g in reached:
             found[id(node)] = g
-            if node.rule is None and node not in _SEEDS:
+            if (node.rule is None or node.serial < since) and node not in _SEEDS:
                 others.append(node)
     return found
+
+
+def nested_seed(value, xp):
+    """The seed of a nested pass: a tracked leaf that is no parameter, so that every vjp sees
+    a tracked gradient."""
+    seed = TrackedArray(value, xp)
+    _SEEDS.add(seed._node)
+    return seed
 
 
 def _check_loss_is_scalar(loss):
@@ -426,7 +460,7 @@ def _check_loss_is_scalar(loss):
         )
 
 
-def _grad_of(x, inputs, found, hand_out):
+def _grad_of(x, inputs, found, hand_out, closed_over=None):
     made = inputs.get(id(x))
     if made is None:
         return None
@@ -434,7 +468,15 @@ def _grad_of(x, inputs, found, hand_out):
     if g is None or hand_out is None:
         return g
     g = hand_out(g)
-    return nobacksies(NEST_MESSAGE, g, parent=x) if isinstance(x, TrackedArray) else g
+    if isinstance(x, TrackedArray):
+        return nobacksies(NEST_MESSAGE, g, parent=x)
+    return g if closed_over is None else cut_off(g, closed_over, made._xp)
+
+
+def cut_off(g, node, xp):
+    """The plain `g`, as a tracked array linked to `node` (a value the pass closed over) that
+    raises if differentiated: at top level a pass is not recorded."""
+    return record(g, xp, _NO_BACKSIES, (node,), NEST_MESSAGE)
 
 
 class HandOut:
@@ -458,8 +500,9 @@ class HandOut:
 
 
 NEST_MESSAGE = (
-    "this gradient was computed without nest=True, so it cannot be differentiated again; "
-    "use gradient(f, x, nest=True) for nested derivatives"
+    "this derivative was taken at top level without nest=True, so it cannot be differentiated "
+    "again (it reads a tracked value it was given or closed over); use gradient(f, x, "
+    "nest=True), or take it inside the outer transform's function, where it nests by itself"
 )
 
 
@@ -486,9 +529,17 @@ def nobacksies(message, x, *, parent=None):
     `parent` links a plain `x` to the tape of a tracked value.
     """
     link = parent if parent is not None else x
-    if not isinstance(link, TrackedArray):
+    if not istracked(link):
         return x
-    return record(data(x), link._xp, _NO_BACKSIES, (link._node,), message)
+    if link is not x and recording.current() is not None:
+        recording.refuse("tg.nobacksies(message, x, parent=...) of another array than x")
+    args = (link._node,)
+    return record(data(x), link._xp, _NO_BACKSIES, args, message, None, (_same, args, {}, False))
+
+
+def _same(xp, value):
+    """How tg.compile replays a marked value: as it is."""
+    return value
 
 
 # --- the implicit interface
@@ -547,8 +598,12 @@ class Grads:
 
 
 def _implicit(f, params, nest):
+    nest = nest or nesting.active()
+    if not nest:
+        nesting.at_top_level()
     given = [alias(p) for p in params]  # the parameters as they are before f writes into one
-    val = f()
+    with nesting.inside():
+        val = f()
     loss = val[0] if isinstance(val, tuple) else val
     found = backprop(loss, given, nest)
     found = {id(p): found.get(id(g._node)) for p, g in zip(params, given)}

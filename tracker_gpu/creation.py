@@ -15,7 +15,16 @@ TrackedArray(array([0., 0.], dtype=float32), constant)
 import numpy as np
 
 from . import recording
-from .backend import DTYPE_NAMES, dtype_in, dtype_name, is_array, library_of_device, namespace_of
+from .backend import (
+    DTYPE_NAMES,
+    device_of,
+    dtype_in,
+    dtype_name,
+    is_array,
+    is_complex_dtype,
+    library_of_device,
+    namespace_of,
+)
 from .primitive import Primitive, no_gradient
 from .tracked import TrackedArray, constant, data, holds_tracked
 
@@ -53,7 +62,18 @@ def bound_functions(default):
         return constant(xp.eye(n_rows, n_cols, k=k, dtype=dt, device=device), xp)
 
     def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True):
+        if _on_tape(start) or _on_tape(stop):
+            return _tracked_linspace(start, stop, num, dtype, device, endpoint)
+        if any(is_array(data(v)) and data(v).ndim for v in (start, stop)):  # NumPy's array ends
+            ends = [data(v) for v in (start, stop)]
+            like = next(v for v in ends if is_array(v))
+            value = _tracked_linspace(*ends, num, dtype, device, endpoint, like)
+            return constant(value, namespace_of(value))
+        if dtype is None:  # array ends (tracked constants, plain arrays): their dtype
+            arrays = [data(v) for v in (start, stop) if is_array(data(v))]
+            dtype = namespace_of(arrays[0]).result_type(*arrays, 1.0) if arrays else None
         xp, dt = target(device, dtype)
+        start, stop = _number(start), _number(stop)
         value = xp.linspace(start, stop, num, dtype=dt, device=device, endpoint=endpoint)
         return constant(value, xp)
 
@@ -136,6 +156,57 @@ def _stacked(obj, dtype, device):
         return like._xp.asarray(data(o), dtype=dtype, device=device)
 
     return build(obj)
+
+
+def _number(v):
+    """A 0-d array end of linspace as a Python number (what the standard's linspace takes)."""
+    v = data(v)
+    if not is_array(v):
+        return v
+    return complex(v) if is_complex_dtype(v.dtype) else float(v)
+
+
+def _on_tape(x):
+    return isinstance(x, TrackedArray) and x._node is not None
+
+
+def _tracked_linspace(start, stop, num, dtype, device, endpoint, like=None):
+    """`num` evenly spaced values from `start` to `stop` (numbers or arrays, spaced along a new
+    first axis), differentiable in the tracked ones: NumPy's arithmetic, `k * step + start`
+    with `step = (stop - start) / div` over `div` intervals, the last value `stop` itself
+    where `endpoint` holds, and the result cast to `dtype` at the end."""
+    from .rules.elementwise import add, astype, divide, multiply, subtract
+    from .rules.shape import broadcast_to, concat, getitem, reshape
+
+    num = int(num)
+    if num < 0:
+        raise ValueError(f"linspace: num must be non-negative, got {num}")
+    like = like if like is not None else start if _on_tape(start) else stop
+    start, stop = (_linspace_end(v, like, device) for v in (start, stop))
+    delta = subtract(stop, start)
+    shape = tuple(delta.shape)
+    xp = namespace_of(data(delta))
+    k = xp.arange(num, dtype=delta.dtype, device=device_of(data(delta)))
+    k = xp.reshape(k, (num,) + (1,) * len(shape))
+    div = num - 1 if endpoint else num
+    out = add(multiply(k, divide(delta, div) if div > 0 else delta), start)
+    if endpoint and num > 1:
+        last = reshape(broadcast_to(stop, shape), (1,) + shape)
+        out = concat([getitem(out, slice(0, num - 1)), last], axis=0)
+    return out if dtype is None else astype(out, dtype_in(namespace_of(data(like)), dtype))
+
+
+def _linspace_end(v, like, device):
+    """An end of a tracked linspace: itself where it is on the tape (moved to `device`), else
+    an array of `like`'s library, dtype and device (or `device`)."""
+    from .rules.shape import to_device
+
+    if _on_tape(v):
+        return v if device is None or device == v.device else to_device(v, device)
+    value, like = data(v), data(like)
+    dtype = value.dtype if is_array(value) else like.dtype
+    device = device_of(like) if device is None else device
+    return namespace_of(like).asarray(value, dtype=dtype, device=device)
 
 
 def _like(name):

@@ -16,7 +16,7 @@ _STANDARD_NAMES = {
     "arcsinh": "asinh", "arccosh": "acosh", "arctanh": "atanh", "concatenate": "concat",
     "transpose": "permute_dims", "amax": "max", "amin": "min", "cumsum": "cumulative_sum",
     "cumprod": "cumulative_prod", "invert": "bitwise_invert", "left_shift":
-    "bitwise_left_shift", "right_shift": "bitwise_right_shift", "dot": "matmul",
+    "bitwise_left_shift", "right_shift": "bitwise_right_shift", "gradient": "numerical_gradient",
 }  # fmt: skip
 
 

@@ -13,11 +13,12 @@ at the cost of about three passes.
 
 import math
 
-from . import backend
+from . import backend, nesting
 from .api import quiet_gradient, untracked
 from .pytree import tree_leaves, tree_map
 from .rules.elementwise import multiply
 from .rules.reductions import sum as _sum
+from .rules.shape import reshape, stack
 from .tracked import TrackedArray, data
 
 __all__ = ["jvp", "jacfwd"]
@@ -48,7 +49,7 @@ def jvp(f, primals, tangents):
     cotangents = [_zeros_like(y) for y in _leaves(value)]
     found = quiet_gradient(pulled_back, *cotangents)
     outputs = iter(_zeros_like(y) if g is None else g for y, g in zip(_leaves(value), found))
-    plain = untracked(value)
+    plain = value if nesting.active() else untracked(value)  # nested: linked to the outer pass
     return plain, tree_map(lambda v: next(outputs) if _is_array(v) else v, plain)
 
 
@@ -62,16 +63,16 @@ def jacfwd(f, x):
     array([[5., 2.],
            [3., 0.]])
     """
-    x = data(x)
-    xp = backend.namespace_of(x)
-    n = math.prod(x.shape)
-    eye = xp.eye(n, dtype=x.dtype, device=backend.device_of(x))
+    value = data(x)
+    xp = backend.namespace_of(value)
+    n = math.prod(value.shape)
+    eye = xp.eye(n, dtype=value.dtype, device=backend.device_of(value))
     columns, out_shape = [], ()
     for j in range(n):
-        _, t = jvp(f, (x,), (xp.reshape(eye[j, :], tuple(x.shape)),))
+        _, t = jvp(f, (x,), (xp.reshape(eye[j, :], tuple(value.shape)),))
         out_shape = tuple(t.shape)
-        columns.append(xp.reshape(data(t), (-1,)))
-    return xp.reshape(xp.stack(columns, axis=1), out_shape + tuple(x.shape))
+        columns.append(reshape(t, (-1,)))
+    return reshape(stack(columns, axis=1), out_shape + tuple(value.shape))
 
 
 def _leaves(value):

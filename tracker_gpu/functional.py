@@ -10,11 +10,14 @@ checkpoint, and ways to stop tracking (stop_gradient, notrack).
 import contextlib
 import threading
 
-from . import draws, primitive, recording, tracked
+from . import draws, nesting, primitive, recording, tracked
 from .api import (
+    captured,
+    cut_off,
     given_seed,
     gradient,
     gradients_in_place,
+    nested_seed,
     positions,
     quiet_gradient,
     track_inputs,
@@ -25,7 +28,8 @@ from .pytree import tree_leaves
 from .recording import ACTIVE
 from .rules.elementwise import identity
 from .rules.reductions import sum as _sum
-from .tape import Node, walk
+from .rules.shape import reshape, stack
+from .tape import Node, older_nodes, serial_now, walk
 from .tracked import TrackedArray, constant, data, istracked, leaf
 
 __all__ = [
@@ -42,19 +46,39 @@ __all__ = [
 
 def forward(f, *args):
     """`(y, back)`: the plain value of `f(*args)` and a pullback `back(dy)` giving the gradients
-    of `sum(dy * y)` with respect to the arguments. `back` may be called any number of times."""
-    args, inputs, tracked_args = track_inputs(args, nest=False)
-    y = f(*tracked_args)
+    of `sum(dy * y)` with respect to the arguments. `back` may be called any number of times.
+    Inside another transform's function both nest: `y` and the gradients stay tracked, and
+    `back` is differentiable in `dy` too."""
+    nest = nesting.active()
+    if not nest:
+        nesting.at_top_level()
+    since = serial_now()
+    args, inputs, tracked_args = track_inputs(args, nest)
+    with nesting.inside():
+        y = f(*tracked_args)
 
     def back(dy):
         if not istracked(y):
-            return gradients_in_place(args, inputs, {}, nest=False)
+            return gradients_in_place(args, inputs, {}, nest=nest)
         stop = [made._node for made in inputs.values()]
-        reached = walk(y._node, given_seed(y, dy), once=False, stop=stop)
+        seed = _cotangent(y, dy) if nest else given_seed(y, dy)
+        reached = walk(y._node, seed, once=False, nested=nest, stop=stop, since=since)
         found = {id(node): g for node, g in reached}
-        return gradients_in_place(args, inputs, found, nest=False)
+        given = {id(node) for node in stop}
+        outer = captured((node for node, _ in reached if id(node) not in given), since)
+        return gradients_in_place(args, inputs, found, nest, closed_over=outer)
 
-    return primitive.detached(y), back  # while tg.compile records, traced data
+    return (y if nest else primitive.detached(y)), back  # while tg.compile records, traced data
+
+
+def _cotangent(y, dy):
+    """The seed of a nested pullback: `dy` itself when it is tracked (the pullback is then
+    differentiable in it), else a checked copy as a nested seed."""
+    if isinstance(dy, TrackedArray) and istracked(dy):
+        if tuple(dy.shape) != tuple(y.shape):
+            raise ValueError(f"seed of shape {tuple(dy.shape)} for a value of shape {y.shape}")
+        return dy
+    return nested_seed(given_seed(y, dy), y._xp)
 
 
 def jacobian(f, *args, wrt=0):
@@ -87,8 +111,19 @@ def _along(f, args, wrt):
 
 
 def _jacobian(f, x):
-    x_in = x if istracked(x) else leaf(_as_float(data(x)))
-    y = f(x_in)
+    """One reverse pass per element of `f(x)`. Inside another transform's function the passes
+    are recorded (a Jacobian of a Jacobian, a penalty on a Jacobian's norm)."""
+    nest = nesting.active()
+    if not nest:
+        nesting.at_top_level()
+    since = serial_now()
+    outer = None if nest or not istracked(x) else x._node  # a tracked x at top level is cut
+    if istracked(x):
+        x_in = identity(x) if nest else leaf(x.data)
+    else:
+        x_in = leaf(_as_float(data(x)))
+    with nesting.inside():
+        y = f(x_in)
     xp = namespace_of(data(x_in))
     n = _size(x_in.shape)
     shape = tuple(getattr(y, "shape", ())) + tuple(x_in.shape)  # JAX's layout
@@ -99,10 +134,15 @@ def _jacobian(f, x):
     rows = []
     for i in range(m):
         seed = xp.reshape(eye[i, :], tuple(y.shape))
-        reached = walk(y._node, seed, once=False, stop=(x_in._node,))
+        seed = nested_seed(seed, y._xp) if nest else seed
+        reached = walk(y._node, seed, once=False, nested=nest, stop=(x_in._node,), since=since)
         g = next((g for node, g in reached if node is x_in._node), None)
         rows.append(xp.zeros(n, dtype=x_in.dtype, device=x_in.device) if g is None else g)
-    return xp.reshape(xp.stack([xp.reshape(r, (n,)) for r in rows]), shape)
+        outer = outer or captured((node for node, _ in reached if node is not x_in._node), since)
+    jac = reshape(stack([reshape(r, (n,)) for r in rows]), shape)
+    if nest or outer is None or recording.current() is not None:
+        return jac
+    return cut_off(jac, outer, x_in._xp)
 
 
 def hessian(f, *args, wrt=0):
@@ -210,26 +250,32 @@ def hook(f, x):
 
 
 class _Checkpoint:
+    """A checkpoint's node: its parents are the block's tracked arguments, then the nodes of
+    the tracked values the block closes over (`count` arguments first)."""
+
     name = "checkpoint"
 
-    def __init__(self, fn, kw):
-        self.fn, self.kw = fn, kw
+    def __init__(self, fn, kw, count):
+        self.fn, self.kw, self.count = fn, kw, count
 
     def pullback(self, node, args, states, saved, g, nested, pending=None):
+        given, closed_over = args[: self.count], args[self.count :]
+        since = serial_now()
         if nested:  # fresh nodes linked to the arguments' own, so the outer pass goes through
-            _, values = tracked_values(node, args, saved, g)
+            _, values = tracked_values(node, given, saved[: 1 + self.count], g)
             inputs = [identity(v) if isinstance(v, TrackedArray) else v for v in values]
         else:
-            _, values = resolve(node, args, saved)
-            inputs = [leaf(v) if type(a) is Node else v for a, v in zip(args, values)]
-        with draws.replayed(states):
+            _, values = resolve(node, given, saved)
+            inputs = [leaf(v) if type(a) is Node else v for a, v in zip(given, values)]
+        with draws.replayed(states), nesting.inside():
             y = self.fn(*inputs, **self.kw)
         if not istracked(y):
             return [None] * len(args)
         stops = [i._node for i in inputs if istracked(i)]
-        reached = walk(y._node, g, once=not nested, nested=nested, stop=stops)
+        reached = walk(y._node, g, once=not nested, nested=nested, stop=stops, since=since)
         found = {id(node): grad for node, grad in reached}
-        return [found.get(id(i._node)) if istracked(i) else None for i in inputs]
+        grads = [found.get(id(i._node)) if istracked(i) else None for i in inputs]
+        return grads + [found.get(id(node)) for node in closed_over]
 
 
 def checkpoint(f, *args, **kw):
@@ -238,7 +284,9 @@ def checkpoint(f, *args, **kw):
 
     `f` runs on tracked arguments both times, so layers that act only while differentiating
     (`nn.Dropout`) act in both runs, and the random numbers drawn through tracker_gpu's layers
-    are replayed: the re-run sees the numbers the first run drew.
+    are replayed: the re-run sees the numbers the first run drew. Tracked values `f` closes
+    over get their gradients too (eagerly; `tg.compile` refuses such a block: pass them as
+    arguments).
 
     >>> import numpy as np, tracker_gpu as tg
     >>> block = lambda x: tg.tanh(x) * x
@@ -247,20 +295,29 @@ def checkpoint(f, *args, **kw):
     """
     if not any(istracked(a) for a in args):
         return f(*args, **kw)
-    forward = _checkpoint_forward(f, kw, [istracked(a) for a in args])
+    closed_over = []
+    forward = _checkpoint_forward(f, kw, [istracked(a) for a in args], closed_over)
     y, states = forward(*(data(a) for a in args))
+    if closed_over and recording.current() is not None:
+        recording.refuse("a tg.checkpoint block closing over a tracked value (pass it in)", True)
     xp = next(a._xp for a in args if istracked(a))
-    return record_saving_arguments(y, xp, _Checkpoint(f, kw), args, states, forward)
+    rule = _Checkpoint(f, kw, len(args))
+    return record_saving_arguments(y, xp, rule, (*args, *closed_over), states, forward)
 
 
-def _checkpoint_forward(f, kw, tracked):
+def _checkpoint_forward(f, kw, tracked, closed_over):
     """`f`'s value on tracked leaves of the values of the tracked arguments, and the states of
-    the generators it drew from; tg.compile replays it as a whole, recording nothing inside."""
+    the generators it drew from; tg.compile replays it as a whole, recording nothing inside.
+    The first run lists in `closed_over` the nodes of the tracked values `f` closes over."""
 
     def forward(*values):
+        since = serial_now()
         inputs = [leaf(v) if t else v for v, t in zip(values, tracked)]
         with recording.paused(), draws.noted() as states:
-            return data(f(*inputs, **kw)), states
+            y = f(*inputs, **kw)
+        if istracked(y) and not closed_over:
+            closed_over.extend(older_nodes(y._node, since))
+        return data(y), states
 
     return forward
 
@@ -287,7 +344,9 @@ def notrack():
     (in this thread only). Refused while tg.compile records: what the block computes would
     be fixed at its recorded value."""
     if ACTIVE and recording.current() is not None:
-        recording.refuse("tg.notrack() (a block whose plain results the replay cannot compute)")
+        recording.refuse(
+            "tg.notrack() (a block whose plain results the replay cannot compute)", True
+        )
     ident = threading.get_ident()
     outer = ident in primitive.NOT_TRACKING
     primitive.NOT_TRACKING.add(ident)

@@ -20,7 +20,16 @@ import types
 import numpy as np
 
 from . import creation, tracked
-from .rules import einsum, elementwise, manipulation, nn, reductions, shape
+from .rules import (
+    einsum,
+    elementwise,
+    manipulation,
+    nn,
+    numpy_arrays,
+    numpy_math,
+    reductions,
+    shape,
+)
 from .rules import fft as fft_rules
 from .rules import linalg as linalg_rules
 
@@ -29,6 +38,9 @@ __array_api_version__ = "2024.12"
 _SHARED = {name: getattr(elementwise, name) for name in elementwise.__all__}
 _SHARED.update(elementwise.PLAIN_FUNCTIONS)
 _SHARED.update({name: getattr(manipulation, name) for name in manipulation.__all__})
+# NumPy's functions beyond the standard that autograd users reach for (np.gradient is
+# `numerical_gradient`: `tg.gradient` is Tracker's transform).
+_SHARED.update({n: getattr(m, n) for m in (numpy_arrays, numpy_math) for n in m.__all__})
 
 
 def _names(module, names):

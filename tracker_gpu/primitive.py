@@ -28,7 +28,7 @@ from . import backend, recording
 from .backend import SCALARS, namespace_of
 from .cuda import dispatch
 from .recording import ACTIVE
-from .tape import Node, leaf_node
+from .tape import Node, leaf_node, next_serial
 
 __all__ = ["Primitive", "ByPosition", "rule", "record", "tracking", "NOT_TRACKING", "no_gradient"]
 
@@ -358,6 +358,7 @@ def record(value, xp, rule, args, ctx, saved=None, replay=None):
         return constant(value, xp)
     node = _new(Node)
     node.rule, node.args, node.ctx, node.saved = rule, args, ctx, saved
+    node.serial = next_serial()
     node.shape, node.dtype, node._n, node._g = value.shape, value.dtype, 0, None
     out = _new(TrackedArray)
     out.data, out._node, out._xp = value, node, xp

@@ -20,6 +20,7 @@ graphs share, are never written), so one graph may not be walked by two threads 
 that share only leaves may.
 """
 
+import itertools
 import math
 
 from . import recording
@@ -62,7 +63,7 @@ class Node:
 
     # _n (gradients still to come) and _g (the gradient pending here) are used by a walk only,
     # and are back to 0 and None when it ends, even when it fails. `grad` is set on leaves only.
-    __slots__ = ("rule", "args", "ctx", "saved", "shape", "dtype", "grad", "_n", "_g",
+    __slots__ = ("rule", "args", "ctx", "saved", "shape", "dtype", "grad", "serial", "_n", "_g",
                  "__weakref__")  # fmt: skip
 
     ndim = property(lambda self: len(self.shape))
@@ -73,15 +74,27 @@ class Node:
         return f"Node({kind}, shape={self.shape}, dtype={self.dtype})"
 
 
+# Each node's place in the order nodes were made (in all threads): a pass that differentiates
+# with respect to the inputs it made at `serial_now()` walks only nodes made since; an older
+# one is a value it closes over, a constant to it (see `walk`).
+next_serial = itertools.count().__next__
+
+
+def serial_now():
+    """The serial the next node will have: nodes made from now on are at least this."""
+    return next_serial()
+
+
 def leaf_node(shape, dtype):
     """A node with no rule: a leaf, whose gradient accumulates in `grad`."""
     node = Node()
     node.rule, node.args, node.ctx, node.saved = None, (), None, None
+    node.serial = next_serial()
     node.shape, node.dtype, node.grad, node._n, node._g = shape, dtype, None, 0, None
     return node
 
 
-def _count_references(root, stop):
+def _count_references(root, stop, since=0):
     """Set `_n` of each interior node reachable from `root` to the number of gradients it will
     receive; return the nodes counted. Leaves and stop nodes are not touched: graphs walked at
     the same time (in other threads) may share them."""
@@ -96,7 +109,7 @@ def _count_references(root, stop):
                 "Recompute the forward pass, or pass once=False to keep the graph for another pass."
             )
         for parent in node.args:
-            if isinstance(parent, Node) and not _terminal(parent, stop):
+            if isinstance(parent, Node) and not _terminal(parent, stop, since):
                 if parent._n:
                     parent._n += 1
                 else:
@@ -106,9 +119,10 @@ def _count_references(root, stop):
     return counted
 
 
-def _terminal(node, stop):
-    """A leaf or a stop node: it receives gradients and passes none on."""
-    return node.rule is None or (stop and id(node) in stop)
+def _terminal(node, stop, since=0):
+    """A leaf, a stop node or a node older than `since`: it receives gradients and passes none
+    on."""
+    return node.rule is None or node.serial < since or (stop and id(node) in stop)
 
 
 def _reset(nodes):
@@ -131,16 +145,16 @@ class Pending:
     nodes in this walk's own table (they may be shared with other walks); and which buffers the
     walk owns (made by an addition or a fused kernel, so it may add into them in place)."""
 
-    __slots__ = ("owned", "terminal", "stop")
+    __slots__ = ("owned", "terminal", "stop", "since")
 
-    def __init__(self, stop):
+    def __init__(self, stop, since=0):
         self.owned = set()
         self.terminal = {}  # id -> [node, gradient]
-        self.stop = stop
+        self.stop, self.since = stop, since
 
     def current(self, node):
         """`(gradient, owned)` waiting at `node` so far (`(None, False)` if none)."""
-        if _terminal(node, self.stop):
+        if _terminal(node, self.stop, self.since):
             entry = self.terminal.get(id(node))
             return (None if entry is None else entry[1]), id(node) in self.owned
         return node._g, id(node) in self.owned
@@ -166,34 +180,35 @@ class Pending:
             self.replace(node, _add(prev, gp))
 
     def _set(self, node, value):
-        if _terminal(node, self.stop):
+        if _terminal(node, self.stop, self.since):
             self.terminal[id(node)] = [node, value]
         else:
             node._g = value
 
 
-def walk(root, seed, *, once=True, nested=False, stop=()):
+def walk(root, seed, *, once=True, nested=False, stop=(), since=0):
     """Pull `seed` back from `root`; return `[(node, gradient)]` for each leaf or stop node reached.
 
-    Nodes in `stop` receive their gradient but do not pass it on. Leaves and stop nodes reached
-    by no gradient are left out. With `once`, each interior node frees its rule and arguments as
-    soon as it has passed its gradient on.
+    Nodes in `stop`, and nodes made before the serial `since` (values a nested pass closes
+    over, which belong to an outer pass), receive their gradient but do not pass it on. Leaves
+    and stop nodes reached by no gradient are left out. With `once`, each interior node frees
+    its rule and arguments as soon as it has passed its gradient on.
     """
     if not nested:
         recorder = recording.current()
         if recorder is not None:  # tg.compile records this pass, to replay it
-            return recorder.walk(root, seed, stop)
-    return run(root, seed, once=once, nested=nested, stop=stop)
+            return recorder.walk(root, seed, stop, once=once)
+    return run(root, seed, once=once, nested=nested, stop=stop, since=since)
 
 
-def run(root, seed, *, once=True, nested=False, stop=()):
+def run(root, seed, *, once=True, nested=False, stop=(), since=0):
     """`walk` itself, unseen by a recording."""
     stop = {id(node) for node in stop}
-    if _terminal(root, stop):
+    if _terminal(root, stop, since):
         return [(root, seed)]
-    counted = _count_references(root, stop)
+    counted = _count_references(root, stop, since)
     try:
-        return _pull_back(root, seed, once, nested, stop)
+        return _pull_back(root, seed, once, nested, stop, since=since)
     except BaseException:
         _reset(counted)
         raise
@@ -211,6 +226,21 @@ def counts(root, stop=()):
     return found
 
 
+def older_nodes(root, since):
+    """The nodes made before the serial `since` that `root` depends on through nodes made
+    since: the tracked values a function that began at `since` closed over."""
+    seen, found, stack = set(), [], [root]
+    while stack:
+        for parent in stack.pop().args:
+            if isinstance(parent, Node) and id(parent) not in seen:
+                seen.add(id(parent))
+                if parent.serial < since:
+                    found.append(parent)
+                elif parent.rule is not None:
+                    stack.append(parent)
+    return found
+
+
 def replay(root, seed, stop, counted):
     """A walk whose counts are known (`counts(root, stop)`): the counting pass is skipped. The
     graph is kept (as by once=False) but each node's saved values are released as soon as its
@@ -225,8 +255,8 @@ def replay(root, seed, stop, counted):
         raise
 
 
-def _pull_back(root, seed, once, nested, stop, release=False):
-    pending = Pending(stop)
+def _pull_back(root, seed, once, nested, stop, release=False, since=0):
+    pending = Pending(stop, since)
     owned = pending.owned
     root._g = seed
     ready = [root]
@@ -249,7 +279,7 @@ def _pull_back(root, seed, once, nested, stop, release=False):
         for parent, gp in zip(args, grads):
             if not isinstance(parent, Node):
                 continue
-            if parent.rule is None or (stop and id(parent) in stop):
+            if parent.rule is None or parent.serial < since or (stop and id(parent) in stop):
                 if gp is not None:
                     pending.add(parent, gp, nested)
                 continue

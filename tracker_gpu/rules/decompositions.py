@@ -16,8 +16,19 @@ from .. import recording
 from ..backend import device_of, namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray, data, istracked
-from .elementwise import add, divide, is_complex, multiply, real, real_dtype, subtract
+from .elementwise import (
+    add,
+    complex_dtype,
+    conj,
+    divide,
+    is_complex,
+    multiply,
+    real,
+    real_dtype,
+    subtract,
+)
 from .linalg_base import _H, _eye, _tracked, _xp, matmul, solve
+from .reductions import sum as _sum
 from .shape import concat, expand_dims, reshape
 
 __all__ = [
@@ -28,13 +39,17 @@ __all__ = [
     "svd",
     "svdvals",
     "pinv",
+    "eig",
+    "eigvals",
     "QRResult",
     "EighResult",
+    "EigResult",
     "SVDResult",
 ]
 
 QRResult = namedtuple("QRResult", ["Q", "R"])
 EighResult = namedtuple("EighResult", ["eigenvalues", "eigenvectors"])
+EigResult = namedtuple("EigResult", ["eigenvalues", "eigenvectors"])
 SVDResult = namedtuple("SVDResult", ["U", "S", "Vh"])
 
 
@@ -236,6 +251,84 @@ def eigvalsh(x, /):
     return _real_if_complex(_unpack(_eigvalsh(x), batch, shapes)[0])
 
 
+# --- general eigendecomposition: complex eigenvalues and unit-norm eigenvectors
+def _eig_native(xp):
+    found = getattr(getattr(xp, "linalg", None), "eig", None)
+    if found is None:
+        name = getattr(xp, "__name__", "this array library").replace("array_api_compat.", "")
+        raise NotImplementedError(
+            f"linalg.eig needs the array library's own eig, and {name} has none; NumPy, "
+            "PyTorch and array-api-strict have it (convert with from_dlpack or asarray)"
+        )
+    return found
+
+
+def _eig_forward(xp, x):
+    w, v = _eig_native(xp)(x)
+    dtype = v.dtype if is_complex(v) else complex_dtype(xp, v.dtype)
+    w, v = (p if p.dtype == dtype else xp.astype(p, dtype) for p in (w, v))
+    return _pack(xp, tuple(x.shape[:-2]), (w, v))
+
+
+def _eig_vjp(g, ans, x):
+    # With X = V^-1 dA V: dL = diag(X) and dV = V (E o X) + V diag(d), E_ij = 1 / (L_j - L_i)
+    # off the diagonal, d keeping each column at unit norm (Re(v^H dv) = 0). The adjoint:
+    # gA = V^-H (diag(gL) + conj(E) o (V^H gV - V^H V diag(Re diag(V^H gV)))) V^H
+    # (PyTorch's; the phase of each vector is free, so the loss must not depend on it).
+    batch, shapes = _eigh_shapes(x)
+    w, v = _unpack(ans, batch, shapes)
+    gw, gv = _unpack(g, batch, shapes)
+    vh = _H(v)
+    vhgv = matmul(vh, gv)
+    norm_part = multiply(matmul(vh, v), expand_dims(_diagonal(real(vhgv)), axis=-2))
+    inner = multiply(conj(_inverse_gaps(w)), subtract(vhgv, norm_part))
+    ga = solve(vh, matmul(add(inner, _diag_embed(gw)), vh))
+    return ga if is_complex(x) else real(ga)
+
+
+def _diagonal(x):
+    """The diagonal (..., n) of (..., n, n) `x` (differentiable)."""
+    eye = _eye(x, x.shape[-1])
+    return _sum(multiply(x, eye), axis=-1)
+
+
+_eig = Primitive("eig", _eig_forward, (_eig_vjp,), saves="ans")
+
+
+def eig(x, /):
+    """Eigenvalues and right eigenvectors of each square matrix in `x` (general, not
+    symmetric), as complex arrays whatever the dtype of `x` (NumPy returns real ones where
+    every eigenvalue is real; PyTorch and JAX complex, as here). Each eigenvector has unit
+    norm; its phase is the library's choice.
+
+    The gradient follows PyTorch's and JAX's gauge: the eigenvectors normalised to unit norm,
+    and a loss that does not depend on their phases (`abs(v)`, `v * conj(v)`, the
+    eigenvalues); for a loss that does, the result is PyTorch's. It needs distinct
+    eigenvalues. For a real `x`, the gradient is the real part of the complex one. Needs a
+    library with its own eig (NumPy, PyTorch, array-api-strict); others raise.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> a = np.array([[0.0, 1.0], [-2.0, -3.0]])
+    >>> np.sort(tg.linalg.eig(a).eigenvalues.real)
+    array([-2., -1.])
+    >>> tg.gradient(lambda a: tg.sum(tg.real(tg.linalg.eig(a).eigenvalues)), a)[0]
+    array([[1., 0.],
+           [0., 1.]])
+    """
+    if not _tracked(x):
+        xp = _xp(x)
+        w, v = _unpack(_eig_forward(xp, x), tuple(x.shape[:-2]), _eigh_shapes(x)[1])
+        return EigResult(w, v)
+    batch, shapes = _eigh_shapes(x)
+    w, v = _unpack(_eig(x), batch, shapes)
+    return EigResult(w, v)
+
+
+def eigvals(x, /):
+    """The (complex) eigenvalues of each square matrix in `x`; see `eig`."""
+    return eig(x).eigenvalues
+
+
 # --- singular value decomposition
 def _svd_shapes(x):
     m, n = x.shape[-2:]
@@ -364,11 +457,11 @@ def _pinv_vjp(g, p, x, rtol=None):
     return add(out, subtract(left, matmul(matmul(left, p), x)))
 
 
-_pinv = Primitive("pinv", _pinv_forward, (_pinv_vjp,))
+_pinv = Primitive("pinv", _pinv_forward, (_pinv_vjp, None))  # rtol: not differentiated
 
 
 def pinv(x, /, *, rtol=None):
     """The Moore-Penrose pseudo-inverse; differentiable where the rank is locally constant."""
     if istracked(rtol) and recording.current() is not None:
-        recording.refuse("linalg.pinv(x, rtol=...) with a traced rtol (pass it as a number)")
+        return _pinv(x, rtol)  # an argument of the node, so that every replay reads it anew
     return _pinv(x, rtol=data(rtol))  # a tolerance, not differentiated

@@ -1,0 +1,51 @@
+"""Whether a transform runs inside another: the one model of nesting.
+
+A transform (`gradient`, `jacobian`, `jvp`, `forward`, `checkpoint`'s pullback...) called
+while the function of another one runs is part of what the outer one differentiates, so it
+nests by itself: its backward pass is recorded on the tape (the pullbacks see tracked
+gradients) and its results stay tracked, linked to what it read. At top level it takes the
+fast path: plain results, a graph freed as it is walked.
+
+Levels never mix: a pass differentiates with respect to the inputs it made when it began
+(`tape.serial_now`) and walks only the nodes made since; an older node is a value it closes
+over, which belongs to an outer pass and is a constant to this one (as JAX tags its traces).
+
+>>> active()
+False
+>>> with inside():
+...     active()
+True
+"""
+
+import contextlib
+import threading
+
+__all__ = ["active", "inside", "at_top_level", "top_level_passes"]
+
+_local = threading.local()
+
+
+def active():
+    """Whether the function of a transform is running in this thread."""
+    return getattr(_local, "depth", 0) > 0
+
+
+@contextlib.contextmanager
+def inside():
+    """Within the block, a transform's function runs: transforms called in it nest."""
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+
+
+def at_top_level():
+    """Note a transform that takes the fast path (not nested)."""
+    _local.passes = top_level_passes() + 1
+
+
+def top_level_passes():
+    """How many transforms have taken the fast path in this thread: tg.compile asks whether
+    `f` ran one, which `withgradient(f)` would have nested."""
+    return getattr(_local, "passes", 0)
