@@ -217,7 +217,7 @@ def mlp_steppers(batch):
     x, labels, model = make_problem(batch)
     onehot = np.eye(SIZES[-1], dtype=np.float32)[labels]
     rule = optim.Adam(LR, (BETA1, BETA2), EPS)
-    compiled = tg.compile(tracker_step)
+    compiled = tg.compile(tracker_step, gradient=False)
     current = {
         "eager": (model, optim.setup(rule, model)),
         "compiled": (model, optim.setup(rule, model)),
@@ -331,7 +331,7 @@ def _target(text, ours, reference):
 def cupy_mlp(cp, x, labels, model, compiled):
     x, labels = cp.asarray(x), cp.asarray(labels)
     model = nn.place(model, xp="cupy")
-    step = tg.compile(tracker_step) if compiled else tracker_step
+    step = tg.compile(tracker_step, gradient=False) if compiled else tracker_step
     current = [model, optim.setup(optim.Adam(LR, (BETA1, BETA2), EPS), model)]
 
     def run():

@@ -157,7 +157,7 @@ def _compiled_beside_eager(rule, steps):
     """A small model trained by `rule` for `steps` steps, compiled and eager side by side:
     the compiled step, and for each step both losses and both first-layer weights."""
     model = nn.Chain(nn.Dense(4, 6, nn.tanh, rng=np.random.default_rng(1)), nn.Dense(6, 3))
-    step = tg.compile(_train_step)
+    step = tg.compile(_train_step, gradient=False)
     compiled = (model, optim.setup(rule, model))
     eager = (model, optim.setup(rule, model))
     seen = []
@@ -213,7 +213,7 @@ def test_a_float_batch_that_reaches_no_input_is_not_differentiated():
     def step(w, x):
         return tg.withgradient(lambda w: tg.sum(tg.tanh(features(x) * w)), w)
 
-    compiled = tg.compile(step)
+    compiled = tg.compile(step, gradient=False)
     w = np.array([0.5, -1.0])
     for seed in range(3):
         x = np.full(2, 0.3 + 0.1 * seed)

@@ -283,7 +283,7 @@ def test_a_replay_by_tg_compile_takes_the_complex_vjps(backend):
         y = tg.exp(z) * x * z / (x + z) + tg.sin(z) * tg.sqrt(z) - tg.tanh(z) * tg.cos(x)
         return tg.real(tg.sum(tg.log(z) * tg.square(y) - z))
 
-    step = tg.compile(lambda z, x: tg.withgradient(loss, z, x))
+    step = tg.compile(lambda z, x: tg.withgradient(loss, z, x), gradient=False)
     step(z, x)
     replayed = step(z, x).grad
     for g, expected in zip(replayed, tg.gradient(loss, z, x)):

@@ -12,7 +12,18 @@ True
 import contextlib
 import threading
 
-__all__ = ["RecordingError", "current", "recording", "paused", "refuse", "DATA", "is_data"]
+__all__ = [
+    "RecordingError",
+    "current",
+    "recording",
+    "paused",
+    "refuse",
+    "DATA",
+    "is_data",
+    "read",
+    "write",
+    "tracks",
+]
 
 ACTIVE = set()  # the threads recording now
 _local = threading.local()
@@ -55,6 +66,51 @@ def paused():
         _local.recorder = outer
 
 
+def tracks(x):
+    """Whether `x` is tracked as it would be eagerly (a layer's training mode is decided so):
+    on the tape, and, while tg.compile records, computed from a parameter, not from data only
+    (arguments outside `wrt`, integer labels), which eagerly are plain arrays.
+
+    >>> import numpy as np
+    >>> tracks(np.ones(2))
+    False
+    """
+    node = getattr(x, "_node", None)
+    if node is None:
+        return False
+    recorder = current()
+    return True if recorder is None else recorder.tracks(node)
+
+
+def read(buffer):
+    """A layer's buffer (a running statistic) as a step reads it: the buffer itself, or, while
+    tg.compile records, traced data that every replay reads anew (after the step's own writes).
+
+    >>> import numpy as np
+    >>> b = np.zeros(2)
+    >>> read(b) is b
+    True
+    """
+    recorder = current()
+    return buffer if recorder is None else recorder.read(buffer)
+
+
+def write(buffer, value):
+    """Write `value` into the plain array `buffer` in place: now, and, while tg.compile records,
+    at the end of every replay too (a layer's state is part of the recorded program).
+
+    >>> import numpy as np
+    >>> b = np.zeros(2)
+    >>> write(b, np.ones(2)); b
+    array([1., 1.])
+    """
+    recorder = current()
+    if recorder is not None:
+        recorder.write(buffer, value)
+    else:
+        buffer[...] = value
+
+
 class _Data:
     """The `grad` of a data node: a traced value that carries no gradient (an integer argument,
     a random draw, a comparison, a recorded pass's gradient). To the tape it is the constant it
@@ -72,11 +128,19 @@ def is_data(node):
     return getattr(node, "grad", None) is DATA
 
 
-def refuse(operation):
-    """Raise the error for `operation` on a traced value while recording."""
-    raise RecordingError(
+def refuse(operation, goes_on=False):
+    """Raise the error for `operation` on a traced value while recording. A caller that goes
+    on as eagerly should this return (`goes_on`) lets a recording made with fallback=True stop
+    here instead, so that the run finishes eagerly and `f` runs once."""
+    error = RecordingError(
         f"tg.compile cannot replay {operation}: a Python value or branch that depends on the "
         "data would be fixed at its recorded value. Compute it with tracker_gpu's functions "
         "(tg.where for a branch), pass the number as an argument, or use "
         "tg.compile(f, fallback=True) to run f eagerly every time"
     )
+    recorder = current()
+    if goes_on and getattr(recorder, "lenient", False):
+        recorder.refused = error
+        _local.recorder = None
+        return
+    raise error

@@ -21,6 +21,8 @@ __all__ = [
     "holds_tracked",
     "param",
     "data",
+    "user_data",
+    "plain_value",
     "grad",
     "istracked",
     "isleaf",
@@ -84,7 +86,7 @@ class TrackedArray:
         refuses a tensor that requires a gradient; while tg.compile records, a traced array
         refuses with a RecordingError (the export would be fixed at its recorded value)."""
         if self._node is not None:
-            _refuse_while_recording("__dlpack__ (a DLPack export) of a traced array")
+            _refuse_while_recording("__dlpack__ (a DLPack export) of a traced array", goes_on=False)
             raise BufferError(
                 "cannot export a TrackedArray on the gradient tape through DLPack: what is "
                 "computed from the export would carry no gradient; export tg.data(x) for the "
@@ -101,7 +103,7 @@ class TrackedArray:
         would be lost without a word); while tg.compile records, a traced array refuses with a
         RecordingError (the plain copy would be fixed at its recorded value)."""
         if self._node is not None:
-            _refuse_while_recording("np.asarray(x) (__array__) of a traced array")
+            _refuse_while_recording("np.asarray(x) (__array__) of a traced array", goes_on=False)
             raise TypeError(
                 "converting a TrackedArray on the gradient tape to a NumPy array would drop its "
                 "gradient; use tg.data(x) for the plain value, or tg.stop_gradient(x) for a "
@@ -124,6 +126,9 @@ class TrackedArray:
             if ufunc.__name__ in _OPERATOR_UFUNCS:
                 return _OPERATOR_UFUNCS[ufunc.__name__](*inputs)
             if ufunc.__name__ in _COMPARISONS or ufunc.__name__ in _BITWISE:
+                if ACTIVE:  # traced while tg.compile records: every replay compares anew
+                    name = _STANDARD_BITWISE.get(ufunc.__name__, ufunc.__name__)
+                    return _traced(name, *inputs)
                 return constant(ufunc(*(data(a) for a in inputs)), self._xp)
         if not any(istracked(a) for a in inputs):  # constants only: NumPy's own answer
             return getattr(ufunc, method)(*(data(a) for a in inputs), **kwargs)
@@ -299,6 +304,9 @@ class TrackedArray:
 
 _COMPARISONS = frozenset("less less_equal greater greater_equal equal not_equal".split())
 _BITWISE = frozenset("bitwise_and bitwise_or bitwise_xor invert left_shift right_shift".split())
+# NumPy's names of the bitwise ufuncs that the standard names otherwise
+_STANDARD_BITWISE = {"invert": "bitwise_invert", "left_shift": "bitwise_left_shift",
+                     "right_shift": "bitwise_right_shift"}  # fmt: skip
 
 
 def numpy_function_error(name):
@@ -412,17 +420,19 @@ def _untracked(tree):
 # --- Tracker's API on tracked values
 
 
-def _traced(name, x, other):
+def _traced(name, *args):
     """A comparison or a bitwise operator: constants, or traced arrays (recorded) while
     tg.compile records."""
     from .rules.elementwise import PLAIN_FUNCTIONS
 
-    return PLAIN_FUNCTIONS[name](x, other)
+    return PLAIN_FUNCTIONS[name](*args)
 
 
-def _refuse_while_recording(operation):
+def _refuse_while_recording(operation, goes_on=True):
+    """Refused while tg.compile records; under fallback=True, the run may go on eagerly from
+    here (`goes_on`: the caller then does what it does eagerly)."""
     if ACTIVE and recording.current() is not None:
-        recording.refuse(operation)
+        recording.refuse(operation, goes_on)
 
 
 def param(x):
@@ -467,8 +477,30 @@ def leaf(x):
 
 
 def data(x):
-    """The plain array inside a tracked value; anything else is returned unchanged."""
+    """The plain array inside a tracked value; anything else is returned unchanged (the
+    library's own reads, which record what they compute from it; users call `tg.data`)."""
     return x.data if isinstance(x, TrackedArray) else x
+
+
+def user_data(x):
+    """The plain array inside a tracked value (Tracker's `data`); anything else unchanged.
+    While `tg.compile` records, a traced array (on the tape, or data such as labels) refuses
+    with a `tg.RecordingError`: what is computed from its plain value would be fixed at the
+    recording (`tg.stop_gradient(x)` is the value without gradient that replays recompute)."""
+    return plain_value(x, "tg.data(x)")
+
+
+user_data.__name__ = user_data.__qualname__ = "data"
+
+
+def plain_value(x, operation):
+    """`data(x)` handed to a caller: refused while tg.compile records `x`, naming `operation`."""
+    if ACTIVE and type(x) is TrackedArray and x._node is not None:
+        _refuse_while_recording(
+            f"{operation} of a traced array (its plain value; tg.stop_gradient(x) is the "
+            "value without gradient that every replay computes anew)"
+        )
+    return data(x)
 
 
 def istracked(x):

@@ -5,15 +5,18 @@ first call with a new signature (`signature.py`: the arguments' structure and ea
 library, shape, dtype and device) runs `f` and its gradient eagerly while recording them; later
 calls with that signature replay the recording (`program.py`): the forward as a flat list of
 the rules' forwards, the backward as the recorded pullbacks in their recorded order, counted
-once. If `f` takes its own gradient (a training step calling `withgradient` and then
-`optim.update`), `step(*args)` returns `f`'s output: the step is the whole program.
+once. With `gradient=False`, `f` takes its own gradient (a training step calling
+`withgradient` and then `optim.update`) and `step(*args)` returns `f`'s output: the step is the
+whole program. A layer's buffers that `f` reads and writes (BatchNorm's running statistics)
+are inputs and outputs of the program: read anew and written back in place by every replay.
 
 While recording, integer and boolean arrays among the arguments are traced too, so what `f`
 computes from them is replayed from the new ones, and random draws of tracker_gpu's layers
 (`nn.Dropout`) are drawn anew by every replay. What cannot be replayed is refused with an
 error naming the operation (`tg.RecordingError`): a tracked value made a Python number or a
 branch (`float(x)`, `if x > 0:`), used as an index, or a tracked array made outside `f`. With
-`fallback=True` such a signature runs eagerly every time instead.
+`fallback=True` such a signature runs eagerly every time instead (the refused recording's run
+finishes eagerly, so that `f` runs once per call).
 
 >>> import numpy as np, tracker_gpu as tg
 >>> step = tg.compile(lambda x: tg.sum(tg.sin(x) * x))
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import recording
+from .. import nesting, recording
 from ..api import (
     HandOut,
     WithGradient,
@@ -47,7 +50,7 @@ from ..pytree import tree_map
 from ..recording import RecordingError
 from ..tracked import TrackedArray
 from .program import Program, shallow_copy
-from .recorder import Recorder
+from .recorder import Recorder, Walk
 from .signature import VALUES, arrays_of, signature_and_arrays
 
 __all__ = ["compile", "Compiled", "RecordingError"]
@@ -56,9 +59,14 @@ CacheInfo = namedtuple("CacheInfo", "hits misses maxsize currsize eager")
 _EAGER = object()  # a signature that runs eagerly (fallback=True after a refusal)
 
 
-def compile(f, *, wrt=None, fallback=False, maxsize=32, cuda_graphs=True):
+def compile(f, *, gradient=None, wrt=None, fallback=False, maxsize=32, cuda_graphs=True):
     """`f` recorded once per signature and replayed after (see the module's docstring).
 
+    `gradient` says what a call returns: True, `withgradient(f, *args)`; False, `f(*args)` as
+    it is, for an `f` that takes its own gradient (a training step that calls `withgradient`
+    and `optim.update`: the whole step is one program). None (the default) is True, except for
+    an `f` that makes a backward pass and returns that pass's loss first, or no tracked loss
+    at all: that is taken as False, with a DeprecationWarning asking to say so.
     `wrt` differentiates only the arguments at those positions, as in `gradient` (a data batch
     passed as a float array is then read anew by every replay, without a gradient);
     `fallback=True` runs `f` eagerly for a signature whose recording was refused; `maxsize`
@@ -67,15 +75,17 @@ def compile(f, *, wrt=None, fallback=False, maxsize=32, cuda_graphs=True):
     """
     if not callable(f):
         raise TypeError(f"tg.compile needs a function, got {type(f).__name__}")
-    return Compiled(f, fallback, maxsize, cuda_graphs, wrt)
+    if gradient not in (None, True, False):
+        raise TypeError(f"tg.compile: gradient is True, False or None, got {gradient!r}")
+    return Compiled(f, fallback, maxsize, cuda_graphs, wrt, gradient)
 
 
 class Compiled:
     """A compiled function: call it as `f`; `cache_info()` says what it holds."""
 
-    def __init__(self, f, fallback, maxsize, cuda_graphs, wrt=None):
+    def __init__(self, f, fallback, maxsize, cuda_graphs, wrt=None, gradient=None):
         self.f, self.fallback, self.maxsize, self.cuda_graphs = f, fallback, maxsize, cuda_graphs
-        self.wrt = wrt
+        self.wrt, self.gradient = wrt, gradient
         self._programs = OrderedDict()
         self._hits = self._misses = 0
         self._churned = False
@@ -83,7 +93,10 @@ class Compiled:
 
     def __call__(self, *args):
         memo = {}
-        args = tuple(_prepared(top_level(a, i), memo) for i, a in enumerate(args))
+        chosen = positions(self.wrt, len(args))  # a Python number outside wrt stays one
+        args = tuple(
+            _prepared(top_level(a, i) if i in chosen else a, memo) for i, a in enumerate(args)
+        )
         key, arrays = signature_and_arrays(args)
         program = self._programs.get(key)
         if program is None:
@@ -92,7 +105,7 @@ class Compiled:
         self._hits += 1
         self._programs.move_to_end(key)
         if program is _EAGER:
-            return _plain(_eager(self.f, args, self.wrt))
+            return _plain(self._eager(args))
         return _plain(program.run(arrays))
 
     def cache_info(self):
@@ -105,16 +118,24 @@ class Compiled:
 
     def _record(self, key, args):
         try:
-            program, result = record(self.f, args, self.cuda_graphs, self.wrt)
+            program, result = record(
+                self.f, args, self.cuda_graphs, self.wrt, self.gradient, self.fallback
+            )
         except RecordingError:
             if not self.fallback:
                 raise
-            program, result = _EAGER, _eager(self.f, args, self.wrt)
-        self._programs[key] = program
+            # a refusal the run could not go on from eagerly: f runs again, eagerly
+            program, result = None, self._eager(args)
+        self._programs[key] = _EAGER if program is None else program
         while len(self._programs) > self.maxsize:
             self._programs.popitem(last=False)
             self._warn_churn()
         return _plain(result)
+
+    def _eager(self, args):
+        if self.gradient is False:
+            return _Own(self.f(*args))
+        return withgradient(self.f, *args, wrt=self.wrt)
 
     def _warn_churn(self):
         if self._churned:
@@ -134,29 +155,97 @@ class Compiled:
         return f"<tg.compile of {getattr(self.f, '__name__', self.f)!r}: {self.cache_info()}>"
 
 
-def record(f, args, cuda_graphs=True, wrt=None):
-    """Run `f` (and its gradient) once, recording: `(program, the result of this run)`."""
+def record(f, args, cuda_graphs=True, wrt=None, gradient=True, fallback=False):
+    """Run `f` (and its gradient) once, recording: `(program, the result of this run)`.
+    `gradient` as in `compile`. With `fallback`, a refusal that the run can go on from
+    eagerly stops the recording there, and the run finishes eagerly: `(None, its result)`."""
     arrays = arrays_of(args)
-    recorder = Recorder(arrays)
+    recorder = Recorder(arrays, lenient=fallback)
     with recording.recording(recorder):
-        result = _traced_run(f, args, recorder, wrt)
-    program = Program(recorder, result, arrays, cuda_graphs)
-    plain = tree_map(lambda v: v.data if isinstance(v, TrackedArray) else v, result)
-    return program, program.handed_out(plain, arrays)
+        result = _traced_run(f, args, recorder, wrt, gradient)
+    if recorder.refused is None:
+        try:
+            program = Program(recorder, result, arrays, cuda_graphs)
+        except RecordingError:
+            if not fallback:
+                raise
+        else:
+            plain = tree_map(_untraced, result)
+            return program, program.handed_out(plain, arrays)
+    if isinstance(result, _Own):
+        return None, _Own(tree_map(_untraced, result.val))
+    return None, WithGradient(tree_map(_untraced, result.val), tree_map(_untraced, result.grad))
 
 
-def _traced_run(f, args, recorder, wrt=None):
-    """`withgradient(f, *args)` with everything traced; `f`'s output if it took its own
-    gradient."""
+def _untraced(v):
+    return v.data if isinstance(v, TrackedArray) else v
+
+
+def _traced_run(f, args, recorder, wrt=None, gradient=True):
+    """`withgradient(f, *args)` with everything traced, or `f`'s output (`gradient` False,
+    or None and `f` took its own gradient: `_own_gradient`)."""
     chosen = positions(wrt, len(args))
     args, inputs, tracked_args = track_inputs(args, nest=False, chosen=chosen)
-    walks = recorder.walks
-    val = f(*tracked_args)
-    if recorder.walks > walks:
+    start, passes = len(recorder.steps), nesting.top_level_passes()
+    if gradient:  # differentiated, as by withgradient: the passes f makes inside nest
+        with nesting.inside():
+            val = _called(f, tracked_args)
+    else:
+        val = _called(f, tracked_args)
+    inner = nesting.top_level_passes() > passes  # f ran a transform, unnested
+    if gradient is False or (gradient is None and _own_gradient(f, val, recorder, start, inner)):
         return _Own(val)
     loss = val[0] if isinstance(val, tuple) else val
     found = backprop(loss, inputs.values(), nest=False)
     return WithGradient(val, gradients_in_place(args, inputs, found, nest=False, chosen=chosen))
+
+
+def _called(f, tracked_args):
+    """`f(*tracked_args)`; NumPy's own code on a traced argument (`labels.astype(...)`,
+    `np.mean(batch)`: plain arrays eagerly) refused with the fix, not a TypeError."""
+    try:
+        return f(*tracked_args)
+    except (TypeError, AttributeError) as error:
+        if isinstance(error, RecordingError) or "TrackedArray" not in str(error):
+            raise
+        raise RecordingError(
+            f"tg.compile cannot record f: {type(error).__name__}: {error}. While recording, "
+            "every array argument reaches f traced (integer labels and arguments outside wrt "
+            "too, which are plain arrays eagerly); compute on them with tracker_gpu's "
+            "functions (tg.astype, tg.mean, tg.take), or use tg.compile(f, fallback=True) to "
+            "run f eagerly every time"
+        ) from error
+
+
+def _own_gradient(f, val, recorder, start, inner):
+    """Whether an `f` compiled without `gradient=` takes its own gradient, as tg.compile once
+    guessed from the backward passes `f` makes: it did, if it made one and returns that
+    pass's loss first (`withgradient` then `optim.update`), or no tracked loss at all; the
+    guess is deprecated, and warned. An `f` that called a transform (`inner`) and returns
+    another loss is refused: `withgradient` would nest that transform, which this recording,
+    made at top level, did not."""
+    roots = {id(s.root) for s in recorder.steps[start:] if isinstance(s, Walk)}
+    if not roots and not inner:
+        return False
+    loss = val[0] if isinstance(val, tuple) else val
+    name = getattr(f, "__name__", "f")
+    if not roots or (
+        isinstance(loss, TrackedArray) and loss._node is not None and id(loss._node) not in roots
+    ):
+        raise RecordingError(
+            f"tg.compile cannot tell what {name!r} returns: f makes a backward pass of its own "
+            "(an inner gradient, tg.forward's pullback, tg.jvp) and returns another loss. Say "
+            "it: tg.compile(f, gradient=True) differentiates f, its inner passes nested as "
+            "withgradient nests them; gradient=False returns f's output as it is"
+        )
+    warnings.warn(
+        f"tg.compile of {name!r} returns f's output as it is, guessing that f takes its own "
+        "gradient (it makes a backward pass and returns its loss); say so with "
+        "tg.compile(f, gradient=False): the guess is deprecated",
+        DeprecationWarning,
+        stacklevel=6,
+    )
+    return True
 
 
 _LEAVES = VALUES | {np.ndarray}  # nothing to look into
@@ -202,10 +291,6 @@ class _Own:
     """The output of a function that took its own gradient: returned as it is."""
 
     val: object
-
-
-def _eager(f, args, wrt=None):
-    return withgradient(f, *args, wrt=wrt)
 
 
 def _plain(result):

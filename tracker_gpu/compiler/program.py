@@ -1,7 +1,8 @@
 """A recorded program, replayed: the steps over an environment of slots, no tape built.
 
 A replay binds the arguments' arrays to the first slots, runs each step (a forward, a draw, a
-backward pass in its recorded order) and reads the result from its slots. For arrays in host
+backward pass in its recorded order), reads the result from its slots and writes the layers'
+buffers that the recording run wrote (BatchNorm's running statistics) in place. For arrays in host
 memory the steps are one generated function (`codegen.py`); for arrays on a GPU, or while the
 fused path runs on the host (`cuda.on_host`), they are interpreted here, each backward pass a
 walk of the recorded nodes with its counts known (`tape.replay`), so that the fused pullbacks
@@ -48,7 +49,10 @@ class Program:
         values = enumerate(recorder.values)
         self.start = [None if i < self.inputs or i in self.made else v for i, v in values]
         self.result = tree_map(lambda v: _slot(recorder, v), result)
-        self.outputs = sorted({v.index for v in tree_leaves(self.result) if isinstance(v, _Slot)})
+        # the layers' buffers written by the run: (buffer's slot, its last value's slot)
+        self.writes = [(target, value) for target, value, _ in recorder.writes.values()]
+        returned = {v.index for v in tree_leaves(self.result) if isinstance(v, _Slot)}
+        self.outputs = sorted(returned | {value for _, value in self.writes})
         self._rebuild = _builder(self.result)
         self._kept = {id(v) for v in self.start if v is not None}  # the program's own arrays
         for node in recorder.nodes:  # the recording's values are not the program's
@@ -70,6 +74,9 @@ class Program:
             with self._lock:  # the recorded nodes hold this run's pending gradients
                 graph = self._captured(arrays)
                 env = graph.run(arrays) if graph is not None else self.interpret(arrays)
+        for target, value in self.writes:  # in place, as the eager run writes them
+            buffer = arrays[target] if target < self.inputs else self.start[target]
+            buffer[...] = env[value]
         self._hand_out(env, arrays)
         return self._rebuild(env)
 

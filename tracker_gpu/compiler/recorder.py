@@ -1,7 +1,9 @@
 """What tg.compile sees while a function runs once: the program a replay runs.
 
 The core shows the recorder every node made (`node`), leaf made (`leaf`), random draw
-(`draw`) and first-order backward pass (`walk`). Each value gets a slot of the replay's
+(`draw`), first-order backward pass (`walk`), and every read and write of a layer's buffer
+(`read`, `write`: BatchNorm's running statistics), so that a replay reads the buffers anew and
+writes them back as the recording call did. Each value gets a slot of the replay's
 environment: the arguments' arrays first, then constants (values made before or outside the
 recording), then each step's output in order. A step is one of
 
@@ -15,8 +17,9 @@ from dataclasses import dataclass, field
 
 from .. import draws, recording
 from ..backend import namespace_of
+from ..checks import checking
 from ..primitive import traced_data
-from ..tape import Node, counts, run
+from ..tape import BackError, Node, counts, leaf_node, run
 from ..tracked import TrackedArray
 
 __all__ = ["Recorder", "Call", "Draw", "Walk"]
@@ -51,11 +54,28 @@ class Walk:
     outputs: list = field(default_factory=list)  # [(node, slot)]
 
 
+SPENT_MESSAGE = (
+    "back was already used on this graph: a single-use pass (once=True) frees it. Recompute "
+    "the forward pass, or pass once=False to keep the graph for another pass."
+)
+
+
+def checked_seed(xp, loss):
+    """The seed of a scalar loss's pass, after `back`'s check of the loss where checks run."""
+    if checking(loss):
+        from ..api import scalar_seed  # the API sits above the compiler's recorder
+
+        scalar_seed(TrackedArray(loss, xp))
+    return xp.ones_like(loss)
+
+
 class Recorder:
     """Collects the steps of one run of a function. `arrays` are the arguments' arrays, in
     order (their slots are 0 .. len - 1)."""
 
-    def __init__(self, arrays):
+    def __init__(self, arrays, lenient=False):
+        self.lenient = lenient  # a refusal stops the recording, and the run goes on eagerly
+        self.refused = None  # the RecordingError that stopped it
         self.values = list(arrays)  # the recording run's value of every slot
         self._input_slots = {id(a): i for i, a in enumerate(arrays)}
         self.slots = {}  # id(node) -> slot
@@ -64,11 +84,16 @@ class Recorder:
         self.steps = []
         self.walks = 0
         self.draws = 0
+        self._spent = set()  # ids of the nodes a single-use pass went through
+        self._tracks = {}  # id(node) -> whether it would be tracked eagerly
+        self.writes = {}  # id(buffer) -> [buffer's slot, slot of its last value, traced value]
 
     # --- the hooks
     def leaf(self, tracked):
         """A leaf: an argument's array, or else a constant (a leaf made inside f)."""
         slot = self._input_slots.get(id(tracked.data))
+        if slot is None:  # over a traced value's data (a leaf of an inner gradient): its slot
+            slot = self.value_slots.get(id(tracked.data))
         if slot is None:
             slot = self._new_slot(tracked.data)
         self._place(tracked, slot)
@@ -93,11 +118,15 @@ class Recorder:
         self._place(out, step.out)
         return out
 
-    def walk(self, root, seed, stop):
+    def walk(self, root, seed, stop, once=None):
         """A first-order backward pass, run now and recorded: its gradients are traced data
-        (slots of this step) for what the function computes from them."""
+        (slots of this step) for what the function computes from them. A second pass over a
+        graph that a single-use pass (`once`) went through raises, as eagerly."""
         stop = list(stop)
-        step = Walk(root, self._new_slot(seed), stop, counts(root, stop))
+        counted = counts(root, stop)
+        if once is not None:
+            self._spend(root, counted, once)
+        step = Walk(root, self._seed_slot(root, seed), stop, counted)
         self.walks += 1
         self.steps.append(step)
         with recording.paused():  # what the pullbacks do, the replay's walk does again
@@ -110,6 +139,80 @@ class Recorder:
             self._place(out, slot)
             traced.append((node, out))
         return traced
+
+    def read(self, buffer):
+        """A layer's buffer (plain or tracked) as traced data: its last value written by this
+        run, or else the buffer itself, read anew by every replay (an argument's array, or a
+        constant that the replay reads in its state then)."""
+        plain = buffer.data if type(buffer) is TrackedArray else buffer
+        written = self.writes.get(id(plain))
+        if written is not None:
+            return written[2]
+        out = traced_data(plain, namespace_of(plain))
+        if type(buffer) is TrackedArray and buffer._node is not None:
+            self.alias(out, buffer)
+        else:
+            self.leaf(out)
+        return out
+
+    def write(self, buffer, value):
+        """Write `value` (traced data) into the plain array `buffer` in place, now and at the end
+        of every replay."""
+        slot = self._input_slots.get(id(buffer))
+        written = self.writes.get(id(buffer))
+        if written is not None:
+            slot = written[0]
+        elif slot is None:
+            slot = self._new_slot(buffer)
+        self.writes[id(buffer)] = [slot, self._slot_of(value), value]
+        self.value_slots[id(buffer)] = self.writes[id(buffer)][1]  # read from now on: the value
+        buffer[...] = value.data if type(value) is TrackedArray else value
+
+    def tracks(self, node):
+        """Whether the value of `node` would be tracked eagerly: it is computed from a parameter
+        (a leaf that is not data), not from data only (arguments outside `wrt`, labels, draws),
+        which eagerly are plain arrays."""
+        known = self._tracks
+        stack = [node]
+        while stack:
+            top = stack[-1]
+            if id(top) in known:
+                stack.pop()
+                continue
+            if top.rule is None or recording.is_data(top):
+                known[id(top)] = top.rule is None and not recording.is_data(top)
+                stack.pop()
+                continue
+            parents = [a for a in top.args if type(a) is Node and id(a) not in known]
+            if parents:
+                stack.extend(parents)
+                continue
+            known[id(top)] = any(type(a) is Node and known[id(a)] for a in top.args)
+            stack.pop()
+        return known[id(node)]
+
+    def _spend(self, root, counted, once):
+        walked = {id(root)} | {id(node) for node, _ in counted}
+        if walked & self._spent:
+            raise BackError(SPENT_MESSAGE)
+        if once:
+            self._spent |= walked
+
+    def _seed_slot(self, root, seed):
+        """The slot of a pass's seed: a traced seed's, or, for the ones that start a scalar
+        loss's pass, a step that checks the loss as `back` does (a non-finite loss raises
+        where checks run) and makes them anew."""
+        slot = self.value_slots.get(id(seed))
+        if slot is not None:
+            return slot
+        loss = self.slots.get(id(root))
+        if loss is None or getattr(seed, "shape", None) != () or not bool(seed == 1):
+            return self._new_slot(seed)
+        node = leaf_node(seed.shape, seed.dtype)
+        step = Call(self._new_slot(seed), node, checked_seed, namespace_of(seed), [loss], {},
+                    False, [])  # fmt: skip
+        self.steps.append(step)
+        return step.out
 
     def alias(self, out, tracked):
         """`out` (traced data) stands for the value of `tracked`: they share a slot."""

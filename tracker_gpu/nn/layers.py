@@ -15,7 +15,9 @@ from typing import Any
 
 from .. import draws, recording
 from ..backend import device_of, is_array, namespace_of
+from ..checks import checking
 from ..optim.tree import tree_map_with_path
+from ..primitive import no_gradient
 from ..rules.elementwise import astype, multiply
 from ..rules.linalg import matmul
 from ..rules.manipulation import take
@@ -188,7 +190,7 @@ class Dropout(Layer):
         self.p, self.rng, self.active = p, _rng(rng), active
 
     def __call__(self, x):
-        active = istracked(x) if self.active is None else self.active
+        active = recording.tracks(x) if self.active is None else self.active  # as eagerly
         if not active or self.p == 0:
             return x
         plain = data(x)
@@ -247,11 +249,9 @@ class Embedding(Layer):
                     "between libraries); pass the indices in the weight's library"
                 )
             plain = indices = xp.asarray(to_numpy(plain), device=device_of(data(self.weight)))
-        if bool(xp.any((plain < 0) | (plain >= vocab))):
-            raise ValueError(
-                f"{self!r}: indices must lie in [0, {vocab - 1}], got indices from "
-                f"{int(xp.min(plain))} to {int(xp.max(plain))}"
-            )
+        _check_range(xp, plain, vocab, repr(self))
+        if traced:  # and checked again by every replay (where that costs no sync)
+            indices = _checked_indices(indices, vocab=vocab, layer=repr(self))
         rows = take(self.weight, reshape(indices if traced else plain, (-1,)), axis=0)
         return reshape(rows, tuple(plain.shape) + (dim,))
 
@@ -305,6 +305,23 @@ def _set_active(model, active):
         return out
 
     return tree_map_with_path(set_active, model, is_leaf=_has_modes)
+
+
+def _check_range(xp, indices, vocab, layer):
+    if bool(xp.any((indices < 0) | (indices >= vocab))):
+        raise ValueError(
+            f"{layer}: indices must lie in [0, {vocab - 1}], got indices from "
+            f"{int(xp.min(indices))} to {int(xp.max(indices))}"
+        )
+
+
+def _indices_checked(xp, indices, *, vocab, layer):
+    if checking(indices):
+        _check_range(xp, indices, vocab, layer)
+    return indices
+
+
+_checked_indices = no_gradient("embedding_indices", _indices_checked)
 
 
 def trainmode(model, active=True):

@@ -31,12 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from .. import recording
 from ..backend import device_of, namespace_of
-from ..primitive import detached
+from ..primitive import detached, no_gradient
 from ..rules.elementwise import add, divide, multiply, sqrt, subtract
 from ..rules.nn import normalise
 from ..rules.shape import reshape
-from ..tracked import data, istracked
+from ..tracked import data
 from .activations import _activate
 from .layers import Layer, _describe, _match_dtype, _shape
 from .placement import asarray
@@ -237,22 +238,22 @@ class BatchNorm(Layer):
         axes = (0,) + tuple(range(2, len(x.shape)))
         training = self.active
         if training is None:  # inside gradient: the input or the layer's scale is tracked
-            training = istracked(x) or istracked(self.scale)
+            training = recording.tracks(x) or recording.tracks(self.scale)
         if training or self.running_mean is None:
             y = normalise(x, axes=axes, eps=self.eps)
             if training and self.running_mean is not None:
-                self._track(data(x), axes)
+                self._track(detached(x), axes)
         else:
             shape = _channel_shape(x)
-            # detached: no gradient, and read anew by every replay of tg.compile
-            mean, var = detached(self.running_mean), detached(self.running_var)
+            # no gradient, and read anew by every replay of tg.compile
+            mean, var = _read(self.running_mean), _read(self.running_var)
             centred = subtract(x, reshape(mean, shape))
             y = divide(centred, reshape(sqrt(add(var, self.eps)), shape))
         return _activate(self.activation, _scale_shift(y, self.scale, self.bias, _channel_shape(x)))
 
     def _track(self, x, axes):
-        """Update the running statistics in place from the batch `x` (a plain array)."""
-        xp = namespace_of(x)
+        """Update the running statistics in place from the batch `x` (no gradient); while
+        tg.compile records, the update is part of the program: every replay writes it."""
         count = math.prod(x.shape) // x.shape[1]
         if count < 2:
             raise ValueError(
@@ -260,18 +261,35 @@ class BatchNorm(Layer):
                 f"variance, got an input of shape {tuple(x.shape)}; use a larger batch, or "
                 "testmode(model) to use the running statistics"
             )
-        m = self.momentum
-        for running, batch in (
-            (data(self.running_mean), xp.mean(x, axis=axes)),
-            (data(self.running_var), xp.var(x, axis=axes, correction=1)),
-        ):
-            running[...] = running * (1 - m) + batch * m
+        for running, correction in ((self.running_mean, None), (self.running_var, 1)):
+            new = _running(_read(running), x, axes=axes, momentum=self.momentum,
+                           correction=correction)  # fmt: skip
+            recording.write(data(running), new)
 
     def __repr__(self):
         if not isinstance(self.momentum, float | int):
             return self._fields_repr()
         extra = _extra(self) + ("" if self.active is None else f", active={self.active}")
         return f"BatchNorm({self.channels}{extra})"
+
+
+def _running_forward(xp, running, x, *, axes, momentum, correction):
+    """`running * (1 - momentum) + batch * momentum`, the batch's mean (`correction` None) or
+    variance."""
+    if correction is None:
+        batch = xp.mean(x, axis=axes)
+    else:
+        batch = xp.var(x, axis=axes, correction=correction)
+    return running * (1 - momentum) + batch * momentum
+
+
+_running = no_gradient("batchnorm_running_statistic", _running_forward)
+
+
+def _read(buffer):
+    """A running statistic as a step reads it: no gradient, and, while tg.compile records, read
+    anew by every replay (a buffer the step wrote: its new value)."""
+    return data(buffer) if recording.current() is None else recording.read(buffer)
 
 
 def _device(x):

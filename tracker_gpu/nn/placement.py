@@ -12,7 +12,7 @@ import numpy as np
 
 from ..backend import DTYPE_NAMES, device_of, is_array, is_cupy, library_of_device, namespace_of
 from ..optim.tree import tree_map_with_path
-from ..tracked import data
+from ..tracked import plain_value
 
 __all__ = ["LIBRARIES", "asarray", "to_numpy", "place"]
 
@@ -86,8 +86,9 @@ def asarray(values, *, xp=None, device=None, dtype=None):
 
 
 def to_numpy(x):
-    """The NumPy copy of an array of any library and device (a tracked one's value)."""
-    x = data(x)
+    """The NumPy copy of an array of any library and device (a tracked one's value; refused
+    while tg.compile records it, as `tg.data`)."""
+    x = plain_value(x, "nn.to_numpy(x)")
     if isinstance(x, (np.ndarray, np.generic)):
         return np.asarray(x)
     if is_cupy(x):

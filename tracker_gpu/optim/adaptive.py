@@ -44,7 +44,8 @@ def _scalar(value, like):
 
 def _adam_moments(rule, state, dx):
     """Adam's moments after `dx`, and the direction `m_hat / (sqrt(v_hat) + epsilon)` up to the
-    scalar factor returned with it."""
+    scalar factor returned with it: a Python float, or a float64 0-d array under tg.compile, to
+    be combined with the rate before it meets the arrays (in float64, as eagerly)."""
     m, v, (beta1_t, beta2_t) = state
     beta1, beta2 = rule.beta
     new_m = _moving(m, dx, beta1)
@@ -54,7 +55,7 @@ def _adam_moments(rule, state, dx):
     direction = namespace_of(v).sqrt(new_v)
     direction += _scalar(rule.epsilon * correction, direction)
     direction = new_m / direction
-    scale = _scalar(correction / (1 - beta1_t), direction)
+    scale = correction / (1 - beta1_t)
     return (new_m, new_v, (beta1_t * beta1, beta2_t * beta2)), direction, scale
 
 
@@ -84,7 +85,7 @@ class Adam(Rule):
 
     def apply(self, state, x, dx):
         state, direction, scale = _adam_moments(self, state, dx)
-        direction *= self.eta * scale
+        direction *= _scalar(self.eta * scale, direction)
         return state, direction
 
 
@@ -109,7 +110,7 @@ class AdamW(Rule):
 
     def apply(self, state, x, dx):
         state, direction, scale = _adam_moments(self, state, dx)
-        delta = direction * scale
+        delta = direction * _scalar(scale, direction)
         if self.couple:
             return state, (delta + x * self.weight_decay) * self.eta
         return state, delta * self.eta + x * self.weight_decay

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend import is_array, namespace_of
+from ..primitive import no_gradient
 from ..tracked import data
 
 __all__ = [
@@ -230,17 +231,26 @@ class ClipNorm(Rule):
         check_flags(self, throw=self.throw)
 
     def apply(self, state, x, dx):
+        if self.throw:  # one function, so that tg.compile replays the check as it is
+            return state, _clipped(dx, omega=self.omega, p=self.p)
         xp = namespace_of(dx)
         norm = xp.linalg.vector_norm(dx, ord=self.p)
-        if not self.throw:
-            return state, dx * xp.clip(self.omega / norm, max=1.0)
-        value = float(norm)
-        if not math.isfinite(value):
-            raise FloatingPointError(
-                f"ClipNorm: the gradient of an array of shape {tuple(x.shape)} has {self.p}-norm "
-                f"{value}; look for a NaN or infinite loss (ClipNorm(throw=False) skips this)"
-            )
-        return state, (dx * (self.omega / value) if value > self.omega else dx)
+        return state, dx * xp.clip(self.omega / norm, max=1.0)
+
+
+def _clipped_forward(xp, dx, *, omega, p):
+    """ClipNorm(throw=True)'s step: `dx` scaled down to norm `omega`, the norm read back as a
+    Python float (as Optimisers.jl); a norm that is not finite raises."""
+    value = float(xp.linalg.vector_norm(dx, ord=p))
+    if not math.isfinite(value):
+        raise FloatingPointError(
+            f"ClipNorm: the gradient of an array of shape {tuple(dx.shape)} has {p}-norm "
+            f"{value}; look for a NaN or infinite loss (ClipNorm(throw=False) skips this)"
+        )
+    return dx * (omega / value) if value > omega else dx
+
+
+_clipped = no_gradient("clipnorm", _clipped_forward)
 
 
 class OptimiserChain(Rule):

@@ -33,8 +33,8 @@ import importlib
 import numpy as np
 
 from ..backend import device_of, dtype_in, is_array, is_lazy, library_of_device, namespace_of
-from ..primitive import Primitive
-from ..tracked import constant, data
+from ..primitive import Primitive, no_gradient
+from ..tracked import TrackedArray, constant, data
 from .elementwise import astype, complex_dtype, conj, is_complex, multiply, real_dtype
 from .shape import concat
 
@@ -407,7 +407,10 @@ def bound_functions(default):
         xp = library_of_device(device, default)
         if xp is np:  # NumPy's own takes no dtype; array-api-compat's wrapper does
             xp = importlib.import_module("array_api_compat.numpy")
-        made = getattr(xp.fft, kind)(n, d=d, dtype=dtype_in(xp, dtype), device=device)
+        make = lambda _, d: getattr(xp.fft, kind)(n, d=d, dtype=dtype_in(xp, dtype), device=device)
+        if isinstance(d, TrackedArray):  # a constant of the spacing's value (read by a replay)
+            return no_gradient(kind, make)(d)
+        made = make(xp, d)
         return constant(made, namespace_of(made))
 
     def fftfreq(n, /, *, d=1.0, dtype=None, device=None):

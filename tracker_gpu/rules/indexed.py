@@ -46,13 +46,16 @@ from ..primitive import Primitive
 from ..tracked import TrackedArray, constant, data, istracked
 from .elementwise import add, astype, maximum, minimum, multiply, subtract, where
 from .shape import (
+    _fill,
     _has_integer_array,
     _index_adjoint,
+    _index_adjoint_traced,
     _normalize_key,
     _traced_parts,
     broadcast_to,
     getitem,
     reshape,
+    traced_key,
 )
 
 __all__ = ["at", "setitem", "write", "in_place_operator"]
@@ -312,6 +315,8 @@ _COMBINE = {
 def _update(x, idx, v, how):
     if idx is None:
         raise ValueError("at: no index; write at(x)[idx].set(v) or at(x, idx).set(v)")
+    if recording.current() is not None and _traced_parts(idx):
+        return _traced_update(x, idx, v, how)
     plain = x.data if isinstance(x, TrackedArray) else x
     xp = namespace_of(plain)
     device = device_of(plain)
@@ -339,6 +344,35 @@ def _update(x, idx, v, how):
             picked = _COMBINE[how](getitem(out, _on(xp, where_, device)), picked)
         out = where(mask, _scatter(picked, n, where_, xp, device), out)
     return reshape(out, shape)
+
+
+def _traced_update(x, idx, v, how):
+    """`at(x)[idx]` with a traced index while tg.compile records, as every replay computes it
+    from its own index: one boolean mask of `x`'s shape with one value is a `where`; `add` and
+    `subtract` at integer indices add the accumulating adjoint of the traced getitem. Other
+    updates are refused (which of repeated indices wins, or how many are set, is the data's)."""
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    traced = _traced_parts(idx)
+    if any(namespace_of(k.data).isdtype(k.dtype, "bool") for k in traced):
+        mask = parts[0]
+        one_value = tuple(getattr(v, "shape", ())) in ((), (1,))
+        if len(parts) != 1 or tuple(mask.shape) != tuple(x.shape) or not one_value:
+            recording.refuse(
+                f"tg.at(x)[mask].{how}(v) with a traced mask other than one of x's shape with "
+                "one value (where it writes depends on the data)"
+            )
+        return where(mask, v if how == "set" else _COMBINE[how](x, v), x)
+    if how not in ("add", "subtract"):
+        recording.refuse(
+            f"tg.at(x)[idx].{how}(v) with a traced integer index (which of repeated indices "
+            "wins depends on the data)"
+        )
+    spec = traced_key(x, idx)
+    plain = data(x)
+    xp, device = namespace_of(plain), device_of(plain)
+    picked = plain[_fill(spec["key"], spec["where"], [k.data for k in traced])]
+    values = _values(v, plain, xp, device, tuple(picked.shape))
+    return _COMBINE[how](x, _index_adjoint_traced(values, *traced, shape=tuple(x.shape), **spec))
 
 
 def _scatter(values, n, flat_positions, xp, device):

@@ -299,6 +299,8 @@ def repeat(x, repeats, /, *, axis=None):
         )
         return reshape(wide, shape[:axis] + (shape[axis] * repeats,) + shape[axis + 1 :])
     repeats = _check_indices(repeats, "repeat")
+    if isinstance(repeats, TrackedArray):  # traced while tg.compile records
+        recording.refuse("repeat(x, repeats) with traced repeats (its shape depends on the data)")
     xp = array_api_compat.array_namespace(data(x))
     index = xp.repeat(xp.arange(shape[axis], device=device_of(data(x))), repeats)
     return take(x, index, axis=axis)

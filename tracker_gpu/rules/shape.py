@@ -232,14 +232,19 @@ def _traced_parts(key):
 
 
 def _traced_getitem(x, key):
-    parts = key if isinstance(key, tuple) else (key,)
     traced = _traced_parts(key)
     if any(namespace_of(k.data).isdtype(k.dtype, "bool") for k in traced):
         recording.refuse("x[mask] with a traced boolean mask (its shape depends on the data)")
+    return _getitem_traced(x, *traced, **traced_key(x, key))
+
+
+def traced_key(x, key):
+    """`{key, where}` of a key with traced parts, for `_getitem_traced` and its adjoint: the
+    key with None at the traced parts' places (`where`), filled in by each replay."""
+    parts = key if isinstance(key, tuple) else (key,)
     where = tuple(i for i, k in enumerate(parts) if isinstance(k, TrackedArray))
     template = tuple(None if i in where else k for i, k in enumerate(parts))
-    key = _with_trailing_ellipsis(template, len(x.shape))
-    return _getitem_traced(x, *traced, key=key, where=where)
+    return {"key": _with_trailing_ellipsis(template, len(x.shape)), "where": where}
 
 
 def _fill(key, where, indices):

@@ -60,7 +60,7 @@ def train_step(model, state, x, y):
 def compiled_step():
     """A `train_step` that `tg.compile` records once per batch shape and replays after (a
     CUDA graph on CuPy); pass it to `train` as `step`, a new one for each model."""
-    replay = tg.compile(_step)
+    replay = tg.compile(_step, gradient=False)
 
     def step(model, state, x, y):
         loss, logits, model, state = replay(model, state, x, y)
