@@ -10,6 +10,7 @@
 from .tracked import TrackedArray, grad, isleaf, istracked, param, update, zero_grad
 from .tracked import user_data as data
 from .primitive import rule
+from . import operators  # binds Python's operators to TrackedArray
 from . import namespace, testing
 from .namespace import *
 from .api import Grads, NestedDerivativeError, Params, WithGradient, back, gradient, nobacksies

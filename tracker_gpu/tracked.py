@@ -579,7 +579,6 @@ def _broadcasts(shape, target):
 
 # The rules are defined in terms of TrackedArray; the operators above resolve these names at
 # call time, once the rule modules have been imported.
-from .primitive import NOT_TRACKING, record, saved_values  # noqa: E402
 from .rules.elementwise import (  # noqa: E402
     abs,
     add,
@@ -592,74 +591,11 @@ from .rules.elementwise import (  # noqa: E402
     remainder,
     subtract,
 )
-from .rules.indexed import in_place_operator, write  # noqa: E402
+from .rules.indexed import write  # noqa: E402
 from .rules.linalg_base import matmul, matrix_transpose  # noqa: E402
 from .rules.shape import getitem, permute_dims, to_device  # noqa: E402
-
-# --- the arithmetic operators. With a Python number on the other side there is nothing to
-# check (no other array, library or device), so they record directly: the hottest path.
-_NO_KEYWORDS = {}
-
-
-def _operators(prim):
-    left, right = prim.keeps(0b01), prim.keeps(0b10)  # what x op 2.0 and 2.0 op x keep
-
-    def operator(self, other):
-        if type(other) in SCALARS and not (NOT_TRACKING or ACTIVE) and self._node is not None:
-            x = self.data
-            value = prim.forward(self._xp, x, other)
-            args = (self._node, other)
-            saved = saved_values(left, value, (x, other), args) if left else None
-            return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
-        return prim(self, other)
-
-    def reflected(self, other):
-        if type(other) in SCALARS and not (NOT_TRACKING or ACTIVE) and self._node is not None:
-            x = self.data
-            value = prim.forward(self._xp, other, x)
-            args = (other, self._node)
-            saved = saved_values(right, value, (other, x), args) if right else None
-            return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
-        return prim(other, self)
-
-    return operator, reflected
-
 
 _OPERATOR_UFUNCS = {
     "add": add, "subtract": subtract, "multiply": multiply, "divide": divide, "power": pow,
     "matmul": matmul, "floor_divide": floor_divide, "remainder": remainder,
 }  # fmt: skip
-
-for _name, _prim in (("add", add), ("sub", subtract), ("mul", multiply), ("truediv", divide),
-                     ("pow", pow)):  # fmt: skip
-    _forward, _reflected = _operators(_prim)
-    setattr(TrackedArray, f"__{_name}__", _forward)
-    setattr(TrackedArray, f"__r{_name}__", _reflected)
-
-
-def _bitwise(function):
-    return (
-        lambda self, other: _traced(function, self, other),
-        lambda self, other: _traced(function, other, self),
-    )
-
-
-_BITWISE_OPERATORS = {
-    "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
-    "lshift": "bitwise_left_shift", "rshift": "bitwise_right_shift",
-}  # fmt: skip
-
-for _name, _function in _BITWISE_OPERATORS.items():
-    _forward, _reflected = _bitwise(_function)
-    setattr(TrackedArray, f"__{_name}__", _forward)
-    setattr(TrackedArray, f"__r{_name}__", _reflected)
-
-# --- the in-place operators: `x += y` rebinds the tracked array x itself (every reference to it
-# sees the new value), as NumPy's in-place operators change the array
-_IN_PLACE = {
-    "add": "+", "sub": "-", "mul": "*", "truediv": "/", "pow": "**", "floordiv": "//",
-    "mod": "%", "matmul": "@", "and": "&", "or": "|", "xor": "^", "lshift": "<<", "rshift": ">>",
-}  # fmt: skip
-for _name, _symbol in _IN_PLACE.items():
-    _method = getattr(TrackedArray, f"__{_name}__")
-    setattr(TrackedArray, f"__i{_name}__", in_place_operator(_symbol, _method))

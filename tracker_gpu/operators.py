@@ -1,0 +1,81 @@
+"""Python's operators on tracked arrays, bound to `TrackedArray` once the rules exist.
+
+With a Python number on the other side there is nothing to check (no other array, library or
+device), so `x * 2.0` records directly: the hottest path. The in-place operators (`x += y`)
+rebind the tracked array `x` itself (every reference to it sees the new value), as NumPy's
+in-place operators change the array.
+
+>>> import numpy as np, tracker_gpu as tg
+>>> x = tg.param(np.array([1.0, 2.0]))
+>>> x += 1.0
+>>> (x * 2.0).data
+array([4., 6.])
+"""
+
+from .backend import SCALARS
+from .primitive import NOT_TRACKING, record, saved_values
+from .recording import ACTIVE
+from .rules.elementwise import PLAIN_FUNCTIONS, add, divide, multiply, pow, subtract
+from .rules.indexed import in_place_operator
+from .tracked import TrackedArray
+
+__all__ = []
+
+_NO_KEYWORDS = {}
+
+
+def _operators(prim):
+    left, right = prim.keeps(0b01), prim.keeps(0b10)  # what x op 2.0 and 2.0 op x keep
+
+    def operator(self, other):
+        if type(other) in SCALARS and not (NOT_TRACKING or ACTIVE) and self._node is not None:
+            x = self.data
+            value = prim.forward(self._xp, x, other)
+            args = (self._node, other)
+            saved = saved_values(left, value, (x, other), args) if left else None
+            return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
+        return prim(self, other)
+
+    def reflected(self, other):
+        if type(other) in SCALARS and not (NOT_TRACKING or ACTIVE) and self._node is not None:
+            x = self.data
+            value = prim.forward(self._xp, other, x)
+            args = (other, self._node)
+            saved = saved_values(right, value, (other, x), args) if right else None
+            return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
+        return prim(other, self)
+
+    return operator, reflected
+
+
+for _name, _prim in (("add", add), ("sub", subtract), ("mul", multiply), ("truediv", divide),
+                     ("pow", pow)):  # fmt: skip
+    _forward, _reflected = _operators(_prim)
+    setattr(TrackedArray, f"__{_name}__", _forward)
+    setattr(TrackedArray, f"__r{_name}__", _reflected)
+
+
+def _bitwise(function):
+    return (
+        lambda self, other: PLAIN_FUNCTIONS[function](self, other),
+        lambda self, other: PLAIN_FUNCTIONS[function](other, self),
+    )
+
+
+_BITWISE_OPERATORS = {
+    "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
+    "lshift": "bitwise_left_shift", "rshift": "bitwise_right_shift",
+}  # fmt: skip
+
+for _name, _function in _BITWISE_OPERATORS.items():
+    _forward, _reflected = _bitwise(_function)
+    setattr(TrackedArray, f"__{_name}__", _forward)
+    setattr(TrackedArray, f"__r{_name}__", _reflected)
+
+_IN_PLACE = {
+    "add": "+", "sub": "-", "mul": "*", "truediv": "/", "pow": "**", "floordiv": "//",
+    "mod": "%", "matmul": "@", "and": "&", "or": "|", "xor": "^", "lshift": "<<", "rshift": ">>",
+}  # fmt: skip
+for _name, _symbol in _IN_PLACE.items():
+    _method = getattr(TrackedArray, f"__{_name}__")
+    setattr(TrackedArray, f"__i{_name}__", in_place_operator(_symbol, _method))
