@@ -88,6 +88,24 @@ def test_python_numbers_as_arguments():
     assert np.allclose(g, 3.0)
 
 
+def test_equality_operators_trace_and_a_truth_value_is_refused(backend):
+    f = lambda a, b: tg.where(a == b, a, 0.0) + tg.where(a != b, b * 2.0, 0.0)
+    x, y = backend.asarray([1.0, 2.0, np.nan]), backend.asarray([1.0, 3.0, np.nan])
+    value = backend.to_numpy(tg.broadcast(f, x, y))
+    assert np.array_equal(value, [1.0, 6.0, np.nan], equal_nan=True)
+    with pytest.raises(TypeError, match="no truth value inside f; select with tg.where"):
+        tg.broadcast(lambda a: a if a > 0.0 else -a, x)
+
+
+def test_python_numbers_alone_in_a_nested_pass(backend):
+    """log(0) and exp(-inf) on a number: IEEE arithmetic, in second derivatives too."""
+    f = lambda a, k: a * a * tg.exp(tg.log(k)) + a * a
+    x = backend.asarray([1.0, 2.0])
+    with np.errstate(divide="ignore"):
+        hessian = tg.hessian(lambda x: tg.sum(tg.broadcast(f, x, 0.0)), x)
+    assert np.array_equal(backend.to_numpy(hessian), 2.0 * np.eye(2))
+
+
 def test_unsupported_functions_are_named():
     with pytest.raises(TypeError, match="'sum' is not an elementwise function"):
         tg.broadcast(lambda x: tg.sum(x), np.ones(2))

@@ -28,18 +28,19 @@ gradient is, Λ the sum over the steps of the ulp each may add.
 An element is not compared where the order of a sum decides between overflow and a finite value
 (the magnitude it adds up passes the largest finite value), or where a comparison of values the
 paths compute differently is too close to call; where a term is ±inf or nan only the nan/inf
-pattern is compared. The known disagreements the programs avoid are pinned by the strict xfail
-tests at the end. CI runs a bounded, derandomized number of examples; set
-TRACKER_GPU_FUZZ_EXAMPLES to run that many per test.
+pattern is compared. Each generated operation is also checked alone, over every combination of
+special values (`test_every_generated_operation_*`). CI runs a bounded, derandomized number of
+examples; set TRACKER_GPU_FUZZ_EXAMPLES to run that many per test.
 """
 
 import contextlib
 import functools
 import os
+import string
 
 import numpy as np
 import pytest
-from domain import assert_agree, domain
+from domain import assert_agree, domain, special_values
 from fused_programs import (
     BINARY,
     BINARY_PARTIALS,
@@ -61,8 +62,9 @@ from hypothesis import strategies as st
 
 import tracker_gpu as tg
 from tracker_gpu import optim
-from tracker_gpu.cuda import generic_only, host, on_host, recording
-from tracker_gpu.expr import partials
+from tracker_gpu.broadcast import _COMPARISONS, trace
+from tracker_gpu.cuda import codegen, generic_only, host, on_host, recording
+from tracker_gpu.expr import COMPARISONS, partials, topological
 
 EXAMPLES = int(os.environ.get("TRACKER_GPU_FUZZ_EXAMPLES", "0"))
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
@@ -575,8 +577,7 @@ def _adam_scales(rule, x, dx, m, v, powers):
     return [x + direction * rule.eta + x * decay * (1 + rule.eta), scale_m, scale_v]
 
 
-# --- known disagreements, pinned: a fix makes them pass (then remove the avoidance in
-# fused_programs.py that keeps the fuzzer off them)
+# --- disagreements the fuzzer once avoided, pinned
 def both_ways(fused, f, *args):
     with np.errstate(all="ignore"), tg.sync_checks(False):
         with generic_only():
@@ -588,42 +589,48 @@ def both_ways(fused, f, *args):
 
 @pytest.mark.parametrize("name", ["maximum", "minimum"])
 def test_a_nan_operand_of_a_generated_extremum(backend, fused, name):
-    """A nan on either side wins, as NumPy's maximum; a tie splits the gradient evenly."""
-    x = backend.asarray([np.nan, 1.0, -2.0, 0.5, 0.5])
-    y = backend.asarray([0.5, np.nan, 0.5, 0.5, -0.0])
+    """A nan on either side wins, as NumPy's maximum; a tie splits the gradient evenly, and
+    a nan gives neither side any."""
+    x = backend.asarray([np.nan, 1.0, -2.0, 0.5, 0.5, np.nan, 0.0])
+    y = backend.asarray([0.5, np.nan, 0.5, 0.5, -0.0, np.nan, -0.0])
     for f in (lambda a: getattr(tg, name)(a, 0.5), lambda a: getattr(tg, name)(0.5, a)):
         actual, expected = both_ways(fused, lambda x, f=f: tg.broadcast(f, x), x)
-        assert_agree(backend.to_numpy(actual), backend.to_numpy(expected))
+        assert_agree(backend.to_numpy(actual), backend.to_numpy(expected), signed_zeros=True)
     f = getattr(tg, name)
     actual, expected = both_ways(fused, lambda x, y: tg.broadcast(f, x, y), x, y)
-    assert_agree(backend.to_numpy(actual), backend.to_numpy(expected))
+    assert_agree(backend.to_numpy(actual), backend.to_numpy(expected), signed_zeros=True)
+    assert np.array_equal(backend.to_numpy(expected)[[0, 1, 5]], [np.nan] * 3, equal_nan=True)
     gradient = lambda x, y: tg.gradient(lambda x, y: tg.sum(tg.broadcast(f, x, y)), x, y)
-    for a, b in zip(*both_ways(fused, gradient, x, y)):
+    grads = both_ways(fused, gradient, x, y)
+    for a, b in zip(*grads):
         assert_agree(backend.to_numpy(a), backend.to_numpy(b))
+    first = 1.0 if name == "maximum" else 0.0  # x's share where x and y are ordered
+    expected = [0, 0, 1 - first, 0.5, first, 0, 0.5]
+    assert np.array_equal(backend.to_numpy(grads[1][0]), expected)
 
 
-NUMBERS_ALONE = {  # the generic path evaluates them with Python's math and operators
-    "log(0)": (lambda a, b: a + tg.log(b), 0.0),  # ValueError
-    "1/0": (lambda a, b: a + 1.0 / b, 0.0),  # ZeroDivisionError
-    "abs": (lambda a, b: a + abs(b), -2.0),  # KeyError
-    "(-8)**0.25": (lambda a, b: a + b**0.25, -8.0),  # a complex number
+NUMBERS_ALONE = {  # case: f, the Python number, the dtype, the IEEE value of f(x, number)
+    "log(0)": (lambda a, b: a + tg.log(b), 0.0, "float64", [-np.inf, -np.inf]),
+    "1/0": (lambda a, b: a + 1.0 / b, 0.0, "float64", [np.inf, np.inf]),
+    "abs": (lambda a, b: a + abs(b), -2.0, "float64", [3.0, 0.0]),
+    "(-8)**0.25": (lambda a, b: a + b**0.25, -8.0, "float64", [np.nan, np.nan]),
+    "exp(1000)": (lambda a, b: a - tg.exp(b), 1e3, "float64", [-np.inf, -np.inf]),
+    "in float32": (lambda a, b: a + b * b / b, 1e30, "float32", [np.inf, np.inf]),
 }
 
 
-@pytest.mark.xfail(strict=True, reason="the generic tg.broadcast evaluates operations on Python "
-                   "numbers alone with Python's math, which raises (or gives complex numbers) "
-                   "where IEEE arithmetic gives inf or nan")  # fmt: skip
 @pytest.mark.parametrize("case", sorted(NUMBERS_ALONE))
 def test_an_operation_on_python_numbers_alone_in_a_broadcast(backend, fused, case):
-    f, number = NUMBERS_ALONE[case]
-    x = backend.asarray([1.0, -2.0])
+    """Computed in the kernel's dtype with IEEE arithmetic, never with Python's math."""
+    f, number, dtype, ieee = NUMBERS_ALONE[case]
+    x = backend.asarray([1.0, -2.0], dtype=dtype)
     actual, expected = both_ways(fused, lambda x: tg.broadcast(f, x, number), x)
-    assert_agree(backend.to_numpy(actual), backend.to_numpy(np.asarray(expected)))
+    expected = backend.to_numpy(expected)
+    assert expected.dtype == dtype
+    assert_agree(backend.to_numpy(actual), expected)
+    assert_agree(expected, np.array(ieee, dtype=dtype))
 
 
-@pytest.mark.xfail(strict=True, reason="the generic gradient of a broadcast evaluates a divisor "
-                   "or a base of ** that is a number with Python's math (x / 0.0, (-3.0) ** x "
-                   "raise)")  # fmt: skip
 @pytest.mark.parametrize("f", [lambda a: a / 0.0, lambda a: (-3.0) ** a], ids=["x/0", "(-3)**x"])
 def test_a_derivative_of_python_numbers_alone_in_a_broadcast(backend, fused, f):
     x = backend.asarray([1.0, -2.0])
@@ -632,10 +639,109 @@ def test_a_derivative_of_python_numbers_alone_in_a_broadcast(backend, fused, f):
     assert_agree(backend.to_numpy(actual), backend.to_numpy(expected))
 
 
-@pytest.mark.xfail(strict=True, reason="an argument the expression does not use is broadcast "
-                   "into the fused result but not into the generic one")  # fmt: skip
-def test_an_argument_the_expression_does_not_use(backend, fused):
-    x, y = backend.asarray([1.0, 2.0, 3.0]), backend.asarray(np.ones((2, 3)))
-    f = lambda a, b: a * 2.0
+@pytest.mark.parametrize("f", [lambda a, b: a * 2.0, lambda a, b: 2.0], ids=["a*2", "2"])
+def test_an_argument_the_expression_does_not_use(backend, fused, f):
+    """It broadcasts and promotes the result, and its gradient is g times 0."""
+    x = backend.asarray([1.0, 2.0, 3.0], dtype="float32")
+    y = backend.asarray(np.ones((2, 3)))
     actual, expected = both_ways(fused, lambda x, y: tg.broadcast(f, x, y), x, y)
-    assert actual.shape == expected.shape
+    actual, expected = backend.to_numpy(actual), backend.to_numpy(expected)
+    assert actual.shape == expected.shape == (2, 3)
+    assert actual.dtype == expected.dtype == np.float64
+    assert np.array_equal(actual, expected)
+    gradient = lambda x, y: tg.gradient(lambda x, y: tg.sum(tg.broadcast(f, x, y)), x, y)
+    for a, b, arg in zip(*both_ways(fused, gradient, x, y), (x, y)):
+        a, b = backend.to_numpy(a), backend.to_numpy(b)
+        assert a.shape == b.shape == tuple(arg.shape) and a.dtype == b.dtype == arg.dtype
+        assert np.array_equal(a, b)
+
+
+# --- every operation the generated code knows, over the whole domain
+PUBLIC = {v: k for k, v in _COMPARISONS.items()}  # "gt": "greater"
+
+
+def arity(op):
+    fields = string.Formatter().parse(codegen.C[op])
+    return 1 + max(int(field) for _, field, _, _ in fields if field)
+
+
+def operation(op):
+    """A scalar function that traces to `op` of its arguments and returns a number (a
+    comparison selects its first argument)."""
+    if op in COMPARISONS:
+        compare = getattr(tg, PUBLIC[op])
+        return lambda a, b: tg.where(compare(a, b), a, b)
+    if op == "where":
+        return lambda c, a, b: tg.where(c, a, b)
+    return getattr(tg, op)
+
+
+def grid(op, dtype):
+    """Every combination of special values for the arguments of `op` (a condition of `where`:
+    each special value compared with 0)."""
+    values = special_values(dtype)
+    columns = [a.ravel() for a in np.meshgrid(*[values] * arity(op), indexing="ij")]
+    if op == "where":
+        columns[0] = columns[0] > 0
+    return columns
+
+
+def weights(n, dtype):
+    """Incoming gradients: ones, then every special value in turn."""
+    values = special_values(dtype)
+    return [np.ones(n, dtype), np.resize(values, n), np.resize(values[::-1], n)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", sorted(codegen.C))
+def test_every_generated_operation_agrees_with_the_generic_path(backend, fused, op, dtype):
+    """Values (signed zeros included) and every partial derivative times incoming gradients
+    over the whole domain, arrays on every side."""
+    f = operation(op)
+    assert op in {node.op for node in topological([trace(f, arity(op))])}
+    args = [backend.asarray(c) for c in grid(op, dtype)]
+    actual, expected = both_ways(fused, lambda *a: tg.broadcast(f, *a), *args)
+    assert_agree(*_host(backend, actual, expected), ulps=LIBM, signed_zeros=True, what=op)
+    for k, w in enumerate(weights(args[-1].shape[0], dtype)):
+        grads = both_ways(fused, _gradient(f, backend.asarray(w)), *args)
+        for i, (a, b) in enumerate(zip(*grads)):
+            if b is not None:
+                what = f"{op}: gradient {i}, incoming gradient {k}"
+                assert_agree(*_host(backend, a, b), ulps=LIBM, what=what)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", sorted(op for op in codegen.C if arity(op) == 2))
+def test_every_generated_operation_on_a_python_number_agrees(backend, fused, op, dtype):
+    """A Python number on either side of every binary operation, for every special value."""
+    f = operation(op)
+    x = backend.asarray(special_values(dtype))
+    for number in map(float, special_values(dtype)):
+        if op == "pow" and number == 0.5:
+            continue  # NumPy computes x ** 0.5 as sqrt(x): nan at -inf and -0 at -0
+        for right, sides in ((True, (x, number)), (False, (number, x))):
+            what = f"{op} with {number!r} on the {'right' if right else 'left'}"
+            value = both_ways(fused, lambda *a: tg.broadcast(f, *a), *sides)
+            assert_agree(*_host(backend, *value), ulps=LIBM, signed_zeros=True, what=what)
+            grads = both_ways(fused, _gradient(f, 1.0), *sides)
+            for a, b in zip(*grads):
+                if b is not None:
+                    assert_agree(*_host(backend, a, b), ulps=LIBM, what=f"{what}: gradient")
+
+
+@pytest.mark.parametrize("op", sorted(COMPARISONS))
+def test_a_comparison_alone_is_a_boolean_array_both_ways(backend, fused, op):
+    x, y = (backend.asarray(c) for c in grid("gt", "float64"))
+    compare = getattr(tg, PUBLIC[op])
+    actual, expected = both_ways(fused, lambda x, y: tg.broadcast(compare, x, y), x, y)
+    actual, expected = _host(backend, actual, expected)
+    assert actual.dtype == expected.dtype == np.bool_ and np.array_equal(actual, expected)
+
+
+def _gradient(f, w):
+    """The gradient of `sum(broadcast(f, ...) * w)`, a function of the arguments."""
+    return lambda *args: tg.gradient(lambda *a: tg.sum(tg.broadcast(f, *a) * w), *args)
+
+
+def _host(backend, *arrays):
+    return [backend.to_numpy(tg.data(a)) for a in arrays]

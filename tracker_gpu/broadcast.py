@@ -14,15 +14,16 @@ pass with tracked functions, so it stays differentiable.
 array([2.        , 5.43656366])
 """
 
-import math
 import sys
 from collections import OrderedDict
 
-from .backend import SCALARS, namespace_of
+import numpy as np
+
+from .backend import SCALARS, device_of, is_floating_dtype, namespace_of
 from .cuda import codegen
 from .expr import ONE, RULES, ZERO, Expr, const, partials, topological
 from .primitive import ByPosition, Primitive
-from .rules.elementwise import conjugate_derivative, is_complex
+from .rules.elementwise import conjugate_derivative, is_complex, real_dtype
 from .tracked import TrackedArray, data
 
 __all__ = ["broadcast", "trace", "Expr"]
@@ -80,6 +81,27 @@ for _name, _op_name in [("add", "add"), ("sub", "subtract"), ("mul", "multiply")
     setattr(Symbol, f"__r{_name}__", _operator(_op_name, reflected=True))
 for _name in ("gt", "ge", "lt", "le"):
     setattr(Symbol, f"__{_name}__", _operator(_name))
+
+
+def _equality(name):
+    """`==` and `!=` on a traced value: an operation with a number or another traced value;
+    with anything else, Python's identity comparison."""
+
+    def compare(self, other):
+        if isinstance(other, Symbol) or type(other) in SCALARS:
+            return _op(name, self, other)
+        return NotImplemented
+
+    return compare
+
+
+def _no_truth_value(self):
+    raise TypeError("broadcast: a traced value has no truth value inside f; select with tg.where")
+
+
+Symbol.__eq__, Symbol.__ne__ = _equality("eq"), _equality("ne")
+Symbol.__hash__ = object.__hash__
+Symbol.__bool__ = _no_truth_value
 Symbol.__neg__ = lambda self: _op("negative", self)
 Symbol.__pos__ = lambda self: self
 Symbol.__abs__ = lambda self: _op("abs", self)
@@ -110,7 +132,7 @@ class _SymbolicNamespace:
 
 
 _COMPARISONS = {"greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": "le",
-                "equal": "eq"}  # fmt: skip
+                "equal": "eq", "not_equal": "ne"}  # fmt: skip
 SYMBOLIC = _SymbolicNamespace()
 
 
@@ -121,8 +143,12 @@ def trace(f, n):
 
 
 def evaluate(expr, xp, args):
-    """The value of `expr` for these arguments, computed with namespace `xp`."""
-    template = next((a for a in args if type(a) not in SCALARS), None)
+    """The value of `expr` for these arguments, computed with namespace `xp`.
+
+    An operation on Python numbers alone runs on 0-d arrays of the dtype a kernel computes in
+    (`_Numbers`), so it gives the IEEE result (`1 / 0.0` is inf, `log(-1.0)` nan) as a kernel
+    does, where Python's own arithmetic would raise or round in another precision."""
+    numbers = _Numbers(xp, args)
     values = {}
     for node in topological([expr]):
         if node.op == "arg":
@@ -130,39 +156,78 @@ def evaluate(expr, xp, args):
         elif node.op == "const":
             values[id(node)] = node.value
         else:
-            values[id(node)] = _apply(xp, node.op, [values[id(c)] for c in node.args], template)
+            operands = [values[id(c)] for c in node.args]
+            values[id(node)] = _apply(xp, node.op, operands, numbers)
     return values[id(expr)]
 
 
-def _apply(xp, op, values, template):
+class _Numbers:
+    """Python numbers as 0-d arrays of the arguments' promoted floating dtype, on their device
+    (made once asked for: a plain expression of arrays never needs one)."""
+
+    def __init__(self, xp, args):
+        self.xp, self.arrays = xp, [a for a in args if type(a) not in SCALARS]
+        self.dtype = None
+
+    def __call__(self, value):
+        if type(value) not in SCALARS:
+            return value
+        if self.dtype is None:
+            self.dtype = _computing_dtype(self.xp, self.arrays)
+        device = device_of(data(self.arrays[0])) if self.arrays else None
+        return self.xp.asarray(value, dtype=self.dtype, device=device)
+
+
+def _computing_dtype(xp, arrays):
+    """The real floating dtype the arrays promote to (float64 for none, or for integers)."""
+    if not arrays:
+        return xp.float64
+    dtype = xp.result_type(*arrays)
+    if is_floating_dtype(dtype):
+        return real_dtype(xp, dtype)
+    return xp.float64
+
+
+def _apply(xp, op, values, numbers):
     if op in _COMPARE:
         return _COMPARE[op](values[0], values[1])
     if op == "where":
         if type(values[0]) is bool:  # a condition on Python numbers only
             return values[1] if values[0] else values[2]
-        return xp.where(values[0], *_arrays(xp, values[1:], template))
-    if all(type(v) is float for v in values):
-        return _SCALAR[op](*values)
-    if op in ("add", "subtract", "multiply", "divide", "pow"):
+        return xp.where(values[0], *map(numbers, values[1:]))
+    if all(type(v) in SCALARS for v in values):
+        values = list(map(numbers, values))
+    if op in _ARITHMETIC:  # operators: a Python number on one side stays weakly typed
         return _ARITHMETIC[op](*values)
     if op in ("maximum", "minimum"):
-        return getattr(xp, op)(*_arrays(xp, values, template))
+        return getattr(xp, op)(*map(numbers, values))
     return getattr(xp, op)(values[0])
 
 
-def _arrays(xp, values, template):
-    """Python numbers as arrays shaped like `template` (functions other than operators need
-    arrays on some libraries)."""
-    return [xp.full_like(template, v) if type(v) is float else v for v in values]
-
-
 _COMPARE = {"gt": lambda a, b: a > b, "ge": lambda a, b: a >= b, "lt": lambda a, b: a < b,
-            "le": lambda a, b: a <= b, "eq": lambda a, b: a == b}  # fmt: skip
+            "le": lambda a, b: a <= b, "eq": lambda a, b: a == b,
+            "ne": lambda a, b: a != b}  # fmt: skip
 _ARITHMETIC = {"add": lambda a, b: a + b, "subtract": lambda a, b: a - b,
                "multiply": lambda a, b: a * b, "divide": lambda a, b: a / b,
                "pow": lambda a, b: a**b}  # fmt: skip
-_SCALAR = dict(_ARITHMETIC, negative=lambda a: -a, exp=math.exp, log=math.log, sin=math.sin,
-               cos=math.cos, tanh=math.tanh, sqrt=math.sqrt)  # fmt: skip
+
+
+def _as_broadcast(xp, value, args):
+    """`value` with the shape of all of `args` broadcast together, and a floating value with
+    their promoted dtype, as a kernel writes it: an argument the expression does not use
+    still broadcasts (and promotes) the result."""
+    arrays = [a for a in args if type(a) not in SCALARS]
+    if not arrays:
+        return value
+    shape = np.broadcast_shapes(*(tuple(a.shape) for a in arrays))
+    floating = all(is_floating_dtype(a.dtype) for a in arrays)
+    if type(value) in SCALARS:  # f used Python numbers alone
+        dtype = xp.result_type(*arrays) if floating else None
+        return xp.full(shape, value, dtype=dtype, device=device_of(arrays[0]))
+    if floating and is_floating_dtype(value.dtype):
+        dtype = xp.result_type(*arrays)
+        value = value if value.dtype == dtype else xp.astype(value, dtype)
+    return value if tuple(value.shape) == shape else xp.broadcast_to(value, shape)
 
 
 # --- the tape node
@@ -181,7 +246,9 @@ class _Compiled:
 
     def forward(self, xp, *args):
         fused = codegen.forward(self, args)
-        return fused if fused is not None else evaluate(self.out, xp, list(args))
+        if fused is not None:
+            return fused
+        return _as_broadcast(xp, evaluate(self.out, xp, list(args)), args)
 
     def vjp(self, i, g, ans, *args):
         tracked = any(isinstance(a, TrackedArray) for a in (g, *args))
@@ -211,6 +278,13 @@ def broadcast(f, *args):
     `f` is a scalar function written with tracker_gpu's elementwise functions and operators; it
     is traced once per function, argument count and dtypes. With complex arguments, `f` must
     be holomorphic (arithmetic, exp, log, sqrt, the trigonometric and hyperbolic functions).
+
+    The generated kernel and the generic path agree on the whole domain. Every argument
+    broadcasts the result, used or not; operations on Python numbers alone compute in the
+    arguments' dtype with IEEE arithmetic (`1 / 0.0` is inf). The pullback multiplies the
+    incoming gradient by each partial derivative, so an infinite or nan gradient meets a zero
+    partial as nan. `maximum`'s and `minimum`'s partials follow `tg.maximum`'s rule: 1 for the
+    chosen argument, 1/2 each at a tie (-0 and +0 tie), 0 for both where either is nan.
 
     >>> import numpy as np, tracker_gpu as tg
     >>> z = np.array([1.0 + 1.0j])

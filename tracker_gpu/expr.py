@@ -97,6 +97,7 @@ RULES = {
     "lt": lambda a, out: (None, None),
     "le": lambda a, out: (None, None),
     "eq": lambda a, out: (None, None),
+    "ne": lambda a, out: (None, None),
 }
 
 
@@ -106,11 +107,12 @@ def _sign(a):
 
 
 def _selected(chosen, a, b):
-    """The partial of maximum/minimum for `a`: 1 where `chosen(a, b)`, 1/2 at a tie, else 0."""
+    """The partial of maximum/minimum for `a`: 1 where `chosen(a, b)`, 1/2 at a tie (-0 and +0
+    tie), else 0, for both arguments where either is nan (the rule of `tg.maximum`)."""
     return e("where", e(chosen, a, b), ONE, e("where", e("eq", a, b), const(0.5), ZERO))
 
 
-COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq"})
+COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
 
 
 def partials(out, n):

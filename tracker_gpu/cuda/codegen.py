@@ -47,7 +47,7 @@ C = {
     "cosh": "cosh({0})",
     "tanh": "tanh({0})",
     "abs": "fabs({0})",
-    "sign": "T(({0} > T(0)) - ({0} < T(0)))",
+    "sign": "({0} != {0} ? {0} : T(({0} > T(0)) - ({0} < T(0))))",  # nan stays nan
     "maximum": "({0} > {1} || {0} != {0} ? {0} : {1})",  # nan wins, as NumPy's maximum
     "minimum": "({0} < {1} || {0} != {0} ? {0} : {1})",
     "where": "({0} ? {1} : {2})",
@@ -56,6 +56,7 @@ C = {
     "lt": "({0} < {1})",
     "le": "({0} <= {1})",
     "eq": "({0} == {1})",
+    "ne": "({0} != {1})",
 }
 # inf and nan have no literal in C: they are written by their IEEE 754 bits (double), which
 # NVRTC and the host build both read.
@@ -209,7 +210,7 @@ def forward(compiled, args):
     """The traced expression in one generated kernel, or None where the fused path does not
     take the arguments."""
     layout = _layout(args)
-    if layout is None:
+    if layout is None or compiled.out.op in COMPARISONS:  # a bool result: the generic path
         return None
     scalars, arrays, dtype, shape = layout
     like = arrays[0]
