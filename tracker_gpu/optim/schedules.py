@@ -21,7 +21,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..backend import is_array
+from ..backend import device_of, is_array, namespace_of
 from ..rules.elementwise import astype, cos, minimum, where
 from ..tracked import data
 from .rules import Descent, OptimiserChain, Rule, check_nonnegative
@@ -154,7 +154,8 @@ class Scheduled(Rule):
         return self.rule.adjust(**{self.field: rate})
 
     def init(self, x):
-        return (0, self.rule.init(x))
+        inner = self.rule.init(x)
+        return (0 if _holds_array(inner) else _zero_count(x), inner)
 
     def apply(self, state, x, dx):
         t, inner = state
@@ -164,3 +165,18 @@ class Scheduled(Rule):
     def adjust(self, **changes):
         changes.pop(self.field, None)
         return Scheduled(self.rule.adjust(**changes), self.schedule, self.field)
+
+
+def _holds_array(state):
+    if type(state) is tuple or type(state) is list:
+        return any(_holds_array(part) for part in state)
+    return is_array(state)
+
+
+def _zero_count(x):
+    """A step count of 0 in a 0-d float64 array beside `x`: for a rule whose state holds no
+    array (Descent's), so that tg.compile reads the count as an input and replays one
+    recording for every step, as it does for the counts beside Adam's moments."""
+    x = data(x)
+    xp = namespace_of(x)
+    return xp.zeros((), dtype=xp.float64, device=device_of(x))

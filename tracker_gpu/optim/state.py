@@ -57,9 +57,12 @@ class Leaf:
         if not any(_is_count(v) for v in leaves):
             return self
         arrays = [v for v in leaves if is_array(v) and not isinstance(v, np.generic)]
-        if not arrays:
+        if arrays:
+            xp, device = namespace_of(arrays[0]), device_of(arrays[0])
+        elif any(isinstance(v, np.generic) for v in leaves):  # a count a NumPy replay gave back
+            xp, device = np, "cpu"
+        else:
             return self
-        xp, device = namespace_of(arrays[0]), device_of(arrays[0])
 
         def counted(v):  # NumPy scalars too: what a replay on NumPy returns for 0-d arrays
             if type(v) is tuple or type(v) is list:
