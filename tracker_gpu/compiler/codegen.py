@@ -1,4 +1,5 @@
-"""A recorded program as one generated Python function, for arrays in host memory.
+"""A recorded program as one generated Python function (a long one cut into functions of
+bounded size, `chunks.py`), for arrays in host memory.
 
 Each slot is a local variable, `v<slot>` (the arguments are the function's parameters, the
 constants its globals); each step is one line: a rule's forward, or, for the hottest rules, the
@@ -18,6 +19,7 @@ from ..primitive import Primitive, _fit
 from ..rules import elementwise as ew
 from ..rules.reductions import _sum as _SUM
 from ..tape import Node
+from .chunks import link
 from .recorder import Call, Draw, Walk
 from .templates import TEMPLATES
 
@@ -32,6 +34,8 @@ class _Source:
         self.names = dict(constants)
         self.names.update(FIT=_fit, DRAW=draws.draw)
         self._bound = {}  # id(value) -> name
+        self.cuts = []  # the line counts after which the body may be cut (`chunks.py`)
+        self.suffix = None  # of a walk's gradient names: unique to it (a name is bound once)
 
     def bind(self, prefix, value):
         """A global name for `value` (one per object)."""
@@ -47,7 +51,8 @@ class _Source:
 
 def generate(program):
     """`(run, source)`: the function `run(*arrays)` returning the values of
-    `program.outputs` (slots) as a tuple, and its source."""
+    `program.outputs` (slots) as a tuple, and its source (None for a program long enough to
+    be cut into several functions: `chunks.py`)."""
     constants = {  # None too: an argument left out (a Dense layer's bias=None, say)
         f"v{i}": v
         for i, v in enumerate(program.start)
@@ -56,12 +61,14 @@ def generate(program):
     src = _Source(constants)
     calls = {id(s.node): s for s in program.steps if isinstance(s, Call)}
     local = set(range(program.inputs)) | set(program.made)  # constants are globals: never del
-    src.lines.append(f"def run({', '.join(f'v{i}' for i in range(program.inputs))}):")
-    last = _last_reads(program, calls)
+    orders = {i: _order(s, program.slots) for i, s in enumerate(program.steps)
+              if isinstance(s, Walk)}  # fmt: skip
+    last = _last_reads(program, calls, orders)
+    outputs = set(program.outputs)
     src.release = lambda point: [
         src.emit(f"del v{slot}", point[2])
         for slot in last.get(point[:2], ())
-        if slot in local and slot not in program.outputs
+        if slot in local and slot not in outputs
     ]
     reusable = _Reuse(program, last, local)
     for index, step in enumerate(program.steps):
@@ -71,13 +78,17 @@ def generate(program):
             rng, like = src.bind("R", step.rng), src.bind("L", step.like)
             src.emit(f"v{step.out} = DRAW({rng}, {step.shape!r}, {like})")
         else:
-            _walk(src, index, step, calls, program.slots)
+            _walk(src, index, step, calls, program.slots, orders.pop(index))
         src.release((index, None, 1))
-    src.emit(f"return ({''.join(f'v{s}, ' for s in program.outputs)})")
-    source = "\n".join(src.lines) + "\n"
-    namespace = dict(src.names)
-    exec(compile(source, "<tg.compile>", "exec"), namespace)
-    return namespace["run"], source
+        src.cuts.append(len(src.lines))
+    params = [f"v{i}" for i in range(program.inputs)]
+    names = [f"v{s}" for s in program.outputs]
+    body, src.lines, src.release = src.lines, None, None
+    return link(body, src.cuts, params, names, _is_local(local), dict(src.names))
+
+
+def _is_local(local):
+    return lambda name: name[0] != "v" or int(name[1:]) in local
 
 
 # --- forward
@@ -226,30 +237,31 @@ def _leading_to_stop(step, nodes):
     return useful
 
 
-def _walk(src, index, step, calls, slots):
-    """A backward pass: every gradient a local `g<slot>`, each node's vjps in turn, and the
-    node's gradient and saved values deleted once read for the last time. Whether a gradient
-    is still None, surely set, or either, is followed through the code, so that a chain of
-    template rules needs no test at all."""
-    order = _order(step, slots)
+def _walk(src, index, step, calls, slots, order):
+    """A backward pass: every gradient a local `g<slot>`, each node's vjps in turn (`order`),
+    and the node's gradient and saved values deleted once read for the last time. Whether a
+    gradient is still None, surely set, or either, is followed through the code, so that a
+    chain of template rules needs no test at all."""
+    src.suffix = f"_{index}" if src.suffix is not None else ""
     stops = {id(n) for n in step.stop}
     ends = [n for n, _ in step.outputs if not stops or id(n) in stops]
     reached = {id(n) for n in order} | {id(n) for n in ends}
     root = slots[id(step.root)]
     gradients = {slots[id(n)] for n in order} | {slots[id(n)] for n, _ in step.outputs} | {root}
-    src.emit(" = ".join(f"g{s}" for s in sorted(gradients)) + " = None")
-    src.emit(f"g{root} = v{step.seed}")
-    state = dict.fromkeys(gradients, UNSET)
+    src.emit(f"g{root}{src.suffix} = v{step.seed}")
+    state = dict.fromkeys(gradients, UNSET)  # a name is bound by its first contribution
     state[root] = SET
     terminals = {slots[id(n)] for n, _ in step.outputs}
     for position, node in enumerate(order):
         call = calls[id(node)]
         _pullback(src, call, reached, slots, state)
-        if call.out not in terminals:
-            src.emit(f"del g{call.out}")
+        if call.out not in terminals and state[call.out] != UNSET:
+            src.emit(f"del g{call.out}{src.suffix}")
         src.release((index, position, 1))
+        src.cuts.append(len(src.lines))
     for node, slot in step.outputs:
-        src.emit(f"v{slot} = g{slots[id(node)]}")
+        k = slots[id(node)]
+        src.emit(f"v{slot} = {'None' if state[k] == UNSET else f'g{k}{src.suffix}'}")
 
 
 def _pullback(src, call, reached, slots, state):
@@ -258,8 +270,9 @@ def _pullback(src, call, reached, slots, state):
         return  # no gradient ever reaches this node
     sure = state[k] == SET
     indent = 1 if sure else 2
+    start = len(src.lines)
     if not sure:
-        src.emit(f"if g{k} is not None:")
+        src.emit(f"if g{k}{src.suffix} is not None:")
         src.emit("pass", indent)  # the block's first line, should it stay empty
     ans, values = _operands(src, call)
     rule = node.rule
@@ -272,6 +285,9 @@ def _pullback(src, call, reached, slots, state):
         if id(parent) in reached:
             slot = slots[id(parent)]
             before = state[slot]
+            if before == UNSET and (not sure or exact is None):  # maybe bound: None first
+                src.lines.insert(start, f"    g{slot}{src.suffix} = None")
+                before = MAYBE
             _accumulate(src, expression, parent, slot, rule, exact, before, indent)
             state[slot] = SET if (sure and exact is not None) or before == SET else MAYBE
 
@@ -304,12 +320,13 @@ def _vjps(src, call, ans, values, indent):
             continue
         if template is not None and j < len(template.vjps) and template.vjps[j] is not None:
             xp = src.bind("XP", call.xp)
-            expression = template.vjps[j](xp, f"g{call.out}", ans, *values)
+            expression = template.vjps[j](xp, f"g{call.out}{src.suffix}", ans, *values)
             found.append((j, expression, _fits(node, arg)))
         else:
             kw = f", **{src.bind('K', node.ctx)}" if node.ctx else ""
             function = src.bind("VJ", vjp)
-            expression = f"{function}(g{call.out}, {ans}{''.join(', ' + v for v in values)}{kw})"
+            g = f"g{call.out}{src.suffix}"
+            expression = f"{function}({g}, {ans}{''.join(', ' + v for v in values)}{kw})"
             found.append((j, expression, None))
     return found
 
@@ -331,22 +348,24 @@ def _rule_pullback(src, call, ans, values, indent):
     ctx = f"x{call.out}" if call.makes_ctx else src.bind("CTX", node.ctx)
     args = src.bind("ARGS", node.args)
     saved = f"[{ans if ans.startswith('v') else 'None'}, {', '.join(values)}]"
-    src.emit(f"gs = {pullback}({src.bind('N', node)}, {args}, {ctx}, {saved}, g{call.out}, "
-             "False, None)", indent)  # fmt: skip
+    g = f"g{call.out}{src.suffix}"
+    src.emit(f"gs = {pullback}({src.bind('N', node)}, {args}, {ctx}, {saved}, {g}, False, None)",
+             indent)  # fmt: skip
     return [(j, f"gs[{j}]", None) for j, arg in enumerate(node.args) if type(arg) is Node]
 
 
 def _accumulate(src, expression, parent, slot, rule, exact, before, indent):
     """Add a contribution into `g<slot>`: directly where it is known to be an array of the
     right layout and the gradient's state is known, with the tests otherwise."""
+    g = f"g{slot}{src.suffix}"
     if exact:
         if before == UNSET:
-            src.emit(f"g{slot} = {expression}", indent)
+            src.emit(f"{g} = {expression}", indent)
         elif before == SET:
-            src.emit(f"g{slot} = g{slot} + {expression}", indent)
+            src.emit(f"{g} = {g} + {expression}", indent)
         else:
             src.emit(f"c = {expression}", indent)
-            src.emit(f"g{slot} = c if g{slot} is None else g{slot} + c", indent)
+            src.emit(f"{g} = c if {g} is None else {g} + c", indent)
         return
     node = src.bind("N", parent)
     name = src.bind("NAME", getattr(rule, "name", "?"))
@@ -356,11 +375,11 @@ def _accumulate(src, expression, parent, slot, rule, exact, before, indent):
         indent += 1
     src.emit(f"if c.shape != {node}.shape or c.dtype != {node}.dtype:", indent)
     src.emit(f"c = FIT(c, {node}, {name})", indent + 1)
-    src.emit(f"g{slot} = c if g{slot} is None else g{slot} + c", indent)
+    src.emit(f"{g} = c" if before == UNSET else f"{g} = c if {g} is None else {g} + c", indent)
 
 
 # --- liveness
-def _last_reads(program, calls):
+def _last_reads(program, calls, orders):
     """{(step index, node position in a walk or None): the slots read there for the last time},
     reading a forward's inputs, a walk's seed, and each node's saved values in its pullback."""
     last = {}
@@ -370,7 +389,7 @@ def _last_reads(program, calls):
                 last[slot] = (index, None)
         elif isinstance(step, Walk):
             last[step.seed] = (index, None)
-            for position, node in enumerate(_order(step, program.slots)):
+            for position, node in enumerate(orders[index]):
                 call = calls[id(node)]
                 for p, slot in call.saves:
                     last[call.out if p == 0 else slot] = (index, position)

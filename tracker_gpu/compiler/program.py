@@ -61,10 +61,11 @@ class Program:
         self.graphs = use_graphs and any(is_cupy(a) for a in arrays)
         self.graph = None
         self._lock = threading.Lock()
-        self._releases = _last_uses(self.steps, self.outputs)
+        self._releases = None  # for `interpret`, made by its first run
         self.source = None
         if not self.interpreted:
             self._run, self.source = generate(self)
+            self.slots = None
 
     def run(self, arrays):
         """The result for new arguments (their arrays, in the recording's order)."""
@@ -107,6 +108,8 @@ class Program:
         """The environment after running the steps one by one on `arrays`."""
         env = list(self.start)
         env[: self.inputs] = arrays
+        if self._releases is None:
+            self._releases = _last_uses(self.steps, self.outputs)
         for step, released in zip(self.steps, self._releases):
             _RUN[type(step)](step, env)
             for slot in released:

@@ -14,6 +14,7 @@ recording), then each step's output in order. A step is one of
 """
 
 from dataclasses import dataclass, field
+from weakref import ref as _weakref
 
 from .. import draws, recording
 from ..backend import namespace_of
@@ -76,10 +77,10 @@ class Recorder:
     def __init__(self, arrays, lenient=False):
         self.lenient = lenient  # a refusal stops the recording, and the run goes on eagerly
         self.refused = None  # the RecordingError that stopped it
-        self.values = list(arrays)  # the recording run's value of every slot
+        self.values = list(arrays)  # each slot's value kept: arguments, constants (else None)
         self._input_slots = {id(a): i for i, a in enumerate(arrays)}
         self.slots = {}  # id(node) -> slot
-        self.value_slots = {}  # id(value) -> slot, for a traced value passed on as a constant
+        self.value_slots = {}  # id(value) -> (slot, reference), for traced values (`_lookup`)
         self.nodes = []  # every node recorded, in order of creation
         self.steps = []
         self.walks = 0
@@ -93,7 +94,7 @@ class Recorder:
         """A leaf: an argument's array, or else a constant (a leaf made inside f)."""
         slot = self._input_slots.get(id(tracked.data))
         if slot is None:  # over a traced value's data (a leaf of an inner gradient): its slot
-            slot = self.value_slots.get(id(tracked.data))
+            slot = self._lookup(tracked.data)
         if slot is None:
             slot = self._new_slot(tracked.data)
         self._place(tracked, slot)
@@ -103,7 +104,7 @@ class Recorder:
         function, inputs, kw, makes_ctx = how
         node = out._node
         inputs = [self._slot_of(a) for a in inputs]
-        call = Call(self._new_slot(out.data), node, function, out._xp, inputs, kw, makes_ctx,
+        call = Call(self._made_slot(), node, function, out._xp, inputs, kw, makes_ctx,
                     self._saves(node))  # fmt: skip
         self.steps.append(call)
         self._place(out, call.out)
@@ -112,7 +113,7 @@ class Recorder:
         """Uniform numbers from `rng`, drawn anew by every replay: traced data."""
         value = draws.draw(rng, shape, like)
         self.draws += 1
-        step = Draw(self._new_slot(value), rng, tuple(shape), like)
+        step = Draw(self._made_slot(), rng, tuple(shape), like)
         out = traced_data(value, namespace_of(value))
         self.steps.append(step)
         self._place(out, step.out)
@@ -133,7 +134,7 @@ class Recorder:
             reached = run(root, seed, once=False, stop=stop)
         traced = []
         for node, g in reached:
-            slot = self._new_slot(g)
+            slot = self._made_slot()
             step.outputs.append((node, slot))
             out = traced_data(g, namespace_of(g))
             self._place(out, slot)
@@ -165,7 +166,7 @@ class Recorder:
         elif slot is None:
             slot = self._new_slot(buffer)
         self.writes[id(buffer)] = [slot, self._slot_of(value), value]
-        self.value_slots[id(buffer)] = self.writes[id(buffer)][1]  # read from now on: the value
+        self._remember(buffer, self.writes[id(buffer)][1])  # read from now on: the value
         buffer[...] = value.data if type(value) is TrackedArray else value
 
     def tracks(self, node):
@@ -202,14 +203,14 @@ class Recorder:
         """The slot of a pass's seed: a traced seed's, or, for the ones that start a scalar
         loss's pass, a step that checks the loss as `back` does (a non-finite loss raises
         where checks run) and makes them anew."""
-        slot = self.value_slots.get(id(seed))
+        slot = self._lookup(seed)
         if slot is not None:
             return slot
         loss = self.slots.get(id(root))
         if loss is None or getattr(seed, "shape", None) != () or not bool(seed == 1):
             return self._new_slot(seed)
         node = leaf_node(seed.shape, seed.dtype)
-        step = Call(self._new_slot(seed), node, checked_seed, namespace_of(seed), [loss], {},
+        step = Call(self._made_slot(), node, checked_seed, namespace_of(seed), [loss], {},
                     False, [])  # fmt: skip
         self.steps.append(step)
         return step.out
@@ -220,13 +221,34 @@ class Recorder:
 
     # --- slots
     def _new_slot(self, value):
+        """A slot for a value the program keeps: an argument's array or a constant."""
         self.values.append(value)
+        return len(self.values) - 1
+
+    def _made_slot(self):
+        """A slot for a value a step makes: the program does not keep the recorded one."""
+        self.values.append(None)
         return len(self.values) - 1
 
     def _place(self, tracked, slot):
         self.slots[id(tracked._node)] = slot
-        self.value_slots[id(tracked.data)] = slot
+        self._remember(tracked.data, slot)
         self.nodes.append(tracked._node)
+
+    def _remember(self, value, slot):
+        """`value` (traced data) is found in `slot` by `_lookup`. It is held weakly, so that an
+        intermediate no pullback saved is freed during the recording as eagerly; its id, which
+        a later array may take, is checked against the reference."""
+        try:
+            ref = _weakref(value)
+        except TypeError:  # no weak references to it: held
+            ref = _Held(value)
+        self.value_slots[id(value)] = (slot, ref)
+
+    def _lookup(self, value):
+        """The slot of `value` if it is traced data (`_remember`), else None."""
+        found = self.value_slots.get(id(value))
+        return found[0] if found is not None and found[1]() is value else None
 
     def _slot_of(self, value):
         """The slot of an input of a step: its node's (a node, or a tracked array), a traced
@@ -243,7 +265,7 @@ class Recorder:
                     "replay reads its current value"
                 )
             return slot
-        slot = self.value_slots.get(id(value))
+        slot = self._lookup(value)
         return self._new_slot(value) if slot is None else slot
 
     def _saves(self, node):
@@ -255,6 +277,20 @@ class Recorder:
         for k, (arg, value) in enumerate(zip(node.args, saved[1:]), start=1):
             if type(arg) is Node and value is not arg:
                 found.append((k, self.slots[id(arg)]))
-            elif type(arg) is not Node and id(arg) in self.value_slots:
-                found.append((k, self.value_slots[id(arg)]))
+            elif type(arg) is not Node:
+                slot = self._lookup(arg)
+                if slot is not None:
+                    found.append((k, slot))
         return found
+
+
+class _Held:
+    """A strong reference with a weak reference's call."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self):
+        return self.value
