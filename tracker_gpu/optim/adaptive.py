@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..backend import namespace_of
 from ..rules.elementwise import astype, sqrt
+from ..tracked import data
 from .rules import Rule, check_beta, check_flags, check_fraction, check_nonnegative
 
 __all__ = ["Adam", "AdamW", "RMSProp", "AdaGrad", "AdaBelief", "Lion"]
@@ -39,7 +40,16 @@ def _root(value):
 def _scalar(value, like):
     """A step's scalar as the arrays take it: a Python number as it is; a 0-d array (a step
     count under tg.compile, in float64) cast to `like`'s dtype, so that it does not promote."""
-    return value if isinstance(value, (int, float)) else astype(value, like.dtype)
+    return value if type(value) in (int, float) else astype(value, like.dtype)  # np.float64 too
+
+
+def _wide(eta):
+    """A rate in float64 before it meets a bias correction: a scheduled rate comes as a 0-d
+    array of the parameters' dtype, and the correction is a Python float eagerly but a float64
+    0-d array under tg.compile; in float64 both ways, the step is the same bit for bit."""
+    if type(eta) in (int, float):
+        return eta
+    return astype(eta, namespace_of(data(eta)).float64)
 
 
 def _adam_moments(rule, state, dx):
@@ -85,7 +95,7 @@ class Adam(Rule):
 
     def apply(self, state, x, dx):
         state, direction, scale = _adam_moments(self, state, dx)
-        direction *= _scalar(self.eta * scale, direction)
+        direction *= _scalar(_wide(self.eta) * scale, direction)
         return state, direction
 
 
@@ -199,7 +209,7 @@ class AdaBelief(Rule):
         new_s += self.epsilon
         root = xp.sqrt(new_s / _scalar(1 - beta2_t, new_s))
         root += self.epsilon
-        delta = new_m * _scalar(self.eta / (1 - beta1_t), new_m) / root
+        delta = new_m * _scalar(_wide(self.eta) / (1 - beta1_t), new_m) / root
         return (new_m, new_s, (beta1_t * beta1, beta2_t * beta2)), delta
 
 

@@ -306,6 +306,8 @@ def _alike(value, like, shapes=False):
             and len(value) == len(like)
             and all(_alike(v, w, shapes) for v, w in zip(value, like))
         )
+    if is_array(like) and tuple(like.shape) == () and type(value) in (int, float):
+        return True  # a step count, saved as a number before counts were kept in arrays
     if is_array(like):
         return is_array(value) and (not shapes or tuple(value.shape) == tuple(like.shape))
     return not isinstance(value, (type(None), bool, int, float, str, tuple))  # a rule, a schedule

@@ -13,13 +13,15 @@ taken, so a saved and reloaded state goes on where it stopped.
 >>> state = rule.init(np.zeros(1))
 >>> for _ in range(3):
 ...     state, delta = rule.apply(state, np.zeros(1), np.ones(1))
->>> float(delta[0]), state[0]
+>>> float(delta[0]), int(state[0])
 (0.025, 3)
 """
 
 import dataclasses
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..backend import device_of, is_array, namespace_of
 from ..rules.elementwise import astype, cos, minimum, where
@@ -90,7 +92,7 @@ class Cosine:
             )
 
     def __call__(self, t):
-        if not isinstance(t, (int, float)):
+        if type(t) not in (int, float):  # a count in an array (NumPy's scalars too)
             return self._traced(t)
         if t < self.warmup:
             return self.eta * (t + 1) / self.warmup
@@ -98,8 +100,8 @@ class Cosine:
         return self.eta_min + (self.eta - self.eta_min) * 0.5 * (1 + math.cos(math.pi * progress))
 
     def _traced(self, t):
-        """The rate at a step count held in a 0-d array (under tg.compile): the same formula,
-        without a Python branch."""
+        """The rate at a step count held in a 0-d array (as `Scheduled` keeps it, and
+        tg.compile traces it): the same formula, without a Python branch."""
         progress = minimum((t - self.warmup) / max(self.steps - self.warmup, 1), 1.0)
         rate = self.eta_min + (self.eta - self.eta_min) * 0.5 * (1 + cos(progress * math.pi))
         if not self.warmup:
@@ -149,7 +151,11 @@ class Scheduled(Rule):
         gives it, so that a replay reads it) gives a rate in an array, cast to the dtype of the
         array `like`, as a Python number would be."""
         rate = self.schedule(t)
-        if like is not None and is_array(data(rate)):
+        if like is None:
+            return self.rule.adjust(**{self.field: rate})
+        if type(rate) in (int, float):
+            rate = _rounded(rate, like.dtype)
+        else:  # an array (a count under tg.compile), or NumPy's scalar
             rate = astype(rate, like.dtype)
         return self.rule.adjust(**{self.field: rate})
 
@@ -160,11 +166,29 @@ class Scheduled(Rule):
     def apply(self, state, x, dx):
         t, inner = state
         inner, delta = self.at(t, like=dx).apply(inner, x, dx)
-        return (t + 1, inner), delta
+        return (next_count(t), inner), delta
 
     def adjust(self, **changes):
         changes.pop(self.field, None)
         return Scheduled(self.rule.adjust(**changes), self.schedule, self.field)
+
+
+def _rounded(rate, dtype):
+    """A Python float rate rounded to the parameters' floating dtype, as a Python float: the
+    value a replay's rate (a 0-d array cast to that dtype) has, so that a compiled step is the
+    eager step bit for bit, and it stays a weakly typed number. Dtypes NumPy does not know
+    (bfloat16) are left alone."""
+    try:
+        return float(np.asarray(rate, dtype=str(dtype).rpartition(".")[2]))
+    except (TypeError, ValueError):
+        return rate
+
+
+def next_count(t):
+    """The count after `t`, kept in an array where it was one (NumPy's 0-d arithmetic gives
+    a scalar)."""
+    t = t + 1
+    return np.asarray(t) if isinstance(t, np.generic) else t
 
 
 def _holds_array(state):

@@ -33,7 +33,7 @@ from ..pytree import tree_map
 from ..rules.elementwise import astype
 from ..tracked import data
 from .rules import Rule
-from .schedules import Scheduled
+from .schedules import Scheduled, next_count
 from .tree import matching, name, structure, tree_map_with_path
 
 __all__ = ["Leaf", "setup", "update", "adjust", "freeze", "thaw", "step"]
@@ -96,7 +96,7 @@ def step(rule, param, grad, state):
     if type(rule) is Scheduled:
         t, inner = state
         new_param, inner = step(rule.at(t, like=grad), param, grad, inner)
-        return new_param, (t + 1, inner)
+        return new_param, (next_count(t), inner)
     cls = type(rule)
     own = cls.__module__.rpartition(".")[0] == __package__
     fused = dispatch.STEPS.get(cls.__name__) if own else None
