@@ -2,6 +2,7 @@
 NumPy by hand, PyTorch's autograd and `jax.jit`, all measured in this run.
 
     python benchmarks/compile.py [--ops 1000] [--repeats 15] [--batch 64] [--json PATH]
+                                 [--record-ops 100000]
     python benchmarks/compile.py --backend cupy [--batch 64] [--json PATH]   (on a GPU)
 
 Workloads (float64 chains on a 1-element array, where the cost is all per-operation overhead;
@@ -17,8 +18,12 @@ out); PyTorch runs eager autograd; JAX runs `jax.jit(jax.value_and_grad(f))` (co
 before timing, with its result blocked on). tracker_gpu's compiled step is
 `tg.compile(f)` after its first (recording) call. Each figure is the median wall time of
 `--repeats` calls, peers interleaved round by round; BLAS on one thread where threadpoolctl is
-installed. Not measured: memory (see memory.py), the cost of the first call (recording, or
-JAX's tracing and compilation).
+installed. Not measured: memory of a replay (see memory.py), JAX's tracing and compilation.
+
+Recording: the first call of `tg.compile` (recording, generating, compiling) of a long chain
+(`y = y * c`, `--record-ops` times, on a 4-element float64 array, then the gradient of `sum(y)`)
+against the same `tg.withgradient` run eagerly: wall time (the best of three) and peak memory
+(tracemalloc, a run of its own), as ratios in this run. `--record-ops 1000000` for a million.
 
 `--backend cupy` (a GPU; a step of `ci/gpu`): the MLP step on CuPy, eager and compiled (replayed
 as a CUDA graph), beside PyTorch CUDA eager with `torch.optim.Adam`, each checked against NumPy by
@@ -29,11 +34,13 @@ eager one, and faster than PyTorch's.
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import statistics
 import sys
 import time
+import tracemalloc
 
 import numpy as np
 from train_step import BETA1, BETA2, EPS, LR, SIZES, make_problem
@@ -41,6 +48,7 @@ from train_step import numpy_step as by_hand_step
 
 import tracker_gpu as tg
 from tracker_gpu import nn, optim
+from tracker_gpu.compiler.guards import guards_of
 
 C = 1.0001
 
@@ -255,6 +263,66 @@ def mlp_steppers(batch):
 
 
 # --- timing
+# --- the guards: what f reads from its globals, checked before every replay
+SCALE, SHIFT, MODE, WEIGHTS = 2.0, 1, "tanh", np.ones(4)
+
+
+def _guarded(x):
+    y = tg.tanh(x) if MODE == "tanh" else tg.sin(x)
+    return tg.sum((y * SCALE + SHIFT) * WEIGHTS)
+
+
+def guard_cost(calls=20000):
+    """`(guards, us per call of their check, us per compiled call)` for a small function
+    reading four globals (a float, an int, a string, an array)."""
+    step, x = tg.compile(_guarded), np.ones(4)
+    step(x)  # records
+    guards = guards_of(_guarded, (x,))  # what that recording checks
+    start = time.perf_counter()
+    for _ in range(calls):
+        guards.holds()
+    check = (time.perf_counter() - start) / calls * 1e6
+    start = time.perf_counter()
+    for _ in range(calls // 10):
+        step(x)
+    return len(guards), check, (time.perf_counter() - start) / (calls // 10) * 1e6
+
+
+# --- recording a long chain
+def recording(ops, runs=3):
+    """`{"eager"|"recording": {"s": seconds, "MB": peak}}` of the chain of `ops` operations."""
+    f = tracker_chain(["mul"] * ops)
+    x = np.full(4, 0.5)
+    passes = {"eager": lambda: tg.withgradient(f, x), "recording": lambda: tg.compile(f)(x)}
+    found = {name: {"s": math.inf} for name in passes}
+    for _ in range(runs):
+        for name, run in passes.items():
+            gc.collect()
+            start = time.perf_counter()
+            run()
+            found[name]["s"] = min(found[name]["s"], time.perf_counter() - start)
+    for name, run in passes.items():
+        gc.collect()
+        tracemalloc.start()
+        run()
+        found[name]["MB"] = tracemalloc.get_traced_memory()[1] / 1e6
+        tracemalloc.stop()
+    return found
+
+
+def report_recording(found, ops):
+    eager, ours = found["eager"], found["recording"]
+    print(
+        f"recording a chain of {ops:,} ops (4 elements): eager {eager['s']:.2f} s, "
+        f"{eager['MB']:.1f} MB peak; first call of tg.compile {ours['s']:.2f} s "
+        f"({ours['s'] / eager['s']:.2f}x), {ours['MB']:.1f} MB ({ours['MB'] / eager['MB']:.2f}x)"
+    )
+    for what, unit in (("time", "s"), ("peak memory", "MB")):
+        ratio = ours[unit] / eager[unit]
+        print(f"target recording {what}: at most 2x eager: {ratio:.2f} "
+              f"{'met' if ratio <= 2 else 'MISSED'}")  # fmt: skip
+
+
 def interleaved(steppers, repeats, rounds=5):
     """Median seconds per call of each stepper, measured round by round in turn."""
     times = {name: [] for name in steppers}
@@ -349,6 +417,8 @@ def main():
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--backend", choices=("numpy", "cupy"), default="numpy")
+    parser.add_argument("--record-ops", type=int, default=100_000,
+                        help="the long chain recorded against eager (0: not measured)")  # fmt: skip
     args = parser.parse_args()
     if args.backend == "cupy":
         document = gpu_run(args)
@@ -368,11 +438,19 @@ def main():
         seconds = interleaved(mlp_steppers(args.batch), args.repeats * 10)
         rows["MLP step"] = {peer: s * 1e6 for peer, s in seconds.items()}
     report(rows, args)
+    found = recording(args.record_ops) if args.record_ops else None
+    if found:
+        report_recording(found, args.record_ops)
+    count, check, call = guard_cost()
+    print(f"guards: {count} globals checked before each replay, {check:.2f} us per call "
+          f"(the whole compiled call of that function: {call:.1f} us)")  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(
-                {"unit": {"chains": "us per op", "MLP step": "us"}, "rows": rows}, f, indent=1
-            )
+            units = {"chains": "us per op", "MLP step": "us", "guards": "us per call"}
+            guards = {"count": count, "check": check, "call": call}
+            units["recording"] = "s, MB peak"
+            document = {"unit": units, "rows": rows, "guards": guards, "recording": found}
+            json.dump(document, f, indent=1)
 
 
 def report(rows, args):

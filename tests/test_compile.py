@@ -220,7 +220,7 @@ def test_a_float_batch_that_reaches_no_input_is_not_differentiated():
         (val, (g,)), expected = compiled(w, x), step(w, x)
         np.testing.assert_allclose(g, expected.grad[0], rtol=1e-12)
         assert float(val) == pytest.approx(float(expected.val))
-    (program,) = compiled._programs.values()
+    (program,) = compiled.programs()
     if program.interpreted:
         pytest.skip(
             "the interpreted replay (a GPU, or the host build of the kernels) runs each node's "
@@ -368,7 +368,7 @@ def test_the_generated_code_is_straight_line():
     step = tg.compile(lambda x: tg.sum(tg.sin(x * 2.0)))
     with on_host(False):  # the host's arrays, and no fused path: one generated function
         step(np.ones(3))
-    (program,) = step._programs.values()
+    (program,) = step.programs()
     assert "XP" in program.source and "for " not in program.source and "FIT" not in program.source
 
 
@@ -379,7 +379,7 @@ def test_the_capture_plan(monkeypatch):
     step = tg.compile(f)
     x, y = _inputs_numpy(shapes)
     step(x, y)
-    (program,) = step._programs.values()
+    (program,) = step.programs()
     plan = graphs.plan(program, [x, y])
     assert plan.capturable and plan.inputs == [((3, 4), np.float64)] * 2
     assert plan.outputs == program.outputs and len(plan.outputs) == 3  # the loss, two gradients
@@ -397,7 +397,7 @@ def test_a_program_that_draws_on_the_host_is_not_captured(monkeypatch):
     drop = nn.Dropout(0.5, rng=np.random.default_rng(0))
     step = tg.compile(lambda x: tg.sum(drop(x)))
     step(np.ones(4))
-    (program,) = step._programs.values()
+    (program,) = step.programs()
     assert "random numbers on the host" in graphs.plan(program, [np.ones(4)]).reasons[0]
     assert "not a CuPy array" in graphs.plan(program, [np.float64(1.0)]).reasons[-1]
 

@@ -18,6 +18,10 @@ branch (`float(x)`, `if x > 0:`), used as an index, or a tracked array made outs
 `fallback=True` such a signature runs eagerly every time instead (the refused recording's run
 finishes eagerly, so that `f` runs once per call).
 
+What `f` reads from its globals and closure (`guards.py`: numbers and strings by value, arrays
+by identity, shape and dtype) is checked before every replay; when it has changed, the call
+records anew. Keyword arguments are part of the signature, and are not differentiated.
+
 >>> import numpy as np, tracker_gpu as tg
 >>> step = tg.compile(lambda x: tg.sum(tg.sin(x) * x))
 >>> val, (g,) = step(np.array([0.5, 1.0]))  # records
@@ -39,6 +43,7 @@ from .. import nesting, recording
 from ..api import (
     HandOut,
     WithGradient,
+    _as_data,
     backprop,
     gradients_in_place,
     positions,
@@ -49,6 +54,7 @@ from ..api import (
 from ..pytree import tree_map
 from ..recording import RecordingError
 from ..tracked import TrackedArray
+from .guards import Guards, guards_of
 from .program import Program, shallow_copy
 from .recorder import Recorder, Walk
 from .signature import VALUES, arrays_of, signature_and_arrays
@@ -57,6 +63,8 @@ __all__ = ["compile", "Compiled", "RecordingError"]
 
 CacheInfo = namedtuple("CacheInfo", "hits misses maxsize currsize eager")
 _EAGER = object()  # a signature that runs eagerly (fallback=True after a refusal)
+_KEYWORDS = object()  # marks the signature of a call with keyword arguments
+VARIANTS = 8  # recordings kept for one signature whose guards differ (guards.py)
 
 
 def compile(f, *, gradient=None, wrt=None, fallback=False, maxsize=32, cuda_graphs=True):
@@ -70,7 +78,9 @@ def compile(f, *, gradient=None, wrt=None, fallback=False, maxsize=32, cuda_grap
     `wrt` differentiates only the arguments at those positions, as in `gradient` (a data batch
     passed as a float array is then read anew by every replay, without a gradient);
     `fallback=True` runs `f` eagerly for a signature whose recording was refused; `maxsize`
-    bounds the recordings kept (the least recently used goes first); `cuda_graphs=False`
+    bounds the signatures kept (the least recently used goes first), each with up to
+    `VARIANTS` recordings for the values it read from outside its arguments (`guards.py`);
+    keyword arguments are part of the signature and not differentiated; `cuda_graphs=False`
     replays CuPy programs step by step instead of as CUDA graphs.
     """
     if not callable(f):
@@ -88,54 +98,104 @@ class Compiled:
         self.wrt, self.gradient = wrt, gradient
         self._programs = OrderedDict()
         self._hits = self._misses = 0
-        self._churned = False
+        self._churned = self._guard_churned = self._warned_random = False
         functools.update_wrapper(self, f, updated=())
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         memo = {}
         chosen = positions(self.wrt, len(args))  # a Python number outside wrt stays one
         args = tuple(
             _prepared(top_level(a, i) if i in chosen else a, memo) for i, a in enumerate(args)
         )
-        key, arrays = signature_and_arrays(args)
-        program = self._programs.get(key)
+        if kwargs:  # by name: the order they are written in does not matter
+            kwargs = {k: _prepared(kwargs[k], memo) for k in sorted(kwargs)}
+            key, arrays = signature_and_arrays((args, kwargs))
+            key = (_KEYWORDS, key)
+        else:
+            key, arrays = signature_and_arrays(args)
+        variants = self._programs.get(key)
+        program = None if variants is None else _holding(variants)
         if program is None:
             self._misses += 1
-            return self._record(key, args)
+            return self._record(key, args, kwargs, variants)
         self._hits += 1
         self._programs.move_to_end(key)
         if program is _EAGER:
-            return _plain(self._eager(args))
+            return _plain(self._eager(args, kwargs))
         return _plain(program.run(arrays))
 
     def cache_info(self):
-        eager = sum(p is _EAGER for p in self._programs.values())
-        return CacheInfo(self._hits, self._misses, self.maxsize, len(self._programs), eager)
+        programs = [p for variants in self._programs.values() for _, p in variants]
+        eager = sum(p is _EAGER for p in programs)
+        return CacheInfo(self._hits, self._misses, self.maxsize, len(programs), eager)
+
+    def programs(self):
+        """The recordings kept (the replayed programs; none for a signature run eagerly),
+        the least recently used signature first, its newest recording first."""
+        found = [p for variants in self._programs.values() for _, p in variants]
+        return [p for p in found if p is not _EAGER]
 
     def cache_clear(self):
         self._programs.clear()
         self._hits = self._misses = 0
 
-    def _record(self, key, args):
+    def _record(self, key, args, kwargs, variants):
+        """Record `f` for a new signature, or anew for one whose recordings' guards (the
+        globals and closure they read, `guards.py`) no longer hold: one more variant."""
+        changed = None if variants is None else variants[0][0].failing()
         try:
             program, result = record(
-                self.f, args, self.cuda_graphs, self.wrt, self.gradient, self.fallback
+                self.f, args, self.cuda_graphs, self.wrt, self.gradient, self.fallback, kwargs
             )
         except RecordingError:
             if not self.fallback:
                 raise
             # a refusal the run could not go on from eagerly: f runs again, eagerly
-            program, result = None, self._eager(args)
-        self._programs[key] = _EAGER if program is None else program
+            program, result = None, self._eager(args, kwargs)
+        guards = Guards() if program is None else guards_of(self.f, args, kwargs)
+        self._warn_random(guards)
+        if variants is None:
+            variants = self._programs[key] = []
+        variants.insert(0, (guards, _EAGER if program is None else program))
+        if len(variants) > VARIANTS:
+            variants.pop()
+            self._warn_guard_churn(changed)
+        self._programs.move_to_end(key)
         while len(self._programs) > self.maxsize:
             self._programs.popitem(last=False)
             self._warn_churn()
         return _plain(result)
 
-    def _eager(self, args):
+    def _eager(self, args, kwargs):
         if self.gradient is False:
-            return _Own(self.f(*args))
-        return withgradient(self.f, *args, wrt=self.wrt)
+            return _Own(self.f(*args, **kwargs))
+        return withgradient(_with_keywords(self.f, kwargs), *args, wrt=self.wrt)
+
+    def _warn_random(self, guards):
+        if not guards.random or self._warned_random:
+            return
+        self._warned_random = True
+        warnings.warn(
+            f"tg.compile of {getattr(self.f, '__name__', 'f')!r} reads NumPy's random "
+            f"generator {guards.random[0]!r}: what f draws from it is drawn once, while "
+            "recording, and every replay repeats those numbers. Draw with tracker_gpu's layers "
+            "(nn.Dropout draws anew at every replay), or pass the draws in as an argument",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+    def _warn_guard_churn(self, changed):
+        if self._guard_churned:
+            return
+        self._guard_churned = True
+        warnings.warn(
+            f"tg.compile of {getattr(self.f, '__name__', 'f')!r} has recorded anew more than "
+            f"{VARIANTS} times for one signature, because a value it reads from outside its "
+            f"arguments changes from call to call ({changed!r}); pass such a value as an "
+            "argument (a number as a 0-d array is read anew by every replay)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def _warn_churn(self):
         if self._churned:
@@ -155,14 +215,16 @@ class Compiled:
         return f"<tg.compile of {getattr(self.f, '__name__', self.f)!r}: {self.cache_info()}>"
 
 
-def record(f, args, cuda_graphs=True, wrt=None, gradient=True, fallback=False):
-    """Run `f` (and its gradient) once, recording: `(program, the result of this run)`.
-    `gradient` as in `compile`. With `fallback`, a refusal that the run can go on from
-    eagerly stops the recording there, and the run finishes eagerly: `(None, its result)`."""
-    arrays = arrays_of(args)
+def record(f, args, cuda_graphs=True, wrt=None, gradient=True, fallback=False, kwargs=None):
+    """Run `f(*args, **kwargs)` (and its gradient) once, recording: `(program, the result of
+    this run)`. `gradient` as in `compile`; keyword arguments are not differentiated. With
+    `fallback`, a refusal that the run can go on from eagerly stops the recording there, and
+    the run finishes eagerly: `(None, its result)`."""
+    kwargs = kwargs or {}
+    arrays = arrays_of((args, kwargs)) if kwargs else arrays_of(args)
     recorder = Recorder(arrays, lenient=fallback)
     with recording.recording(recorder):
-        result = _traced_run(f, args, recorder, wrt, gradient)
+        result = _traced_run(f, args, recorder, wrt, gradient, kwargs)
     if recorder.refused is None:
         try:
             program = Program(recorder, result, arrays, cuda_graphs)
@@ -181,11 +243,13 @@ def _untraced(v):
     return v.data if isinstance(v, TrackedArray) else v
 
 
-def _traced_run(f, args, recorder, wrt=None, gradient=True):
+def _traced_run(f, args, recorder, wrt=None, gradient=True, kwargs=None):
     """`withgradient(f, *args)` with everything traced, or `f`'s output (`gradient` False,
-    or None and `f` took its own gradient: `_own_gradient`)."""
+    or None and `f` took its own gradient: `_own_gradient`). The keyword arguments' arrays
+    are traced as data, as the arguments outside `wrt` are."""
     chosen = positions(wrt, len(args))
     args, inputs, tracked_args = track_inputs(args, nest=False, chosen=chosen)
+    f = _with_keywords(f, _as_data(kwargs) if kwargs else None)
     start, passes = len(recorder.steps), nesting.top_level_passes()
     if gradient:  # differentiated, as by withgradient: the passes f makes inside nest
         with nesting.inside():
@@ -198,6 +262,21 @@ def _traced_run(f, args, recorder, wrt=None, gradient=True):
     loss = val[0] if isinstance(val, tuple) else val
     found = backprop(loss, inputs.values(), nest=False)
     return WithGradient(val, gradients_in_place(args, inputs, found, nest=False, chosen=chosen))
+
+
+def _with_keywords(f, kwargs):
+    """`f` with the keyword arguments `kwargs` given (`f` itself when there are none)."""
+    if not kwargs:
+        return f
+    return functools.update_wrapper(functools.partial(f, **kwargs), f, updated=())
+
+
+def _holding(variants):
+    """The first program of one signature whose guards hold (None if none does)."""
+    for guards, program in variants:
+        if guards.holds():
+            return program
+    return None
 
 
 def _called(f, tracked_args):

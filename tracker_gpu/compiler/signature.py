@@ -2,7 +2,9 @@
 
 The structure of the arguments (container types, dict keys, dataclass fields), each array's
 library, shape, dtype and device, which arrays are the same object, and the value of anything
-else (numbers inside structures, strings, functions: the recording fixes them).
+else (numbers inside structures, strings, functions: the recording fixes them). A hashable
+object is keyed by itself: by identity, unless its class defines `__hash__`; the attributes
+that `f` reads from one keyed by identity are guarded (`guards.py`).
 
 >>> import numpy as np
 >>> signature((np.ones(2), {"n": 3})) == signature((np.zeros(2), {"n": 3}))

@@ -1,0 +1,390 @@
+"""tg.compile's guards and keyword arguments: a global, a closure variable, or an attribute of a
+hashable argument that `f` reads and that changes between calls makes a new recording, whose
+answers are eager's; keyword arguments are part of the signature, as positional ones are."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import tracker_gpu as tg
+from tracker_gpu import nn
+from tracker_gpu.compiler.guards import guards_of
+
+SCALE = 2.0
+MODE = "sin"
+WEIGHTS = np.array([1.0, 2.0, 3.0])
+SETTINGS = {"lr": 0.5, "shift": np.zeros(3)}
+RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _globals_restored():
+    kept = SCALE, MODE, WEIGHTS, SETTINGS.copy()
+    yield
+    globals().update(SCALE=kept[0], MODE=kept[1], WEIGHTS=kept[2])
+    SETTINGS.clear()
+    SETTINGS.update(kept[3])
+
+
+def _scaled(x):
+    return tg.sum(tg.sin(x) * SCALE)
+
+
+def _branching(x):
+    return tg.sum(tg.sin(x) if MODE == "sin" else tg.cos(x))
+
+
+def _weighted(x):
+    return tg.sum(x * x * WEIGHTS)
+
+
+def _helper(x):
+    return x * SCALE
+
+
+def _through_a_helper(x):
+    return tg.sum(_helper(x) ** 2)
+
+
+def _from_settings(x):
+    return tg.sum((x - SETTINGS["shift"]) ** 2 * SETTINGS["lr"])
+
+
+def _same(compiled, f, *args, **kwargs):
+    """The compiled call's value and gradients equal `withgradient`'s."""
+    got = compiled(*args, **kwargs)
+    expected = tg.withgradient(lambda *a: f(*a, **kwargs), *args)
+    np.testing.assert_allclose(np.asarray(got.val), np.asarray(expected.val), rtol=1e-12)
+    for g, e in zip(got.grad, expected.grad):
+        assert (g is None) == (e is None)
+        if g is not None:
+            np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-12)
+    return got
+
+
+X = np.array([0.5, -1.0, 2.0])
+
+
+# --- globals
+@pytest.mark.parametrize("new", [5.0, 2, -0.0, np.float32(2.5)])
+def test_a_global_number_rebound_records_anew(new):
+    global SCALE
+    step = tg.compile(_scaled)
+    _same(step, _scaled, X)
+    SCALE = new
+    _same(step, _scaled, X)
+    assert step.cache_info().misses == 2
+    _same(step, _scaled, X)
+    assert step.cache_info().hits == 1
+
+
+def test_a_global_number_rebound_on_every_backend(backend):
+    global SCALE
+    step, x = tg.compile(_scaled), backend.asarray(X)
+    first = backend.to_numpy(step(x).grad[0])
+    SCALE = 3.0
+    np.testing.assert_allclose(backend.to_numpy(step(x).grad[0]), first * 1.5, rtol=1e-12)
+
+
+def test_an_equal_value_replays():
+    global SCALE
+    step = tg.compile(_scaled)
+    step(X)
+    SCALE = float("2.0")  # another object, the same value
+    step(X)
+    assert (step.cache_info().misses, step.cache_info().hits) == (1, 1)
+
+
+def test_a_float_is_guarded_by_its_bits():
+    global SCALE
+    SCALE = 0.0
+    guards = guards_of(_scaled, (X,))
+    assert guards.names == ["SCALE"] and guards.holds()
+    SCALE = -0.0
+    assert not guards.holds() and guards.failing() == "SCALE"
+    SCALE = float("nan")
+    guards = guards_of(_scaled, (X,))
+    SCALE = float("nan")  # another nan: the same bits
+    assert guards.holds()
+
+
+class Settings:
+    scale = None
+
+
+CONFIG = Settings()
+
+
+def test_an_attribute_of_a_global_object_rebound_records_anew():
+    def f(x):
+        return tg.sum(x * CONFIG.scale)
+
+    CONFIG.scale = 2.0
+    step = tg.compile(f)
+    _same(step, f, X)
+    CONFIG.scale = 7.0
+    _same(step, f, X)
+    assert step.cache_info().misses == 2
+
+
+def test_a_global_string_rebound_records_anew():
+    global MODE
+    step = tg.compile(_branching)
+    _same(step, _branching, X)
+    MODE = "cos"
+    _same(step, _branching, X)
+    assert step.cache_info().misses == 2
+
+
+def test_a_global_array_rebound_records_anew():
+    global WEIGHTS
+    step = tg.compile(_weighted)
+    _same(step, _weighted, X)
+    WEIGHTS = np.array([-1.0, 0.5, 4.0])  # the same shape and dtype: another array
+    _same(step, _weighted, X)
+    WEIGHTS = WEIGHTS.astype(np.float32)
+    _same(step, _weighted, X)
+    assert step.cache_info().misses == 3
+
+
+def test_an_array_written_in_place_is_read_by_the_replay():
+    step = tg.compile(_weighted)
+    _same(step, _weighted, X)
+    WEIGHTS[...] = [7.0, -2.0, 0.25]  # the program reads the array itself
+    _same(step, _weighted, X)
+    assert step.cache_info().hits == 1
+
+
+def test_what_f_computes_from_a_global_array_alone_is_frozen():
+    """As the README says: tg.exp(WEIGHTS) involves no traced value, so the recording
+    computes it once; a write into WEIGHTS in place is not seen there (pass it as an
+    argument to have it read anew)."""
+
+    def f(x):
+        return tg.sum(x * tg.exp(WEIGHTS))
+
+    step = tg.compile(f)
+    first = step(X).grad[0]
+    WEIGHTS[...] = 0.0
+    np.testing.assert_array_equal(step(X).grad[0], first)
+    as_argument = tg.compile(lambda x, w: tg.sum(x * tg.exp(w)), wrt=0)
+    assert float(as_argument(X, WEIGHTS).val) == pytest.approx(float(np.sum(X)))
+
+
+def test_a_global_dict_entry_changed_records_anew():
+    step = tg.compile(_from_settings)
+    _same(step, _from_settings, X)
+    SETTINGS["lr"] = 3.0
+    _same(step, _from_settings, X)
+    SETTINGS["shift"] = np.ones(3)
+    _same(step, _from_settings, X)
+    assert step.cache_info().misses == 3
+
+
+def test_the_globals_of_a_function_f_calls_are_guarded():
+    global SCALE
+    step = tg.compile(_through_a_helper)
+    _same(step, _through_a_helper, X)
+    SCALE = -4.0
+    _same(step, _through_a_helper, X)
+    assert step.cache_info().misses == 2
+
+
+def test_a_global_function_rebound_records_anew():
+    global _helper
+    step, kept = tg.compile(_through_a_helper), _helper
+    _same(step, _through_a_helper, X)
+    _helper = tg.sin
+    try:
+        _same(step, _through_a_helper, X)
+    finally:
+        _helper = kept
+    assert step.cache_info().misses == 2
+
+
+def test_values_going_back_and_forth_keep_both_recordings():
+    global SCALE
+    step = tg.compile(_scaled)
+    for scale in [2.0, 3.0, 2.0, 3.0, 2.0]:
+        SCALE = scale
+        _same(step, _scaled, X)
+    assert (step.cache_info().misses, step.cache_info().currsize) == (2, 2)
+
+
+def test_a_value_that_changes_every_call_is_reported():
+    global SCALE
+    step = tg.compile(_scaled)
+    with pytest.warns(RuntimeWarning, match="'SCALE'"):
+        for k in range(12):
+            SCALE = float(k)
+            _same(step, _scaled, X)
+    assert step.cache_info().currsize <= 8
+
+
+# --- closures, methods, arguments
+def _closure():
+    k = 2.0
+
+    def f(x):
+        return tg.sum(tg.exp(x) * k)
+
+    def set_k(value):
+        nonlocal k
+        k = value
+
+    return f, set_k
+
+
+def test_a_closure_cell_rebound_records_anew():
+    f, set_k = _closure()
+    step = tg.compile(f)
+    _same(step, f, X)
+    set_k(-3.0)
+    _same(step, f, X)
+    set_k(np.float64(0.5))
+    _same(step, f, X)
+    assert step.cache_info().misses == 3
+
+
+def test_a_closed_over_array_rebound_records_anew():
+    w = np.array([1.0, 2.0, 3.0])
+    f = lambda x: tg.sum(x * w)  # noqa: E731
+    step = tg.compile(f)
+    _same(step, f, X)
+    w = np.array([4.0, 5.0, 6.0])  # noqa: F841 (read by f, through its cell)
+    _same(step, f, X)
+    assert step.cache_info().misses == 2
+
+
+class Model:
+    """A plain object: hashable, keyed by identity in a signature."""
+
+    def __init__(self, scale, weights):
+        self.scale, self.weights = scale, weights
+
+    def loss(self, x):
+        return tg.sum(tg.tanh(x * self.weights) * self.scale)
+
+
+def test_an_attribute_of_a_bound_methods_self_rebound_records_anew():
+    model = Model(2.0, np.ones(3))
+    step = tg.compile(model.loss)
+    _same(step, model.loss, X)
+    model.scale = 0.5
+    _same(step, model.loss, X)
+    model.weights = np.array([1.0, -1.0, 2.0])
+    _same(step, model.loss, X)
+    assert step.cache_info().misses == 3
+
+
+def _loss_of(x, model):
+    return tg.sum(tg.tanh(x * model.weights) * model.scale)
+
+
+def test_an_attribute_of_a_hashable_argument_rebound_records_anew():
+    model = Model(2.0, np.ones(3))
+    step = tg.compile(_loss_of)
+    _same(step, _loss_of, X, model)
+    model.scale = -1.5
+    _same(step, _loss_of, X, model)
+    model.weights = np.full(3, 0.25)
+    _same(step, _loss_of, X, model)
+    assert step.cache_info().misses == 3
+    _same(step, _loss_of, X, model)
+    assert step.cache_info().hits == 1
+
+
+def test_a_function_argument_is_looked_into():
+    global SCALE
+    step = tg.compile(lambda x, g: tg.sum(g(x)))
+    got = step(X, _helper).grad[0]
+    SCALE = 10.0
+    np.testing.assert_allclose(step(X, _helper).grad[0], got * 5, rtol=1e-12)
+
+
+def test_the_library_is_not_looked_into():
+    guards = guards_of(lambda x: tg.sum(nn.relu(x) * np.pi), (X,))
+    assert len(guards) == 0 and guards.holds()
+
+
+# --- keyword arguments
+def _with_keywords(x, *, k=1.0, w=None, mode="sin"):
+    y = tg.sin(x) if mode == "sin" else tg.cos(x)
+    return tg.sum(y * k * (1.0 if w is None else w))
+
+
+def test_keyword_arguments_are_taken():
+    step = tg.compile(_with_keywords)
+    _same(step, _with_keywords, X, k=3.0)
+    _same(step, _with_keywords, X, k=3.0, w=np.array([1.0, 2.0, 3.0]))
+    _same(step, _with_keywords, X, w=np.array([1.0, 2.0, 3.0]), k=3.0)  # order: one signature
+    assert (step.cache_info().misses, step.cache_info().hits) == (2, 1)
+
+
+def test_keywords_are_part_of_the_signature():
+    step = tg.compile(_with_keywords)
+    for kw in [{"k": 2.0}, {"k": 3.0}, {"mode": "cos"}, {}, {"k": 2.0}]:
+        _same(step, _with_keywords, X, **kw)
+    assert (step.cache_info().misses, step.cache_info().hits) == (4, 1)
+
+
+def test_a_keyword_array_is_read_anew_without_a_gradient():
+    step = tg.compile(_with_keywords)
+    for w in [np.array([1.0, 2.0, 3.0]), np.array([-1.0, 0.0, 5.0])]:
+        got = _same(step, _with_keywords, X, w=w)
+        assert len(got.grad) == 1
+    assert step.cache_info().hits == 1
+
+
+def test_a_positional_dict_is_not_a_keyword():
+    f = lambda x, *rest, **kw: tg.sum(x * (rest[0]["k"] if rest else kw["k"]))  # noqa: E731
+    step = tg.compile(f, wrt=0)
+    assert float(step(X, {"k": 2.0}).val) == pytest.approx(2 * float(np.sum(X)))
+    assert float(step(X, k=3.0).val) == pytest.approx(3 * float(np.sum(X)))
+    assert step.cache_info().misses == 2
+
+
+def test_wrt_names_positions_with_keywords():
+    f = lambda x, y, k=1.0: tg.sum(x * y * k)  # noqa: E731
+    step, y = tg.compile(f, wrt=1), np.array([1.0, 2.0, 3.0])
+    got = step(X, y, k=2.0)
+    assert got.grad[0] is None
+    np.testing.assert_allclose(got.grad[1], 2.0 * X)
+
+
+def test_keywords_of_a_function_that_takes_its_own_gradient():
+    def train(x, *, lr):
+        val, (g,) = tg.withgradient(lambda x: tg.sum(x**2), x)
+        return val, x - lr * g
+
+    step = tg.compile(train, gradient=False)
+    for lr in [0.1, 0.1, 0.5]:
+        val, new = step(X, lr=lr)
+        np.testing.assert_allclose(new, X - lr * 2 * X)
+    assert step.cache_info().misses == 2
+
+
+# --- NumPy's random functions: frozen by a replay, and warned
+def test_a_numpy_generator_read_by_f_warns_once():
+    def noisy(x):
+        return tg.sum(x * RNG.normal(size=3))
+
+    step = tg.compile(noisy)
+    with pytest.warns(RuntimeWarning, match="'RNG'.*repeats"):
+        step(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        step(X)
+
+
+def test_numpy_random_module_read_by_f_warns():
+    with pytest.warns(RuntimeWarning, match="np.random"):
+        tg.compile(lambda x: tg.sum(x * np.random.uniform(size=3)))(X)
+
+
+def test_a_layers_draws_do_not_warn():
+    drop = nn.Dropout(0.5, rng=np.random.default_rng(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tg.compile(lambda x: tg.sum(drop(x)))(X)

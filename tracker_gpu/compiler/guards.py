@@ -1,0 +1,330 @@
+"""What a recording read besides its arguments, checked before every replay: its guards.
+
+A recording fixes every value `f` reads from outside its arguments: a global `scale = 2.0`
+multiplied in is a constant of the program. So, once a recording is made, `guards_of` lists
+what the function's code reads from its globals and closure cells, from those of the user
+functions it reads there (to a depth of `DEPTH`), from a bound method's `self`, and the
+attributes that code reads from objects found there or passed as hashable arguments (keyed
+by identity in the signature). Each is guarded by what decides the program:
+
+- a Python number, string, `None`, NumPy scalar, or tuple of those: its value (by its bits: a
+  float's `-0.0` is not `0.0`);
+- an array (any library's): its identity, shape and dtype;
+- a dict or list of at most 16 of those (`{"lr": 0.1}`): its identity and its items;
+- anything else (a function, a layer, a dict): its identity.
+
+The library's own modules and functions, and those of installed packages and the standard
+library, are not looked into: what they read is theirs. `Guards.holds()` is the check a replay
+runs first; a failing guard makes the compiled function record anew (`__init__.py`).
+
+>>> import numpy as np
+>>> scale = 2.0
+>>> def f(x):
+...     return x * scale
+>>> guards = guards_of(f, (np.ones(2),))
+>>> guards.names, guards.holds()
+(['scale'], True)
+>>> scale = 5.0
+>>> guards.holds(), guards.failing()
+(False, 'scale')
+"""
+
+import dataclasses
+import dis
+import functools
+import os
+import sysconfig
+import types
+
+import numpy as np
+
+from .. import backend
+from .signature import VALUES
+
+__all__ = ["Guards", "guards_of", "DEPTH"]
+
+DEPTH = 3  # how deep functions read from globals and closures are looked into
+_MISSING = object()  # a name no longer bound
+_SAME, _VALUE, _ARRAY, _ITEMS = range(4)  # by identity, value, array, identity and items
+_ITEMS_MAX = 16  # a dict or list longer than this is guarded by identity only
+_GLOBAL_READS = frozenset(("LOAD_GLOBAL", "LOAD_NAME"))
+_ATTRIBUTE_READS = frozenset(("LOAD_ATTR", "LOAD_METHOD"))
+
+
+class Guards:
+    """The reads of one recording, and their values then: `holds()` while all are the same.
+    `names` says what each guard reads (`scale`, `cfg.scale`); `random` names the NumPy
+    generators (or `np.random`) the recorded code reads, whose draws a replay repeats."""
+
+    __slots__ = ("entries", "names", "random", "_seen")
+
+    def __init__(self):
+        self.entries = []  # (source: a dict or a cell, name or None for a cell, value, kind, key)
+        self.names = []
+        self.random = []
+        self._seen = set()
+
+    def holds(self):
+        """Whether every value guarded is still the one the recording read."""
+        for source, name, value, kind, key in self.entries:
+            now = source.get(name, _MISSING) if name is not None else _contents(source)
+            if now is value:
+                if kind == _ARRAY and (now.shape != key[0] or now.dtype != key[1]):
+                    return False
+                if kind == _ITEMS and _items_key(now) != key:
+                    return False
+            elif kind != _VALUE or _value_key(now) != key:
+                return False
+        return True
+
+    def failing(self):
+        """The name of the first guard that does not hold (None when all do)."""
+        for entry, name in zip(self.entries, self.names):
+            probe = Guards()
+            probe.entries = [entry]
+            if not probe.holds():
+                return name
+        return None
+
+    def add(self, source, name, value, label):
+        """Guard `source[name]` (a cell's contents when `name` is None), now `value`."""
+        if (id(source), name) in self._seen:
+            return False
+        self._seen.add((id(source), name))
+        kind, key = _kind(value)
+        self.entries.append((source, name, value, kind, key))
+        self.names.append(label)
+        return True
+
+    def __len__(self):
+        return len(self.entries)
+
+    def __repr__(self):
+        return f"<Guards on {', '.join(self.names) or 'nothing'}>"
+
+
+def guards_of(f, args=(), kwargs=None):
+    """The guards of a recording of `f(*args, **kwargs)` (see the module's docstring): what `f`
+    reads from its globals and closure, and the attributes its code reads from the hashable
+    objects among the arguments."""
+    collector = _Collector()
+    collector.function(f, 0)
+    for x in _identity_keyed((args, kwargs or {})):
+        if isinstance(x, types.FunctionType):
+            collector.function(x, 0)
+        else:
+            collector.attributes(x, collector.attribute_names, type(x).__name__, 0)
+    return collector.guards
+
+
+class _Collector:
+    """The walk of `guards_of`: each function once."""
+
+    def __init__(self):
+        self.guards = Guards()
+        self.attribute_names = set()
+        self._functions = set()
+
+    def function(self, fn, depth):
+        """Guard what `fn` reads from its globals and closure (a user function, a bound
+        method of one, an object whose class defines `__call__` in user code)."""
+        fn, owner = _unwrapped(fn)
+        if fn is None or id(fn) in self._functions or _in_library(fn.__code__.co_filename):
+            return
+        self._functions.add(id(fn))
+        names, attributes = _reads(fn.__code__)
+        self.attribute_names |= attributes
+        for name in names:
+            if name in fn.__globals__:
+                self.value(fn.__globals__, name, fn.__globals__[name], name, attributes, depth)
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            value = _contents(cell)
+            if value is not _MISSING:
+                self.value(cell, None, value, name, attributes, depth)
+        if owner is not None:
+            self.attributes(owner, attributes, "self", depth + 1)
+
+    def value(self, source, name, value, label, attributes, depth):
+        """Guard one value read, and look into it: a function's reads, an object's attributes
+        that the reading code names."""
+        if isinstance(value, types.ModuleType):  # not rebound in practice: its attributes
+            if not _in_library(getattr(value, "__file__", None)):
+                self.attributes(value, attributes, label, depth + 1, leaves_only=True)
+            elif value is np.random:
+                self.guards.random.append(label)
+            elif value is np and "random" in attributes:
+                self.guards.random.append(f"{label}.random")
+            return
+        if not self.guards.add(source, name, value, label):
+            return
+        if _is_generator(value):
+            self.guards.random.append(label)
+        elif depth < DEPTH and callable(value) and not isinstance(value, type):
+            self.function(value, depth + 1)
+        elif depth < DEPTH and _plain_object(value):
+            self.attributes(value, attributes, label, depth + 1)
+
+    def attributes(self, x, attributes, label, depth, leaves_only=False):
+        """Guard the attributes of `x` that the reading code names (a module's: only numbers,
+        strings and arrays, the settings a config module holds)."""
+        found = getattr(x, "__dict__", None)
+        if type(found) is not dict:
+            return
+        for name in sorted(attributes & found.keys()):
+            value = found[name]
+            if leaves_only and _kind(value)[0] == _SAME:
+                continue
+            if self.guards.add(found, name, value, f"{label}.{name}") and _is_generator(value):
+                self.guards.random.append(f"{label}.{name}")
+
+
+def _contents(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell (a name bound later)
+        return _MISSING
+
+
+def _kind(value):
+    """`(kind, key)`: how `value` is guarded, and what is compared."""
+    key = _value_key(value)
+    if key is not None:
+        return _VALUE, key
+    if type(value) in (dict, list):
+        key = _items_key(value)
+        return (_SAME, None) if key is None else (_ITEMS, key)
+    if not backend.is_array(value):
+        return _SAME, None
+    return _ARRAY, (value.shape, value.dtype)
+
+
+def _items_key(items):
+    """What decides a short dict or list of numbers, strings and arrays (`{"lr": 0.1}`): its
+    keys, and each item as `_kind` guards it; None for any other."""
+    if len(items) > _ITEMS_MAX:
+        return None
+    pairs = items.items() if type(items) is dict else enumerate(items)
+    found = []
+    for name, value in pairs:
+        key = _value_key(value)
+        if key is None:
+            if not backend.is_array(value):
+                return None
+            key = (_Same(value), value.shape, value.dtype)
+        found.append((name, key))
+    return tuple(found)
+
+
+class _Same:
+    """An array in a guard's key, compared by identity (and held)."""
+
+    __slots__ = ("x",)
+
+    def __init__(self, x):
+        self.x = x
+
+    def __eq__(self, other):
+        return type(other) is _Same and other.x is self.x
+
+    __hash__ = None
+
+
+def _value_key(x):
+    """What decides a value guarded by value (None for what is not): its type and its bits."""
+    kind = type(x)
+    if kind is float:
+        return kind, x.hex()
+    if kind is complex:
+        return kind, x.real.hex(), x.imag.hex()
+    if kind in VALUES:
+        return kind, x
+    if isinstance(x, np.generic):
+        return kind, x.dtype.str, x.tobytes()
+    if kind is tuple and len(x) <= 16:
+        keys = tuple(_value_key(v) for v in x)
+        return None if None in keys else (kind, keys)
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _reads(code):
+    """`(global names, attribute names)` that `code` (and the code nested in it) reads."""
+    names, attributes = set(), set()
+    stack = [code]
+    while stack:
+        top = stack.pop()
+        for instruction in dis.get_instructions(top):
+            if instruction.opname in _GLOBAL_READS:
+                names.add(instruction.argval)
+            elif instruction.opname in _ATTRIBUTE_READS:
+                attributes.add(instruction.argval)
+        stack.extend(c for c in top.co_consts if isinstance(c, types.CodeType))
+    return tuple(sorted(names)), frozenset(attributes)
+
+
+def _unwrapped(fn):
+    """`(function, its self or None)` for a function, a bound method, an object with a
+    `__call__` of its own, a `functools.partial` of one; `(None, None)` for anything else."""
+    if isinstance(fn, functools.partial):
+        fn = fn.func
+    owner = None
+    if isinstance(fn, types.MethodType):
+        fn, owner = fn.__func__, fn.__self__
+    elif not isinstance(fn, types.FunctionType):
+        call = vars(type(fn)).get("__call__")  # a class of the user's own
+        fn, owner = (call, fn) if isinstance(call, types.FunctionType) else (None, None)
+    if not isinstance(fn, types.FunctionType):
+        return None, None
+    return fn, owner
+
+
+def _plain_object(x):
+    """An instance of a user class whose attributes the reading code may name."""
+    return type(getattr(x, "__dict__", None)) is dict and not isinstance(
+        x, (type, types.FunctionType, types.MethodType)
+    )
+
+
+def _is_generator(x):
+    """A NumPy generator, or one's bound method (`from numpy.random import normal`)."""
+    kinds = (np.random.Generator, np.random.RandomState)
+    return isinstance(x, kinds) or isinstance(getattr(x, "__self__", None), kinds)
+
+
+def _identity_keyed(tree):
+    """The objects in the arguments that the signature keys by themselves with the default,
+    identity-based hash (plain objects, functions): guarded through their attributes."""
+    found, stack = [], [tree]
+    while stack:
+        x = stack.pop()
+        kind = type(x)
+        if kind in VALUES or backend.is_array(x) or isinstance(x, type):
+            continue
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (tuple, list)):
+            stack.extend(x)
+        elif dataclasses.is_dataclass(x):
+            stack.extend(getattr(x, f.name) for f in dataclasses.fields(x))
+        elif kind.__hash__ is object.__hash__ and (
+            isinstance(x, types.FunctionType) or _plain_object(x)
+        ):
+            found.append(x)
+    return found
+
+
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+@functools.cache
+def _in_library(path):
+    """Whether the source file `path` is tracker_gpu's, the standard library's or an installed
+    package's (None: a built-in module): code that `f` does not own, not looked into."""
+    if path is None:
+        return True
+    if path.startswith("<"):  # typed in, or made by exec
+        return False
+    path = os.path.abspath(path)
+    paths = sysconfig.get_paths()
+    roots = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
+    return any(path.startswith(root.rstrip(os.sep) + os.sep) for root in [_OWN, *roots])
