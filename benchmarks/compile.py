@@ -16,9 +16,11 @@ Every peer computes the same formulation: NumPy by hand keeps each chain's input
 forward pass and multiplies the derivatives in the backward pass (what a tape does, written
 out); PyTorch runs eager autograd; JAX runs `jax.jit(jax.value_and_grad(f))` (compiled once,
 before timing, with its result blocked on). tracker_gpu's compiled step is
-`tg.compile(f)` after its first (recording) call. Each figure is the median wall time of
-`--repeats` calls, peers interleaved round by round; BLAS on one thread where threadpoolctl is
-installed. Not measured: memory of a replay (see memory.py), JAX's tracing and compilation.
+`tg.compile(f)` after its first (recording) call, and its fused step `tg.compile(f, fuse=True)`
+(each elementwise region one generated C++ loop, built before timing). Each figure is the
+median wall time of `--repeats` calls, peers interleaved round by round; BLAS on one thread
+where threadpoolctl is installed. Not measured: memory of a replay (see memory.py), JAX's
+tracing and compilation.
 
 Recording: the first call of `tg.compile` (recording, generating, compiling) of a long chain
 (`y = y * c`, `--record-ops` times, on a 4-element float64 array, then the gradient of `sum(y)`)
@@ -124,11 +126,12 @@ def jax_chain(kinds):
 
 def chain_steppers(kinds):
     f = tracker_chain(kinds)
-    compiled = tg.compile(f)
+    compiled, fused = tg.compile(f), tg.compile(f, fuse=True)
     x = np.array([0.5])
     steppers = {
         "tracker_gpu eager": lambda: tg.withgradient(f, x),
         "tracker_gpu compiled": lambda: compiled(x),
+        "tracker_gpu fused": lambda: fused(x),
         "NumPy by hand": lambda: numpy_chain(kinds)(x),
     }
     for name, make in (("PyTorch eager", torch_chain), ("jax.jit", jax_chain)):
@@ -140,7 +143,11 @@ def chain_steppers(kinds):
         grad = step()[1]
         grad = grad[0] if isinstance(grad, tuple) else grad
         assert np.allclose(np.asarray(grad), expected, rtol=1e-9), name
+    FUSED["chain mixed" if "sin" in kinds else "chain y*c"] = fused.programs()[0].fused
     return steppers
+
+
+FUSED = {}  # the regions (generated kernels) of each fused program, by workload
 
 
 # --- the MLP step
@@ -226,9 +233,11 @@ def mlp_steppers(batch):
     onehot = np.eye(SIZES[-1], dtype=np.float32)[labels]
     rule = optim.Adam(LR, (BETA1, BETA2), EPS)
     compiled = tg.compile(tracker_step, gradient=False)
+    fused = tg.compile(tracker_step, gradient=False, fuse=True)
     current = {
         "eager": (model, optim.setup(rule, model)),
         "compiled": (model, optim.setup(rule, model)),
+        "fused": (model, optim.setup(rule, model)),
         "numpy": (params_of(model), [(np.zeros_like(p),) * 2 for p in params_of(model)], 0),
     }
 
@@ -248,6 +257,7 @@ def mlp_steppers(batch):
     steppers = {
         "tracker_gpu eager": tracker("eager", tracker_step),
         "tracker_gpu compiled": tracker("compiled", compiled),
+        "tracker_gpu fused": tracker("fused", fused),
         "NumPy by hand": by_hand,
     }
     for name, make in (("PyTorch eager", torch_mlp), ("jax.jit", jax_mlp)):
@@ -259,6 +269,7 @@ def mlp_steppers(batch):
     for name, seen in losses.items():
         assert np.allclose(seen, losses["NumPy by hand"], rtol=1e-4), (name, seen)
     assert compiled.cache_info().hits >= 2, compiled.cache_info()  # replayed, not re-recorded
+    FUSED["MLP step"] = fused.programs()[0].fused
     return steppers
 
 
@@ -438,6 +449,7 @@ def main():
         seconds = interleaved(mlp_steppers(args.batch), args.repeats * 10)
         rows["MLP step"] = {peer: s * 1e6 for peer, s in seconds.items()}
     report(rows, args)
+    print(f"fused (tg.compile(f, fuse=True)) kernels per program: {FUSED}")
     found = recording(args.record_ops) if args.record_ops else None
     if found:
         report_recording(found, args.record_ops)

@@ -67,7 +67,9 @@ _KEYWORDS = object()  # marks the signature of a call with keyword arguments
 VARIANTS = 8  # recordings kept for one signature whose guards differ (guards.py)
 
 
-def compile(f, *, gradient=None, wrt=None, fallback=False, maxsize=32, cuda_graphs=True):
+def compile(
+    f, *, gradient=None, wrt=None, fallback=False, maxsize=32, cuda_graphs=True, fuse=False
+):
     """`f` recorded once per signature and replayed after (see the module's docstring).
 
     `gradient` says what a call returns: True, `withgradient(f, *args)`; False, `f(*args)` as
@@ -81,21 +83,28 @@ def compile(f, *, gradient=None, wrt=None, fallback=False, maxsize=32, cuda_grap
     bounds the signatures kept (the least recently used goes first), each with up to
     `VARIANTS` recordings for the values it read from outside its arguments (`guards.py`);
     keyword arguments are part of the signature and not differentiated; `cuda_graphs=False`
-    replays CuPy programs step by step instead of as CUDA graphs.
+    replays CuPy programs step by step instead of as CUDA graphs; `fuse=True` replays each
+    region of elementwise operations of a NumPy program as one generated C++ loop, built once
+    and cached on disk (`fusion.py`, `loops.py`; without a compiler, unfused with a warning):
+    arithmetic bit for bit, the C library's exp, sin, tanh... within a few units in the last
+    place of NumPy's; `fuse="exact"` fuses the correctly rounded operations only (bit for bit
+    with eager). Off by default.
     """
     if not callable(f):
         raise TypeError(f"tg.compile needs a function, got {type(f).__name__}")
     if gradient not in (None, True, False):
         raise TypeError(f"tg.compile: gradient is True, False or None, got {gradient!r}")
-    return Compiled(f, fallback, maxsize, cuda_graphs, wrt, gradient)
+    if fuse not in (True, False, "exact"):
+        raise TypeError(f"tg.compile: fuse is True, False or 'exact', got {fuse!r}")
+    return Compiled(f, fallback, maxsize, cuda_graphs, wrt, gradient, fuse)
 
 
 class Compiled:
     """A compiled function: call it as `f`; `cache_info()` says what it holds."""
 
-    def __init__(self, f, fallback, maxsize, cuda_graphs, wrt=None, gradient=None):
+    def __init__(self, f, fallback, maxsize, cuda_graphs, wrt=None, gradient=None, fuse=False):
         self.f, self.fallback, self.maxsize, self.cuda_graphs = f, fallback, maxsize, cuda_graphs
-        self.wrt, self.gradient = wrt, gradient
+        self.wrt, self.gradient, self.fuse = wrt, gradient, fuse
         self._programs = OrderedDict()
         self._hits = self._misses = 0
         self._churned = self._guard_churned = self._warned_random = False
@@ -145,7 +154,14 @@ class Compiled:
         changed = None if variants is None else variants[0][0].failing()
         try:
             program, result = record(
-                self.f, args, self.cuda_graphs, self.wrt, self.gradient, self.fallback, kwargs
+                self.f,
+                args,
+                self.cuda_graphs,
+                self.wrt,
+                self.gradient,
+                self.fallback,
+                kwargs,
+                self.fuse,
             )
         except RecordingError:
             if not self.fallback:
@@ -215,7 +231,9 @@ class Compiled:
         return f"<tg.compile of {getattr(self.f, '__name__', self.f)!r}: {self.cache_info()}>"
 
 
-def record(f, args, cuda_graphs=True, wrt=None, gradient=True, fallback=False, kwargs=None):
+def record(
+    f, args, cuda_graphs=True, wrt=None, gradient=True, fallback=False, kwargs=None, fuse=False
+):
     """Run `f(*args, **kwargs)` (and its gradient) once, recording: `(program, the result of
     this run)`. `gradient` as in `compile`; keyword arguments are not differentiated. With
     `fallback`, a refusal that the run can go on from eagerly stops the recording there, and
@@ -227,7 +245,7 @@ def record(f, args, cuda_graphs=True, wrt=None, gradient=True, fallback=False, k
         result = _traced_run(f, args, recorder, wrt, gradient, kwargs)
     if recorder.refused is None:
         try:
-            program = Program(recorder, result, arrays, cuda_graphs)
+            program = Program(recorder, result, arrays, cuda_graphs, fuse)
         except RecordingError:
             if not fallback:
                 raise

@@ -20,6 +20,7 @@ from ..rules import elementwise as ew
 from ..rules.reductions import _sum as _SUM
 from ..tape import Node
 from .chunks import link
+from .fusion import Fused
 from .recorder import Call, Draw, Walk
 from .templates import TEMPLATES
 
@@ -59,7 +60,7 @@ def generate(program):
         if i >= program.inputs and i not in program.made
     }
     src = _Source(constants)
-    calls = {id(s.node): s for s in program.steps if isinstance(s, Call)}
+    calls = _calls(program.steps)
     local = set(range(program.inputs)) | set(program.made)  # constants are globals: never del
     orders = {i: _order(s, program.slots) for i, s in enumerate(program.steps)
               if isinstance(s, Walk)}  # fmt: skip
@@ -74,6 +75,9 @@ def generate(program):
     for index, step in enumerate(program.steps):
         if isinstance(step, Call):
             _forward(src, step, reusable.buffer(index, step))
+        elif isinstance(step, Fused):  # a region of elementwise steps: one kernel
+            kernel = src.bind("FK", step.run)
+            src.emit(f"v{step.out} = {kernel}({', '.join(f'v{i}' for i in step.inputs)})")
         elif isinstance(step, Draw):
             rng, like = src.bind("R", step.rng), src.bind("L", step.like)
             src.emit(f"v{step.out} = DRAW({rng}, {step.shape!r}, {like})")
@@ -85,6 +89,17 @@ def generate(program):
     names = [f"v{s}" for s in program.outputs]
     body, src.lines, src.release = src.lines, None, None
     return link(body, src.cuts, params, names, _is_local(local), dict(src.names))
+
+
+def _calls(steps):
+    """{id(node): its Call}, the steps of fused regions included (their nodes are pulled back
+    as before)."""
+    calls = {}
+    for s in steps:
+        for call in s.calls if isinstance(s, Fused) else [s]:
+            if isinstance(call, Call):
+                calls[id(call.node)] = call
+    return calls
 
 
 def _is_local(local):
@@ -174,10 +189,12 @@ REUSE_FROM = 1 << 12
 def _exposed(program):
     """The slots read by anything but an arithmetic template: forwards without a template,
     random draws' shapes, and every backward pass (its seed and what its pullbacks read)."""
-    calls = {id(s.node): s for s in program.steps if isinstance(s, Call)}
+    calls = _calls(program.steps)
     found = set()
     for step in program.steps:
-        if isinstance(step, Call):
+        if isinstance(step, Fused):
+            found.update(step.inputs)
+        elif isinstance(step, Call):
             if _template_of(step) is None or step.function not in _FRESH:
                 found.update(step.inputs)
         elif isinstance(step, Walk):
@@ -384,7 +401,7 @@ def _last_reads(program, calls, orders):
     reading a forward's inputs, a walk's seed, and each node's saved values in its pullback."""
     last = {}
     for index, step in enumerate(program.steps):
-        if isinstance(step, Call):
+        if isinstance(step, (Call, Fused)):
             for slot in step.inputs:
                 last[slot] = (index, None)
         elif isinstance(step, Walk):

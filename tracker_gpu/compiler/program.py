@@ -14,14 +14,16 @@ import sys
 import threading
 import warnings
 
+import numpy as np
+
 from .. import draws, recording
 from ..backend import is_array, is_cupy, namespace_of
 from ..cuda.dispatch import on_host_now
 from ..pytree import tree_leaves, tree_map
 from ..tape import replay
 from ..tracked import TrackedArray
-from . import graphs
-from .codegen import generate
+from . import fusion, graphs, loops
+from .codegen import _order, generate
 from .recorder import Call, Draw, Walk
 
 __all__ = ["Program"]
@@ -38,9 +40,11 @@ class _Slot:
 
 class Program:
     """The steps of a recording and the shape of its result (`result`: the values as recorded,
-    tracked ones standing for their slots). `arrays` are the recording's arguments."""
+    tracked ones standing for their slots). `arrays` are the recording's arguments; with
+    `fuse` (True, or "exact": correctly rounded operations only), the elementwise regions of a
+    host program become generated kernels (`fusion.py`): `fused` counts them."""
 
-    def __init__(self, recorder, result, arrays, use_graphs=True):
+    def __init__(self, recorder, result, arrays, use_graphs=True, fuse=False):
         self.inputs = len(arrays)
         self.steps = recorder.steps
         self.slots = dict(recorder.slots)  # id(node) -> slot
@@ -63,9 +67,22 @@ class Program:
         self._lock = threading.Lock()
         self._releases = None  # for `interpret`, made by its first run
         self.source = None
+        self.fused = 0
         if not self.interpreted:
+            if fuse:
+                self._fuse(arrays, fuse)
             self._run, self.source = generate(self)
             self.slots = None
+
+    def _fuse(self, arrays, fuse):
+        """Each elementwise region of the steps made one kernel (`fusion.py`), for NumPy arrays
+        on the host (`loops.py`); other libraries' programs stay as they are."""
+        if not all(type(a) is np.ndarray for a in arrays):
+            return
+        orders = {i: _order(s, self.slots) for i, s in enumerate(self.steps)
+                  if isinstance(s, Walk)}  # fmt: skip
+        exact = fuse == "exact"
+        self.steps, self.fused = fusion.fuse(self, arrays, orders, loops.build, exact)
 
     def run(self, arrays):
         """The result for new arguments (their arrays, in the recording's order)."""
@@ -227,7 +244,22 @@ def _run_walk(step, env):
         env[slot] = found.get(id(node))
 
 
-_RUN = {Call: _run_call, Draw: _run_draw, Walk: _run_walk}
+def _run_fused(step, env):
+    """A fused region (host programs only; interpreted by tests): its value, and what its
+    steps' nodes save from outside the region."""
+    value = env[step.out] = step.run(*[env[i] for i in step.inputs])
+    for call in step.calls:
+        if call.saves:
+            saved = [None, *call.node.args]
+            for position, slot in call.saves:
+                if position:
+                    saved[position] = env[slot]
+                elif call.out == step.out:  # an inner value is never saved (`fusion.regions`)
+                    saved[0] = value
+            call.node.saved = saved
+
+
+_RUN = {Call: _run_call, Draw: _run_draw, Walk: _run_walk, fusion.Fused: _run_fused}
 
 
 def _last_uses(steps, outputs):
@@ -236,6 +268,9 @@ def _last_uses(steps, outputs):
     for i, step in enumerate(steps):
         if isinstance(step, Call):  # its inputs, and the arguments its node saves
             reads = [*step.inputs, *(slot for position, slot in step.saves if position)]
+        elif isinstance(step, fusion.Fused):  # and those its steps' nodes save
+            saved = (slot for c in step.calls for position, slot in c.saves if position)
+            reads = [*step.inputs, *saved]
         else:
             reads = [getattr(step, "seed", None)]
         for slot in reads:

@@ -1,0 +1,399 @@
+"""`tg.compile(f, fuse=True)`: each elementwise region of a recorded host program replayed as
+one generated C++ loop (`compiler/fusion.py`, `compiler/loops.py`), against eager.
+
+A differential fuzzer runs seeded random elementwise programs (arithmetic with broadcasting and
+Python numbers, comparisons, `where`, `clip`, casts, `relu`, `sigmoid`, the standard's unary
+functions) on values over the whole domain (zeros of both signs, subnormals, huge values,
+infinities, nan), in float32, float64 and both mixed, compiled with fusion and eagerly:
+programs of correctly rounded operations agree bit for bit (values and gradients, signs of
+zero included); with the C library's transcendental functions, within a few units in the last
+place with the same nan and infinity pattern. Then: regions are found and end where a value is
+read elsewhere, no compiler means an unfused replay with one warning, and the on-disk cache is
+reused by a second process and rebuilt where corrupted.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+from domain import assert_agree, domain
+
+import tracker_gpu as tg
+from tracker_gpu import nn
+from tracker_gpu.compiler import fusion, loops
+
+pytestmark = pytest.mark.skipif(loops.compiler() is None, reason="no C++ compiler")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def cache(tmp_path_factory):
+    """A cache directory of this module's own."""
+    folder = tmp_path_factory.mktemp("cache")
+    before = os.environ.get("TRACKER_GPU_CACHE")
+    os.environ["TRACKER_GPU_CACHE"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("TRACKER_GPU_CACHE", None)
+    else:
+        os.environ["TRACKER_GPU_CACHE"] = before
+
+
+@pytest.fixture(autouse=True)
+def every_region(monkeypatch):
+    """Every region of two operations or more is fused, however small its arrays."""
+    monkeypatch.setattr(fusion, "SMALL_OPS", 2)
+
+
+# --- random programs
+NUMBERS = [2.0, -0.5, 0.0, -0.0, 3, 1e-3, 1e300, np.inf, -np.inf, np.nan, 0.1, 1e-40]
+EXACT_UNARY = {
+    "negative": tg.negative, "abs": tg.abs, "square": tg.square, "sqrt": tg.sqrt,
+    "relu": nn.relu, "reciprocal": tg.reciprocal,
+}  # fmt: skip
+LIBM_UNARY = {
+    "exp": tg.exp, "log": tg.log, "sin": tg.sin, "cos": tg.cos, "tanh": tg.tanh,
+    "expm1": tg.expm1, "log1p": tg.log1p, "sigmoid": nn.sigmoid, "sinh": tg.sinh,
+    "cosh": tg.cosh, "tan": tg.tan,
+}  # fmt: skip
+BINARY = {"add": tg.add, "subtract": tg.subtract, "multiply": tg.multiply,
+          "divide": tg.divide, "maximum": tg.maximum, "minimum": tg.minimum}  # fmt: skip
+SHAPES = [(4, 5), (5,), (4, 1), (), (1, 5)]
+
+
+def random_program(rng, n_inputs, steps, libm):
+    """`(f, description)`: `f(*inputs)` applies `steps` random elementwise operations, each to
+    the last value and a second operand (an input, an earlier value or a Python number); with
+    `libm`, one operation of the C library's (exp, sin, ...) at a random place."""
+    plan, libm_at = [], rng.integers(steps) if libm else -1
+    for k in range(steps):
+        kind = (
+            "libm"
+            if k == libm_at
+            else rng.choice(
+                ["unary", "binary", "binary", "number", "where", "clip", "astype", "compare_mul"]
+            )
+        )
+        operand = int(rng.integers(-n_inputs, k + 1))  # < 0: input, else value k (k: latest)
+        if kind == "libm":
+            plan.append(("unary", str(rng.choice(list(LIBM_UNARY)))))
+        elif kind == "unary":
+            plan.append(("unary", str(rng.choice(list(EXACT_UNARY)))))
+        elif kind == "binary":
+            plan.append(
+                ("binary", str(rng.choice(list(BINARY))), operand, bool(rng.random() < 0.5))
+            )
+        elif kind == "number":
+            number = NUMBERS[rng.integers(len(NUMBERS))]
+            plan.append(("number", str(rng.choice(list(BINARY))), number, bool(rng.random() < 0.5)))
+        elif kind == "where":
+            plan.append(("where", operand, NUMBERS[rng.integers(len(NUMBERS))]))
+        elif kind == "clip":
+            lo, hi = sorted(float(v) for v in rng.choice([-1.0, 0.0, -0.0, 0.5, 2.0], 2))
+            plan.append(("clip", [lo, None][rng.integers(2)] if rng.random() < 0.4 else lo, hi))
+        elif kind == "astype":
+            plan.append(("astype", str(rng.choice(["float32", "float64"]))))
+        else:
+            plan.append(("compare_mul", operand, float(rng.choice([0.0, 0.5, -1.0]))))
+
+    def f(*inputs):
+        values = [inputs[0]]
+        for step in plan:
+            values.append(_apply(step, values, inputs))
+        return values[-1]
+
+    return f, plan
+
+
+def _apply(step, values, inputs):
+    y = values[-1]
+    pick = lambda k: inputs[k] if k < 0 else values[k]
+    kind = step[0]
+    if kind == "unary":
+        return {**EXACT_UNARY, **LIBM_UNARY}[step[1]](y)
+    if kind == "binary":
+        other = pick(step[2])
+        return BINARY[step[1]](*((y, other) if step[3] else (other, y)))
+    if kind == "number":
+        function, number = BINARY[step[1]], step[2]
+        if step[1] in ("maximum", "minimum") or step[3]:
+            return function(y, number)
+        return {
+            "add": lambda: number + y,
+            "subtract": lambda: number - y,
+            "multiply": lambda: number * y,
+            "divide": lambda: number / y,
+        }[step[1]]()
+    if kind == "where":
+        return tg.where(y > pick(step[1]), y, step[2])
+    if kind == "clip":
+        return tg.clip(y, min=step[1], max=step[2])
+    if kind == "astype":
+        return tg.astype(y, getattr(np, step[1]))
+    return y * (pick(step[1]) > step[2])  # a comparison's mask, multiplied in
+
+
+def _finite(y):
+    """`y` where it is finite and not huge, else 0: a sum that `back` takes (a finite loss)."""
+    return tg.where(tg.abs(y) < 1e30, y, 0.0)
+
+
+def _inputs(rng, n, dtypes, seed):
+    shapes = [SHAPES[0]] + [SHAPES[rng.integers(len(SHAPES))] for _ in range(n - 1)]
+    return [domain(s, dtypes[rng.integers(len(dtypes))], seed=seed + k)
+            for k, s in enumerate(shapes)]  # fmt: skip
+
+
+def _same_bits(a, b, what):
+    if a is None or b is None:
+        assert a is None and b is None, what
+        return
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, (what, a.dtype, b.dtype, a.shape, b.shape)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    same &= (np.signbit(a) == np.signbit(b)) | np.isnan(a)
+    assert same.all(), f"{what}: {a[~same][:4]} vs {b[~same][:4]}"
+
+
+def _quiet(function, *args):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return function(*args)
+
+
+DTYPES = {"float32": [np.float32], "float64": [np.float64], "mixed": [np.float32, np.float64]}
+STATS = {"programs": 0, "fused": 0, "regions": 0}
+
+
+@pytest.mark.parametrize("dtypes", list(DTYPES))
+@pytest.mark.parametrize("seed", range(12))
+def test_arithmetic_programs_bit_for_bit(seed, dtypes):
+    """Correctly rounded operations only: the fused replay is the eager run bit for bit, its
+    values (returned as they are) and its gradients (of their sum)."""
+    rng = np.random.default_rng([seed, len(dtypes[0])])
+    for trial in range(3):
+        n = int(rng.integers(1, 4))
+        f, plan = random_program(rng, n, int(rng.integers(2, 9)), libm=False)
+        inputs = _inputs(rng, n, DTYPES[dtypes], seed * 10 + trial)
+        forward = tg.compile(f, gradient=False, fuse=True)
+        _quiet(forward, *inputs)
+        expected = _quiet(lambda *a, f=f: tg.data(f(*a)), *inputs)
+        _same_bits(_quiet(forward, *inputs), expected, f"values of {plan}")
+        loss = lambda *a, f=f: tg.sum(_finite(f(*a)))  # noqa: E731
+        both = tg.compile(loss, fuse=True)
+        _quiet(both, *inputs)
+        got, eager = _quiet(both, *inputs), _quiet(tg.withgradient, loss, *inputs)
+        _same_bits(got.val, eager.val, f"loss of {plan}")
+        for g, e in zip(got.grad, eager.grad):
+            _same_bits(g, e, f"gradient of {plan}")
+        STATS["programs"] += 2
+        STATS["fused"] += bool(forward.programs()[0].fused) + bool(both.programs()[0].fused)
+        STATS["regions"] += forward.programs()[0].fused + both.programs()[0].fused
+
+
+@pytest.mark.parametrize("dtypes", list(DTYPES))
+@pytest.mark.parametrize("seed", range(8))
+def test_transcendental_programs_within_ulps(seed, dtypes):
+    """With one function of the C library's (exp, log, sin, tanh, sigmoid, ...) after exact
+    arithmetic: the fused values are within 4 units in the last place of NumPy's, with the
+    same nan and infinity pattern."""
+    rng = np.random.default_rng([seed, 7, len(dtypes)])
+    for trial in range(3):
+        n = int(rng.integers(1, 4))
+        f, plan = random_program(rng, n, int(rng.integers(1, 5)), libm=False)
+        name = str(rng.choice(list(LIBM_UNARY)))
+        g = lambda *a, f=f, name=name: LIBM_UNARY[name](f(*a) * 1.0)  # noqa: E731
+        inputs = _inputs(rng, n, DTYPES[dtypes], seed * 10 + trial)
+        forward = tg.compile(g, gradient=False, fuse=True)
+        _quiet(forward, *inputs)
+        expected = _quiet(lambda *a, g=g: tg.data(g(*a)), *inputs)
+        got = _quiet(forward, *inputs)
+        assert got.dtype == expected.dtype
+        assert_agree(got, expected, ulps=4, signed_zeros=True, what=f"{name} after {plan}")
+        assert forward.programs()[0].fused == 1
+
+
+def test_the_fuzzer_fused():
+    """The arithmetic programs above fused something in most cases (run after them)."""
+    if STATS["programs"] < 50:
+        pytest.skip("run with the fuzzer")
+    print(STATS)
+    assert STATS["fused"] >= STATS["programs"] // 2, STATS
+
+
+# --- regions
+def chain10(x):
+    y = x
+    for k in range(10):
+        y = [lambda y: y * 1.5, tg.tanh, lambda y: y + 0.25, tg.abs, tg.negative][k % 5](y)
+    return y
+
+
+def test_a_chain_of_ten_operations_is_one_kernel():
+    x = domain((3, 4), np.float64, seed=1)
+    step = tg.compile(chain10, gradient=False, fuse=True)
+    step(x)
+    program = step.programs()[0]
+    assert program.fused == 1 and program.source.count("FK") == 1, program.source
+    np.testing.assert_allclose(step(x), tg.data(chain10(x)), rtol=1e-15)
+
+
+def test_multiplications_by_numbers_fuse_with_their_gradient():
+    """`y * c` saves nothing of y: the forward chain is one kernel, the gradient eager's."""
+
+    def f(x):
+        y = x
+        for _ in range(10):
+            y = y * 1.0001
+        return tg.sum(y)
+
+    x = domain((8,), np.float32, seed=2)
+    step = tg.compile(f, fuse=True)
+    _quiet(step, x)
+    got, eager = _quiet(step, x), _quiet(tg.withgradient, f, x)
+    assert step.programs()[0].fused == 1
+    _same_bits(got.val, eager.val, "loss")
+    _same_bits(got.grad[0], eager.grad[0], "gradient")
+
+
+def test_a_value_read_elsewhere_ends_a_region():
+    def returned(x):  # y is returned as well: the region stops there
+        y = x * 2.0 + 1.0
+        return y, tg.tanh(y - 3.0) * 0.5
+
+    x = np.linspace(-2, 2, 6)
+    step = tg.compile(returned, gradient=False, fuse=True)
+    step(x)
+    y, z = step(x)
+    program = step.programs()[0]
+    assert program.fused == 2, program.source
+    np.testing.assert_array_equal(y, x * 2.0 + 1.0)
+    assert_agree(z, tg.data(returned(x)[1]), ulps=4)  # tanh: the C library's
+
+    def saved(x):  # sin saves its input for its pullback: materialised
+        return tg.sum(tg.sin(x * 2.0 + 1.0) * 3.0 - 1.0)
+
+    step = tg.compile(saved, fuse=True)
+    step(x)
+    got, eager = step(x), tg.withgradient(saved, x)
+    assert step.programs()[0].fused == 2  # x*2+1 (read by sin's pullback), then sin*3-1
+    assert_agree(got.val, eager.val, ulps=4)
+    np.testing.assert_array_equal(got.grad[0], eager.grad[0])  # cos(x*2+1)*3*2: eager's
+
+
+def test_a_mask_and_where_fuse():
+    def f(x, w):
+        return tg.where(x > 0.5, x * w, -x) + tg.clip(x, min=-1.0, max=1.0)
+
+    x, w = domain((5, 3), np.float32, seed=3), domain((3,), np.float32, seed=4)
+    step = tg.compile(f, gradient=False, fuse=True)
+    _quiet(step, x, w)
+    assert step.programs()[0].fused == 1
+    _same_bits(_quiet(step, x, w), _quiet(lambda: tg.data(f(x, w))), "where and clip")
+
+
+def test_exact_fusion_leaves_the_c_library_out():
+    """`fuse="exact"`: tanh stays NumPy's, the arithmetic around it is fused; bit for bit."""
+
+    def f(x):
+        return tg.tanh(x * 2.0 + 1.0) * 3.0 - 0.5
+
+    x = domain((4, 3), np.float64, seed=5)
+    step = tg.compile(f, gradient=False, fuse="exact")
+    _quiet(step, x)
+    assert step.programs()[0].fused == 2  # x*2+1, then NumPy's tanh, then *3-0.5
+    _same_bits(_quiet(step, x), _quiet(lambda: tg.data(f(x))), "exact fusion")
+
+
+def test_small_regions_are_left_to_numpy(monkeypatch):
+    """A region of few operations on a small array would cost more as a kernel call."""
+    monkeypatch.setattr(fusion, "SMALL_OPS", 8)
+    f = lambda x: tg.abs(x * 2.0 + 1.0)  # noqa: E731
+    step = tg.compile(f, gradient=False, fuse=True)
+    step(np.ones(10))
+    assert step.programs()[0].fused == 0
+    step(np.ones(fusion.SMALL_SIZE))
+    assert step.programs()[-1].fused == 1
+
+
+def test_fusion_is_off_by_default_and_checked():
+    step = tg.compile(chain10, gradient=False)
+    step(np.ones(3))
+    assert step.programs()[0].fused == 0
+    with pytest.raises(TypeError, match="fuse"):
+        tg.compile(chain10, fuse="yes")
+
+
+def test_a_gradient_that_is_none_takes_the_steps_one_by_one():
+    """A region reading what the recording saw as an array, given something else at a replay,
+    runs its steps as the unfused replay does."""
+
+    def exact(x):
+        return tg.abs(x * 1.5 + 0.25) / 3.0 - x
+
+    x = np.linspace(-1, 1, 4)
+    step = tg.compile(exact, gradient=False, fuse=True)
+    step(x)
+    (fused,) = [s for s in step.programs()[0].steps if type(s).__name__ == "Fused"]
+    strided = np.linspace(-1, 1, 8)[::2]  # not contiguous: copied first
+    np.testing.assert_array_equal(fused.run(strided), tg.data(exact(strided)))
+    single = x.astype(np.float32)  # not the recorded dtype: step by step
+    np.testing.assert_array_equal(fused.run(single), tg.data(exact(single)))
+    assert fused.run(single).dtype == np.float32
+
+
+# --- the compiler and the cache
+def test_no_compiler_replays_unfused_with_one_warning(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-for-tracker-gpu")
+    monkeypatch.setattr(loops, "_warned", set())
+    x = np.linspace(-1, 1, 5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for shift in (0.5, 1.5):
+            step = tg.compile(lambda x, s=shift: tg.tanh(x * 2.0 + s) * 3.0, gradient=False,
+                              fuse=True)  # fmt: skip
+            step(x)
+            np.testing.assert_array_equal(step(x), np.tanh(x * 2.0 + shift) * 3.0)  # NumPy's
+            assert step.programs()[0].fused == 0
+    messages = [str(w.message) for w in caught if "compiler" in str(w.message)]
+    assert len(messages) == 1, messages
+
+
+SCRIPT = textwrap.dedent("""
+    import numpy as np, tracker_gpu as tg
+    from tracker_gpu.compiler import fusion, loops
+    fusion.SMALL_OPS = 2
+    step = tg.compile(lambda x: tg.abs(x * 0.5 + 0.125) * 3.0, gradient=False, fuse=True)
+    x = np.linspace(-1, 1, 5)
+    step(x)
+    assert step.programs()[0].fused == 1
+    assert np.array_equal(step(x), np.abs(x * 0.5 + 0.125) * 3.0)
+    print(loops.STATS["built"], loops.STATS["loaded"])
+""")
+
+
+def _run_script(cache):
+    env = dict(os.environ, TRACKER_GPU_CACHE=str(cache))
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return tuple(int(n) for n in done.stdout.split())
+
+
+def test_the_cache_is_reused_by_a_second_process_and_a_corrupted_entry_rebuilt(tmp_path):
+    assert _run_script(tmp_path) == (1, 0)  # built
+    assert _run_script(tmp_path) == (0, 1)  # loaded from the cache
+    (entry,) = (tmp_path / "fused").glob("fused-*.so")
+    entry.write_bytes(b"not a shared library" * 10)
+    assert _run_script(tmp_path) == (1, 0)  # rebuilt
+    assert _run_script(tmp_path) == (0, 1)
+    assert [p.name for p in (tmp_path / "fused").iterdir()] == [entry.name]  # no scratch left
+
+
+def test_the_build_keeps_ieee_semantics():
+    assert "-ffp-contract=off" in loops.FLAGS
+    assert not any("fast-math" in f and "no" not in f for f in loops.FLAGS)
+    assert not any(f.startswith("-Ofast") or f.startswith("-march") for f in loops.FLAGS)

@@ -1,0 +1,366 @@
+"""Fusion: the elementwise regions of a recorded program, each replaced by one generated kernel.
+
+After recording, the forward steps (`Call`s) that are elementwise operations this pass knows
+(`OPS`: arithmetic with broadcasting, the standard's unary functions, `maximum`, `minimum`,
+`where`, `clip`, comparisons, casts between float32 and float64, `relu` and `sigmoid`, with
+Python numbers as weakly typed constants) are grouped into regions: a value made inside a
+region is read by steps of that region only, never by a pullback (saved), by another step, or
+returned. Each region of two operations or more becomes one `Fused` step that reads the
+region's inputs once and writes its one output once; the replaced steps stay with it, so that
+the backward pass pulls their nodes back exactly as before.
+
+A region computes what the steps computed, operation for operation, each in the dtype NumPy
+computes it in (`np.result_type`, Python numbers weak), inputs cast as NumPy casts them: the
+arithmetic is the eager replay's bit for bit, and the functions of the C library (`exp`,
+`sin`, ...) agree with NumPy's to a few units in the last place. The target that generates and
+builds the kernel is one function (`build`, for host arrays: `loops.py`); arrays of other
+libraries are not fused.
+
+>>> import numpy as np, tracker_gpu as tg
+>>> step = tg.compile(lambda x: tg.sum(tg.exp(x * 2.0 + 1.0)), fuse=True)
+>>> val, (g,) = step(np.array([0.0, 1.0]))
+>>> bool(np.allclose(g, 2 * np.exp(np.array([0.0, 1.0]) * 2 + 1)))
+True
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backend import is_numpy_namespace
+from ..primitive import Primitive
+from ..rules import elementwise as ew
+from ..rules import nn
+from .recorder import Call, Walk
+
+__all__ = ["Fused", "Region", "fuse", "regions", "OPS", "INEXACT"]
+
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+BOOL = np.dtype(bool)
+
+
+@dataclass
+class Fused:
+    """One generated kernel standing for the steps `calls` (in their order): it reads the
+    arrays of `inputs` (slots) and writes the value of slot `out`."""
+
+    out: int
+    inputs: list
+    calls: list
+    run: object  # run(*values of inputs) -> the value of `out`
+
+
+@dataclass
+class Region:
+    """What a target generates a kernel from: `ops`, in order, each `(op, dtype, operands)`
+    computing a value of `dtype` from operands `("in", k)` (input k), `("op", j)` (an earlier
+    op's value) or `("const", value)` (a number of that dtype); the last op's value is the
+    output, of `shape`. `inputs` are `(dtype, shape)` of each input array."""
+
+    ops: list
+    inputs: list
+    shape: tuple
+
+
+# --- the operations: what each recorded forward computes, as the C table (cuda/codegen.C) names it
+_BINARY = {ew.add: "add", ew.subtract: "subtract", ew.multiply: "multiply",
+           ew.divide: "divide", ew.pow: "pow", ew.maximum: "maximum",
+           ew.minimum: "minimum"}  # fmt: skip
+_UNARY = {getattr(ew, name): name for name in (
+    "negative exp expm1 log log1p sqrt square reciprocal sin cos tan sinh cosh tanh abs"
+).split()}  # fmt: skip
+_UNARY[ew.identity] = "identity"
+_COMPARE = {"greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": "le",
+            "equal": "eq", "not_equal": "ne"}  # fmt: skip
+
+
+def _plain_forward(function):
+    """The forward a no-gradient function records (the Primitive in its closure), or None."""
+    for cell in getattr(function, "__closure__", None) or ():
+        if isinstance(cell.cell_contents, Primitive):
+            return cell.cell_contents.forward
+    return None
+
+
+OPS = {rule.forward: ("binary", name) for rule, name in _BINARY.items()}
+OPS.update({rule.forward: ("unary", name) for rule, name in _UNARY.items()})
+OPS.update({ew.where.forward: ("where", "where"), ew._clip.forward: ("clip", "clip"),
+            ew.astype.forward: ("astype", "astype"), nn.relu.forward: ("unary", "relu"),
+            nn.sigmoid.forward: ("unary", "sigmoid")})  # fmt: skip
+for _name, _op in _COMPARE.items():
+    _forward = _plain_forward(ew.PLAIN_FUNCTIONS[_name])
+    if _forward is not None:
+        OPS[_forward] = ("compare", _op)
+
+
+def _weak(value):
+    """Whether `value` is a Python number a region takes as a weakly typed constant."""
+    if type(value) is float:
+        return True
+    return type(value) is int and abs(value) <= 2**53
+
+
+def _typed(slot, types, start):
+    """`("array", dtype, shape)`, `("weak", value)`, `("none",)` or None (not fusable)."""
+    if slot in types:
+        return types[slot]
+    value = start[slot] if slot < len(start) else None
+    if value is None:
+        return ("none",)
+    if _weak(value):
+        return ("weak", value)
+    return None
+
+
+# the operations whose C library function may differ from NumPy's in the last bits
+INEXACT = frozenset("pow exp expm1 log log1p sin cos tan sinh cosh tanh sigmoid".split())
+
+
+def _operation(step, types, start, exact=False):
+    """`(op, dtype, operand kinds)` for a step a region may take, else None: `dtype` the one it
+    computes in (a comparison's operands' promoted dtype; its result is bool). An operand kind
+    is the slot's type (`_typed`); a weak number is converted to `dtype` as NumPy does."""
+    if type(step) is not Call or step.makes_ctx or not is_numpy_namespace(step.xp):
+        return None
+    known = OPS.get(step.function)
+    if known is None:
+        return None
+    kind, op = known
+    if exact and op in INEXACT:
+        return None
+    inputs = step.inputs
+    if kind == "astype":  # the dtype, a constant: the node's
+        if len(inputs) != 2 or start[inputs[1]] is None:
+            return None
+        inputs = inputs[:1]
+    kinds = [_typed(slot, types, start) for slot in inputs]
+    if any(k is None for k in kinds):
+        return None
+    out = np.dtype(step.node.dtype)
+    if not _CHECKS[kind](op, out, kinds, step):
+        return None
+    return op, _promoted(kinds) if kind == "compare" else out, kinds  # the dtype computed in
+
+
+def _arrays(kinds):
+    return [k for k in kinds if k[0] == "array"]
+
+
+def _promoted(kinds):
+    """NumPy's result dtype of these operands (Python numbers weak), or None."""
+    arrays = _arrays(kinds)
+    if not arrays:
+        return None
+    return np.result_type(*(k[1] for k in arrays), *(k[1] for k in kinds if k[0] == "weak"))
+
+
+def _check_binary(op, out, kinds, step):
+    if len(kinds) != 2 or step.kw or out not in FLOATS:
+        return False
+    if any(k[0] == "none" or (k[0] == "array" and k[1] not in (*FLOATS, BOOL)) for k in kinds):
+        return False
+    return _promoted(kinds) == out
+
+
+def _check_unary(op, out, kinds, step):
+    return (len(kinds) == 1 and not step.kw and kinds[0][0] == "array"
+            and kinds[0][1] == out and out in FLOATS)  # fmt: skip
+
+
+def _check_compare(op, out, kinds, step):
+    if len(kinds) != 2 or step.kw or out != BOOL:
+        return False
+    if any(k[0] == "none" or (k[0] == "array" and k[1] not in FLOATS) for k in kinds):
+        return False
+    return _promoted(kinds) in FLOATS
+
+
+def _check_where(op, out, kinds, step):
+    if len(kinds) != 3 or step.kw or out not in FLOATS:
+        return False
+    condition, *values = kinds
+    if condition[0] != "array" or condition[1] != BOOL:
+        return False
+    return all(k[0] == "weak" or (k[0] == "array" and k[1] in FLOATS) for k in values)
+
+
+def _check_clip(op, out, kinds, step):
+    """`clip(x, lo, hi)` with bounds that are None or numbers (not nan)."""
+    if len(kinds) != 3 or step.kw or out not in FLOATS:
+        return False
+    x, *bounds = kinds
+    if x[0] != "array" or x[1] != out or all(b[0] == "none" for b in bounds):
+        return False
+    return all(b[0] == "none" or (b[0] == "weak" and b[1] == b[1]) for b in bounds)
+
+
+def _check_astype(op, out, kinds, step):
+    if out not in FLOATS or set(step.kw) - {"copy"}:
+        return False
+    return kinds[0][0] == "array" and kinds[0][1] in FLOATS
+
+
+_CHECKS = {"binary": _check_binary, "unary": _check_unary, "compare": _check_compare,
+           "where": _check_where, "clip": _check_clip, "astype": _check_astype}  # fmt: skip
+
+
+# --- the regions
+def regions(program, arrays, orders, exact=False):
+    """The regions of `program`: lists of step indices, each in order, its last step the one
+    whose value leaves it; only regions of two steps or more. `orders` are the walks' nodes in
+    the order their pullbacks run (`codegen._order`); `exact` leaves out the operations of
+    the C library (`INEXACT`)."""
+    types, operations = _types(program, arrays), {}
+    for index, step in enumerate(program.steps):
+        found = _operation(step, types, program.start, exact)
+        if found is not None:
+            operations[index] = found
+    pinned = _pinned(program, orders)
+    readers = {}
+    for index, step in enumerate(program.steps):
+        if type(step) is Call:
+            for slot in step.inputs:
+                readers.setdefault(slot, set()).add(index)
+        elif type(step) is Walk:
+            pinned.add(step.seed)
+    owner = {}  # step index -> the index of its region's last step
+    for index in range(len(program.steps) - 1, -1, -1):
+        if index not in operations:
+            continue
+        step = program.steps[index]
+        found = {owner.get(r) for r in readers.get(step.out, ())}
+        if step.out in pinned or len(found) != 1 or None in found:
+            owner[index] = index  # its value leaves: the last step of a region
+        else:
+            owner[index] = found.pop()
+    grouped = {}
+    for index in sorted(owner):
+        grouped.setdefault(owner[index], []).append(index)
+    return [members for members in grouped.values() if _pays(program, members)], operations
+
+
+# A kernel call costs a few microseconds more than a NumPy call (ctypes, the guards): a region
+# of fewer than SMALL_OPS operations on fewer than SMALL_SIZE elements is left to NumPy.
+SMALL_OPS, SMALL_SIZE = 8, 1024
+
+
+def _pays(program, members):
+    if len(members) < 2:
+        return False
+    shape = program.steps[members[-1]].node.shape
+    return len(members) >= SMALL_OPS or int(np.prod(shape)) >= SMALL_SIZE
+
+
+def _types(program, arrays):
+    """`{slot: ("array", dtype, shape)}` for the arguments, the constants that are NumPy arrays
+    and the values the steps make (their nodes' dtype and shape)."""
+    types = {}
+    for slot, value in enumerate(arrays):
+        if type(value) is np.ndarray:
+            types[slot] = ("array", value.dtype, tuple(value.shape))
+    for slot, value in enumerate(program.start):
+        if type(value) is np.ndarray:
+            types[slot] = ("array", value.dtype, tuple(value.shape))
+    for step in program.steps:
+        if type(step) is Call:
+            types[step.out] = ("array", np.dtype(step.node.dtype), tuple(step.node.shape))
+        elif type(step) is Walk:
+            for node, slot in step.outputs:
+                types[slot] = ("array", np.dtype(node.dtype), tuple(node.shape))
+    return types
+
+
+def _pinned(program, orders):
+    """The slots a region may not keep to itself: outputs of the program, and the values the
+    backward passes read (each pulled-back node's saved output and arguments)."""
+    calls = {id(s.node): s for s in program.steps if type(s) is Call}
+    pinned = set(program.outputs)
+    for order in orders.values():
+        for node in order:
+            call = calls.get(id(node))
+            if call is not None:
+                pinned.update(call.out if p == 0 else slot for p, slot in call.saves)
+    return pinned
+
+
+def describe(program, members, operations):
+    """The `Region` of the steps `members`, and the slots of its inputs."""
+    steps = program.steps
+    made = {steps[i].out: j for j, i in enumerate(members)}
+    inputs, ops, specs = [], [], []
+    for index in members:
+        step = steps[index]
+        op, dtype, kinds = operations[index]
+        operands = []
+        for slot, kind in zip(step.inputs, kinds):  # astype: its dtype left out
+            if slot in made:
+                operands.append(("op", made[slot]))
+            elif kind[0] == "array":
+                if slot not in inputs:
+                    inputs.append(slot)
+                    specs.append((kind[1], kind[2]))
+                operands.append(("in", inputs.index(slot)))
+            elif kind[0] == "weak":
+                operands.append(("const", kind[1]))
+            else:
+                operands.append(("none", None))
+        ops.append((op, dtype, operands))
+    shape = tuple(steps[members[-1]].node.shape)
+    return Region(ops, specs, shape), inputs
+
+
+def fuse(program, arrays, orders, build, exact=False):
+    """`(steps, count)`: `program.steps` with each region (two elementwise steps or more)
+    replaced by one `Fused` step, its kernel made by `build(regions)` (a target: a list of
+    kernels, one per `Region`, or None where it cannot build them: then the steps stay as they
+    are), and the number of regions. `exact`: correctly rounded operations only."""
+    found, operations = regions(program, arrays, orders, exact)
+    if not found:
+        return program.steps, 0
+    described = [describe(program, members, operations) for members in found]
+    kernels = build([region for region, _ in described])
+    if kernels is None:
+        return program.steps, 0
+    replaced, steps = {}, []
+    for members, (region, inputs), kernel in zip(found, described, kernels):
+        calls = [program.steps[i] for i in members]
+        replaced[members[-1]] = Fused(
+            calls[-1].out, inputs, calls, _guarded(kernel, region, calls, inputs, program.start)
+        )
+        replaced.update(dict.fromkeys(members[:-1]))
+    for index, step in enumerate(program.steps):
+        if index not in replaced:
+            steps.append(step)
+        elif replaced[index] is not None:
+            steps.append(replaced[index])
+    return steps, len(found)
+
+
+def _guarded(kernel, region, calls, inputs, start):
+    """The kernel, called on arrays of the recorded dtypes and shapes (made C-contiguous where
+    they are not); anything else (a gradient that is None, say) takes the steps one by one."""
+    expected = [(dtype, shape) for dtype, shape in region.inputs]
+    slots = list(inputs)
+
+    def run(*values):
+        ready = []
+        for value, (dtype, shape) in zip(values, expected):
+            if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
+                return _stepwise(calls, slots, values, start)
+            if not value.flags.c_contiguous or not value.flags.aligned:
+                value = np.ascontiguousarray(value)
+            ready.append(value)
+        return kernel(*ready)
+
+    return run
+
+
+def _stepwise(calls, slots, values, start):
+    """The region's steps one by one, as an unfused replay runs them."""
+    env = dict(zip(slots, values))
+    value = None
+    for call in calls:
+        operands = [env[i] if i in env else start[i] for i in call.inputs]
+        value = call.function(call.xp, *operands, **call.kw)
+        env[call.out] = value
+    return value
