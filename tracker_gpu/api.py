@@ -21,7 +21,7 @@ from .backend import SCALARS
 from .checks import checking
 from .primitive import record, traced_data
 from .pytree import is_container, tree_leaves, tree_map
-from .tape import BackError, serial_now, walk
+from .tape import BackError, walk
 from .tracked import TrackedArray, alias, data, identity, istracked, leaf
 
 __all__ = [
@@ -181,10 +181,7 @@ def _withgradient(f, args, nest, wrt, quiet=False):
     """`withgradient`; `quiet` for a caller in this package whose `f` may return a number.
     Inside another transform's function it nests by itself (see `nesting`)."""
     chosen = positions(wrt, len(args))
-    nest = nest or nesting.active()
-    if not nest:
-        nesting.at_top_level()
-    since = serial_now()
+    nest, since = nesting.begin(nest)
     args, inputs, tracked_args = track_inputs(args, nest, chosen)
     with nesting.inside():
         val = f(*tracked_args)
@@ -598,9 +595,7 @@ class Grads:
 
 
 def _implicit(f, params, nest):
-    nest = nest or nesting.active()
-    if not nest:
-        nesting.at_top_level()
+    nest, _ = nesting.begin(nest)  # the implicit form walks the whole graph
     given = [alias(p) for p in params]  # the parameters as they are before f writes into one
     with nesting.inside():
         val = f()

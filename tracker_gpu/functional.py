@@ -49,10 +49,7 @@ def forward(f, *args):
     of `sum(dy * y)` with respect to the arguments. `back` may be called any number of times.
     Inside another transform's function both nest: `y` and the gradients stay tracked, and
     `back` is differentiable in `dy` too."""
-    nest = nesting.active()
-    if not nest:
-        nesting.at_top_level()
-    since = serial_now()
+    nest, since = nesting.begin()
     args, inputs, tracked_args = track_inputs(args, nest)
     with nesting.inside():
         y = f(*tracked_args)
@@ -113,10 +110,7 @@ def _along(f, args, wrt):
 def _jacobian(f, x):
     """One reverse pass per element of `f(x)`. Inside another transform's function the passes
     are recorded (a Jacobian of a Jacobian, a penalty on a Jacobian's norm)."""
-    nest = nesting.active()
-    if not nest:
-        nesting.at_top_level()
-    since = serial_now()
+    nest, since = nesting.begin()
     outer = None if nest or not istracked(x) else x._node  # a tracked x at top level is cut
     if istracked(x):
         x_in = identity(x) if nest else leaf(x.data)

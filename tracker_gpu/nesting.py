@@ -20,7 +20,9 @@ True
 import contextlib
 import threading
 
-__all__ = ["active", "inside", "at_top_level", "top_level_passes"]
+from .tape import serial_now
+
+__all__ = ["active", "begin", "inside", "at_top_level", "top_level_passes"]
 
 _local = threading.local()
 
@@ -38,6 +40,16 @@ def inside():
         yield
     finally:
         _local.depth -= 1
+
+
+def begin(nest=False):
+    """`(nest, since)` for a transform about to make its inputs: whether it nests (asked for,
+    or inside another transform's function) and the serial from which its pass walks. One
+    that does not nest is noted (`top_level_passes`)."""
+    nest = nest or active()
+    if not nest:
+        at_top_level()
+    return nest, serial_now()
 
 
 def at_top_level():
