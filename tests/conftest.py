@@ -136,17 +136,23 @@ _LIMITS = []
 # would run the same way there, a second time.
 EVERY_TEST = ("numpy", "numpy-fused")
 CHOOSE_THEIR_ROW = ("test_dask", "test_distributed")
+# Modules that run in the numpy row alone: how transforms compose does not depend on the fused
+# path (a nested pass takes the generic one), and running them through it doubles their time.
+NUMPY_ROW_ONLY = ("test_compose",)
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("backend") in EVERY_TEST:
-        return
+    row = config.getoption("backend")
     kept, dropped = [], []
     for item in items:
         takes_backend = "backend" in getattr(item, "fixturenames", ())
         module = getattr(item, "module", None)
-        chooses = module is not None and module.__name__.rpartition(".")[2] in CHOOSE_THEIR_ROW
-        (kept if takes_backend or chooses else dropped).append(item)
+        name = module.__name__.rpartition(".")[2] if module is not None else ""
+        if name in NUMPY_ROW_ONLY:
+            keep = row == "numpy"
+        else:
+            keep = row in EVERY_TEST or takes_backend or name in CHOOSE_THEIR_ROW
+        (kept if keep else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
