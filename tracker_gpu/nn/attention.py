@@ -30,7 +30,7 @@ from ..rules.shape import permute_dims, reshape
 from ..tracked import data
 from .activations import gelu
 from .init import _rng, glorot_uniform
-from .layers import Chain, Dense, Layer, _describe, _is_layer_field, _shape
+from .layers import Chain, Dense, Dropout, Layer, _describe, _is_layer_field, _shape
 from .normalise import LayerNorm
 
 __all__ = ["MultiHeadAttention", "TransformerBlock"]
@@ -134,12 +134,21 @@ class TransformerBlock(Layer):
     MLP `dim => hidden => dim` with `activation` in between (GELU, tanh form). PyTorch's
     `TransformerEncoderLayer` with `norm_first=True`, `batch_first=True` and no dropout.
     `TransformerBlock(dim, nheads, hidden=4 * dim, causal=False)`; the projections have biases.
+    `dropout=p` (0 by default: none) drops out the output of each branch before it is added
+    (GPT-2's residual dropout), drawing from `rng`; the field `dropout` holds the `Dropout` layer
+    (None without one), so `trainmode`/`testmode` switch it.
+
+    >>> import numpy as np
+    >>> from tracker_gpu import nn
+    >>> nn.TransformerBlock(8, 2, causal=True, dropout=0.1, rng=np.random.default_rng(0))
+    TransformerBlock(8, nheads=2, hidden=32, gelu, causal=True, dropout=0.1)
     """
 
     norm1: Any
     attention: Any
     norm2: Any
     mlp: Any
+    dropout: Any
 
     def __init__(
         self,
@@ -159,11 +168,13 @@ class TransformerBlock(Layer):
         attention=None,
         norm2=None,
         mlp=None,
+        dropout=None,
     ):
+        rng = _rng(rng) if norm1 is None or isinstance(dropout, (int, float)) else rng
         if norm1 is None:
             if dim is None:
                 raise TypeError("TransformerBlock needs its dimension, TransformerBlock(dim)")
-            rng, hidden = _rng(rng), 4 * dim if hidden is None else hidden
+            hidden = 4 * dim if hidden is None else hidden
             place = dict(dtype=dtype, device=device, xp=xp)
             norm1, norm2 = LayerNorm(dim, eps=eps, **place), LayerNorm(dim, eps=eps, **place)
             attention = MultiHeadAttention(
@@ -173,11 +184,17 @@ class TransformerBlock(Layer):
                 Dense(dim, hidden, activation, init=init, rng=rng, **place),
                 Dense(hidden, dim, init=init, rng=rng, **place),
             )
+        if isinstance(dropout, (int, float)):
+            dropout = Dropout(dropout, rng=rng) if dropout else None
         self.norm1, self.attention, self.norm2, self.mlp = norm1, attention, norm2, mlp
+        self.dropout = dropout
 
     def __call__(self, x, *, mask=None):
-        x = add(x, self.attention(self.norm1(x), mask=mask)[0])
-        return add(x, self.mlp(self.norm2(x)))
+        x = add(x, self._dropped(self.attention(self.norm1(x), mask=mask)[0]))
+        return add(x, self._dropped(self.mlp(self.norm2(x))))
+
+    def _dropped(self, x):
+        return x if self.dropout is None else self.dropout(x)
 
     def __repr__(self):
         if not isinstance(self.attention, MultiHeadAttention):
@@ -185,6 +202,8 @@ class TransformerBlock(Layer):
         hidden = self.mlp.layers[0].weight.shape[0]
         act = _describe(self.mlp.layers[0].activation)
         causal = ", causal=True" if self.attention.causal is True else ""
+        if isinstance(self.dropout, Dropout) and isinstance(self.dropout.p, (int, float)):
+            causal += f", dropout={self.dropout.p}"
         return (
             f"TransformerBlock({self.attention.dim}, nheads={self.attention.nheads}, "
             f"hidden={hidden}, {act}{causal})"

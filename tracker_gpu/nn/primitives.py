@@ -1,4 +1,4 @@
-"""The primitives the layers are made of: `linear`, `im2col` and `col2im`.
+"""The primitives the layers are made of: `linear`, `gelu_tanh`, `im2col` and `col2im`.
 
 `linear` is the affine map of `Dense` and `Conv` as one tape node, whose weight gradient comes
 out laid out like the weight. `im2col` turns the windows of an NCHW image into the rows of a
@@ -10,13 +10,13 @@ import math
 
 from ..backend import device_of, namespace_of
 from ..primitive import Primitive
-from ..rules.elementwise import multiply
+from ..rules.elementwise import add, multiply, subtract, tanh
 from ..rules.linalg import matmul, matrix_transpose
 from ..rules.reductions import sum as _sum
 from ..rules.shape import reshape
 from ..tracked import TrackedArray
 
-__all__ = ["linear", "im2col", "col2im"]
+__all__ = ["linear", "gelu_tanh", "im2col", "col2im"]
 
 
 # --- im2col and col2im: adjoint primitives, so convolutions and pools are matmuls
@@ -99,8 +99,17 @@ col2im = Primitive(
 
 # --- the affine map of Dense and Conv: one primitive
 def _linear_forward(xp, x, weight, bias):
-    y = xp.matmul(x, xp.matrix_transpose(weight))
+    y = _rows_matmul(xp, x, xp.matrix_transpose(weight))
     return y if bias is None else y + bias
+
+
+def _rows_matmul(xp, x, w):
+    """`x @ w` for a 2-d `w`, the leading axes of `x` made one (one BLAS call, not one per
+    matrix of a stack: two to three times faster on a `(batch, length, features)` input)."""
+    if len(x.shape) <= 2:
+        return xp.matmul(x, w)
+    rows = xp.reshape(x, (math.prod(x.shape[:-1]), x.shape[-1]))
+    return xp.reshape(xp.matmul(rows, w), (*x.shape[:-1], w.shape[-1]))
 
 
 # The vjps call the library directly on plain arrays (a first-order pass: the hot path of
@@ -114,7 +123,7 @@ def _plain_namespace(*values):
 
 def _linear_vjp_x(g, ans, x, weight, bias):
     xp = _plain_namespace(g, weight)
-    return xp.matmul(g, weight) if xp is not None else matmul(g, weight)
+    return _rows_matmul(xp, g, weight) if xp is not None else matmul(g, weight)
 
 
 def _linear_vjp_weight(g, ans, x, weight, bias):
@@ -148,4 +157,39 @@ linear = Primitive(
 
     The weight's gradient is computed as `g.T @ x`, so it comes out laid out like the weight.
     """,
+)
+
+
+# --- GELU in the tanh approximation: one node, where its composite takes nine
+GELU_C, GELU_K = math.sqrt(2 / math.pi), 0.044715
+
+
+def _gelu_forward(xp, x):
+    inner = x * x
+    inner = ((inner * GELU_K + 1.0) * x) * GELU_C
+    return (xp.tanh(inner) + 1.0) * x * 0.5
+
+
+def _gelu_vjp(g, ans, x):
+    """`g * gelu'(x)`: `0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2)`, `t` the tanh."""
+    xp = _plain_namespace(g, x)
+    if xp is None:  # a nested pass: the same formula, differentiable again
+        square = multiply(x, x)
+        t = tanh(multiply(multiply(add(multiply(square, GELU_K), 1.0), x), GELU_C))
+        slope = multiply(multiply(x, subtract(1.0, multiply(t, t))), GELU_C)
+        slope = multiply(slope, add(multiply(square, 3 * GELU_K), 1.0))
+        return multiply(g, multiply(add(add(t, 1.0), slope), 0.5))
+    square = x * x
+    t = xp.tanh(((square * GELU_K + 1.0) * x) * GELU_C)
+    slope = x * (1.0 - t * t) * GELU_C * (square * (3 * GELU_K) + 1.0)
+    return g * ((t + 1.0 + slope) * 0.5)
+
+
+gelu_tanh = Primitive(
+    "gelu_tanh",
+    _gelu_forward,
+    (_gelu_vjp,),
+    saves="x",
+    doc="""GELU in the tanh approximation, `0.5 x (1 + tanh(c (x + 0.044715 x^3)))` with
+    `c = sqrt(2 / pi)`, as one primitive (the activation `nn.gelu`).""",
 )

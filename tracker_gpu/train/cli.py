@@ -6,19 +6,17 @@ after the current step, with a checkpoint under `--save` and the command that re
 import argparse
 import contextlib
 import importlib
-import math
 import os
 import shlex
 import signal
 import sys
-import threading
 import warnings
-from pathlib import Path
 
 import numpy as np
 
 from tracker_gpu.distributed import STEP_TIMEOUT, StalledWorkers, StalledWorkerWarning
 
+from .arguments import check_plot, number, option, signals, without
 from .data import SKLEARN_MISSING, digits
 from .devices import select_backend
 from .loop import (
@@ -41,45 +39,26 @@ BATCH_SIZE, SEED = 32, 0  # the defaults, when neither the command line nor a ch
 CONNECT_TIMEOUT = 10  # seconds to reach the scheduler of --scheduler
 
 
-def _number(kind, low, *, strict=True, high=math.inf):
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-        if (value <= low if strict else value < low) or value >= high:
-            bound = f"more than {low}" if strict else f"at least {low}"
-            raise argparse.ArgumentTypeError(
-                f"must be {bound}"
-                + (f" and less than {high}" if high < math.inf else "")
-                + f", got {text}"
-            )
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
 def parser():
     """The argument parser of `python -m tracker_gpu.train`."""
-    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, allow_abbrev=False)
+    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, allow_abbrev=False,
+                                epilog=f"The text job, a character-level transformer: {PROG} "
+                                "text --help")  # fmt: skip
     p.add_argument("--backend", default="auto", choices=["auto", "numpy", "torch", "cupy"])
     p.add_argument("--device", default="auto", help="auto (default), cpu, gpu or gpu:N")
     p.add_argument("--models", default="mlp,cnn,lstm",
                    help=f"comma-separated, from {', '.join(RECIPES)} (default: all)")  # fmt: skip
-    p.add_argument("--epochs", type=_number(int, 0),
+    p.add_argument("--epochs", type=number(int, 0),
                    help="the total number of epochs per model, a resumed run included "
                         "(default: 20 mlp, 15 cnn, 15 lstm, or the checkpoint's)")  # fmt: skip
-    p.add_argument("--batch-size", type=_number(int, 0),
+    p.add_argument("--batch-size", type=number(int, 0),
                    help=f"default {BATCH_SIZE}, or the checkpoint's")  # fmt: skip
     p.add_argument(
         "--lr",
-        type=_number(float, 0),
+        type=number(float, 0),
         help="Adam's learning rate (default per model, or the checkpoint's)",
     )
-    p.add_argument("--seed", type=_number(int, 0, strict=False, high=2**32),
+    p.add_argument("--seed", type=number(int, 0, strict=False, high=2**32),
                    help=f"the data split and initial weights (default {SEED}, or the "
                         "checkpoint's)")  # fmt: skip
     p.add_argument("--plot", default="training.png",
@@ -104,7 +83,7 @@ def parser():
     )
     p.add_argument(
         "--workers",
-        type=_number(int, 0),
+        type=number(int, 0),
         help="train data-parallel on a local Dask cluster of N worker processes",
     )
     p.add_argument(
@@ -115,7 +94,7 @@ def parser():
     p.add_argument(
         "--step-timeout",
         metavar="SECONDS",
-        type=_number(float, 0),
+        type=number(float, 0),
         help="with --workers or --scheduler: a step that waits longer drops the workers that do "
         "not answer (named; their shards recomputed by the others), or stops the job when none "
         f"answers (default {STEP_TIMEOUT:g})",
@@ -132,7 +111,7 @@ def _checked(p, argv):
     if unknown or not args.names:
         p.error(f"--models: unknown {unknown}; choose from {', '.join(RECIPES)}")
     _check_modules(p, args)
-    _check_plot(p, args)
+    check_plot(p, args)
     if args.save and os.path.exists(args.save) and not os.path.isdir(args.save):
         p.error(f"--save: {args.save!r} is a file; give a folder for the checkpoints")
     try:
@@ -142,24 +121,6 @@ def _checked(p, argv):
     _check_cluster(p, args)
     _plan(p, args)
     return args
-
-
-def _check_plot(p, args):
-    if not args.plot:
-        return
-    path = Path(args.plot)
-    if not path.suffix:
-        path = path.with_name(path.name + ".png")
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    formats = FigureCanvasBase.get_supported_filetypes()
-    if path.suffix.lstrip(".").lower() not in formats:
-        p.error(f"--plot: matplotlib cannot write {path.suffix!r} files; give a path ending "
-                f"in one of {', '.join('.' + f for f in sorted(formats))}")  # fmt: skip
-    if not path.parent.is_dir():
-        p.error(f"--plot: the folder {str(path.parent)!r} does not exist; create it, or pass "
-                "--plot ''")  # fmt: skip
-    args.plot = str(path)
 
 
 def _check_cluster(p, args):
@@ -328,7 +289,11 @@ def main(argv=None):
     and a stop by SIGINT or SIGTERM are one line each, no traceback (exit 1, 1, 1, 130 or
     143)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    with _signals() as stop, _one_line_warnings():
+    if argv[:1] == ["text"]:  # the text job: a character-level transformer
+        from .text_cli import main as text_main
+
+        return text_main(argv[1:])
+    with signals() as stop, _one_line_warnings():
         try:
             run(argv, stop=stop)
         except Interrupted as stopped:
@@ -435,48 +400,10 @@ def _train_one(args, name, data, step, stop):
 # --- signals -------------------------------------------------------------------------------
 
 
-class _Stop:
-    """Asked after each step: the number of the signal that came (SIGINT, SIGTERM), else None.
-    While `training` is false (connecting, loading), a signal stops the job at once."""
-
-    def __init__(self):
-        self.signum, self.training = None, False
-
-    def __call__(self):
-        return self.signum
-
-
-@contextlib.contextmanager
-def _signals():
-    """Within the block, SIGINT and SIGTERM ask the job to stop after the current step (the
-    `_Stop` yielded says so); before training starts, they stop it at once. A second signal
-    acts as it would without this. Outside the main thread, nothing is caught."""
-    stop = _Stop()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def handler(signum, frame):
-        stop.signum = signum
-        for s, old in previous.items():  # a second signal acts as it would have
-            signal.signal(s, old)
-        if not stop.training:
-            raise Interrupted(signum, "the job", 0, 0, None)
-
-    for s in previous:
-        signal.signal(s, handler)
-    try:
-        yield stop
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
-
-
 def _stopped_line(stopped, argv):
     """The one line printed on a stop: what was kept, and the command that resumes."""
     name = signal.Signals(stopped.signum).name
-    folder = _option(argv, "--save")
+    folder = option(argv, "--save")
     if folder is None:
         return (f"stopped by {name} in {stopped.name}; nothing was saved (no --save): rerun "
                 f"with --save DIR to be able to resume")  # fmt: skip
@@ -489,7 +416,7 @@ def _stopped_line(stopped, argv):
         kept = f"{stopped.name} saved after {stopped.epoch} epochs and {stopped.step} steps"
     else:
         kept = f"{stopped.name} saved after {stopped.epoch} epochs"
-    command = shlex.join([*PROG.split(), *_without(argv, "--resume"), "--resume", folder])
+    command = shlex.join([*PROG.split(), *without(argv, "--resume"), "--resume", folder])
     return f"stopped by {name} ({kept}); resume with: {command}"
 
 
@@ -515,33 +442,10 @@ def _one_line_warnings():
 def _kept(argv):
     """What a job stopped by an error mid-epoch keeps: the checkpoints of `--save` hold each
     model's last finished epoch (or nothing was saved), and the command that resumes."""
-    folder = _option(argv, "--save")
+    folder = option(argv, "--save")
     if folder is None:
         return "nothing was saved (no --save)"
     if not any(os.path.exists(_checkpoint(folder, name)) for name in RECIPES):
         return "no checkpoint had been written yet"
-    command = shlex.join([*PROG.split(), *_without(argv, "--resume"), "--resume", folder])
+    command = shlex.join([*PROG.split(), *without(argv, "--resume"), "--resume", folder])
     return f"the checkpoints in {folder} keep the last finished epoch; resume with: {command}"
-
-
-def _option(argv, option):
-    """The value of `option` in `argv` (`--opt v` or `--opt=v`), the last one, or None."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == option and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(option + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
-def _without(argv, option):
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == option:
-            skip = True
-        elif not arg.startswith(option + "="):
-            out.append(arg)
-    return out

@@ -39,3 +39,23 @@ def _write(figure, path):
     plot. The format is the suffix's (no suffix: PNG, and `path` is used as given)."""
     with atomic_file(path) as file:
         figure.savefig(file, dpi=100, format=path.suffix.lstrip(".").lower() or "png")
+
+
+def plot_text(history, path, baselines=None):
+    """Write the text job's curves to `path`: the training loss (the mean of each few steps)
+    and the validation loss against the steps, with the baselines as horizontal lines; return
+    the figure."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4), layout="constrained")
+    axes = figure.subplots()
+    axes.plot(history["step"], history["loss"], "-", color="C0", label="training", lw=1)
+    axes.plot(history["valid_step"], history["valid_loss"], "o-", color="C1", label="validation")
+    for i, (name, value) in enumerate((baselines or {}).items()):
+        axes.axhline(value, ls="--", lw=1, color=f"C{i + 2}", label=f"{name} baseline")
+    axes.set(xlabel="step", ylabel="loss (nats per character)",
+             title="a character-level transformer on CPython's documentation")  # fmt: skip
+    axes.grid(alpha=0.3)
+    axes.legend()
+    _write(figure, Path(path))
+    return figure

@@ -1,0 +1,196 @@
+"""Tokens per second of the text job's training step: tracker_gpu eager, tracker_gpu compiled
+(`tg.compile`) and PyTorch eager, on the same model, weights and batch, in one process.
+
+    python benchmarks/text.py [--layers 2] [--width 64] [--heads 4] [--context 64]
+                              [--batch 32] [--steps 20] [--rounds 5] [--threads 1] [--json PATH]
+
+The model is the text job's `CharTransformer` (pre-norm causal blocks, tied embedding, float32,
+dropout off), the step forward + backward + clipping by global norm + AdamW, as in
+`python -m tracker_gpu.train text`. PyTorch's model is the same one written with `torch.nn`
+(`nn.MultiheadAttention`, `nn.LayerNorm`, `nn.GELU("tanh")`), given the same initial weights,
+with `torch.optim.AdamW` and `clip_grad_norm_`; its first loss is checked against tracker_gpu's.
+The three are timed in turn, `--steps` steps each, for `--rounds` rounds (interleaved, so load
+from other processes falls on all three alike); the median rate of each and the ratios are
+printed. BLAS and PyTorch run on `--threads` threads. Not measured: the data pipeline, the
+evaluations, the GPU (see ci/gpu), memory (benchmarks/memory.py).
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tracker_gpu import nn  # noqa: E402
+from tracker_gpu.train.text_loop import (  # noqa: E402
+    MAX_NORM,
+    TextConfig,
+    build,
+    compiled_text_step,
+    rule,
+    text_step,
+)
+
+VOCAB = 103  # the characters of pydoc_data.topics
+
+
+def torch_model(model, config):
+    """The same model in `torch.nn`, with `model`'s weights (float32, dropout off)."""
+    import torch
+    from torch import nn as tnn
+
+    class Block(tnn.Module):
+        def __init__(self, w, h):
+            super().__init__()
+            self.norm1, self.norm2 = tnn.LayerNorm(w), tnn.LayerNorm(w)
+            self.attention = tnn.MultiheadAttention(w, h, batch_first=True)
+            self.mlp = tnn.Sequential(tnn.Linear(w, 4 * w), tnn.GELU("tanh"), tnn.Linear(4 * w, w))
+
+        def forward(self, x, mask):
+            h = self.norm1(x)
+            x = x + self.attention(h, h, h, attn_mask=mask, need_weights=False)[0]
+            return x + self.mlp(self.norm2(x))
+
+    class Model(tnn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.embed = tnn.Embedding(VOCAB, c.width)
+            self.position = tnn.Parameter(torch.zeros(c.context, c.width))
+            self.blocks = tnn.ModuleList(Block(c.width, c.heads) for _ in range(c.layers))
+            self.norm = tnn.LayerNorm(c.width)
+            mask = torch.ones(c.context, c.context, dtype=torch.bool).triu(1)
+            self.register_buffer("mask", mask)
+
+        def forward(self, x):
+            t = x.shape[1]
+            h = self.embed(x) + self.position[:t]
+            for block in self.blocks:
+                h = block(h, self.mask[:t, :t])
+            return self.norm(h) @ self.embed.weight.T
+
+    out = Model(config)
+    with torch.no_grad():
+        for name, value in _torch_weights(model).items():
+            out.get_parameter(name).copy_(torch.from_numpy(value))
+    return out
+
+
+def _torch_weights(model):
+    p = {k: np.asarray(v) for k, v in nn.io._parameters(model).items()}
+    out = {"embed.weight": p["embed.weight"], "position": p["position"],
+           "norm.weight": p["norm.scale"], "norm.bias": p["norm.bias"]}  # fmt: skip
+    for i in range(len(model.blocks)):
+        b = t = f"blocks.{i}."
+        for n in ("norm1", "norm2"):
+            out[t + f"{n}.weight"], out[t + f"{n}.bias"] = p[b + f"{n}.scale"], p[b + f"{n}.bias"]
+        a = b + "attention."
+        out[t + "attention.in_proj_weight"] = np.concatenate(
+            [p[a + f"{n}_proj.weight"] for n in "qkv"]
+        )
+        out[t + "attention.in_proj_bias"] = np.concatenate([p[a + f"{n}_proj.bias"] for n in "qkv"])
+        out[t + "attention.out_proj.weight"] = p[a + "out_proj.weight"]
+        out[t + "attention.out_proj.bias"] = p[a + "out_proj.bias"]
+        for j, k in ((0, 0), (1, 2)):
+            out[t + f"mlp.{k}.weight"] = p[b + f"mlp.layers.{j}.weight"]
+            out[t + f"mlp.{k}.bias"] = p[b + f"mlp.layers.{j}.bias"]
+    return out
+
+
+def torch_step(module, config):
+    import torch
+    import torch.nn.functional as F
+
+    c = config
+    opt = torch.optim.AdamW(module.parameters(), c.lr, betas=(0.9, 0.99),
+                            weight_decay=c.weight_decay)  # fmt: skip
+
+    def step(x, y):
+        loss = F.cross_entropy(module(x).reshape(-1, VOCAB), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), MAX_NORM)
+        opt.step()
+        return loss
+
+    return step
+
+
+def contenders(config, x, y):
+    """`{name: step()}`: each runs one training step on the batch `(x, y)`."""
+    import torch
+
+    model, _ = build(config, VOCAB)
+    module = torch_model(model, config)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+    reference = torch_step(module, config)
+    out = {"torch eager": lambda: reference(tx, ty)}
+    for name, step in (("tracker_gpu eager", text_step), ("tracker_gpu compiled", None)):
+        step = compiled_text_step() if step is None else step
+        out[name] = _stateful(step, model, config, x, y)
+    return out
+
+
+def _stateful(step, model, config, x, y):
+    from tracker_gpu import optim
+
+    held = {"model": model, "state": optim.setup(rule(config), model)}
+
+    def run():
+        loss, held["model"], held["state"] = step(held["model"], held["state"], x, y)
+        return loss
+
+    return run
+
+
+def measure(steps, config, args):
+    rng = np.random.default_rng(1)
+    shape = (args.batch, args.context)
+    x, y = rng.integers(0, VOCAB, shape), rng.integers(0, VOCAB, shape)
+    runs = contenders(config, x, y)
+    first = {name: float(run()) for name, run in runs.items()}  # warm-up, and the recording
+    spread = max(first.values()) - min(first.values())
+    assert spread < 1e-3, f"the first losses differ: {first}"
+    rates = {name: [] for name in runs}
+    for _ in range(args.rounds):
+        for name, run in runs.items():
+            began = time.perf_counter()
+            for _ in range(steps):
+                loss = run()
+            float(loss)
+            rates[name].append(steps * x.size / (time.perf_counter() - began))
+    return {name: statistics.median(r) for name, r in rates.items()}, first
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in (("layers", 2), ("width", 64), ("heads", 4), ("context", 64),
+                          ("batch", 32), ("steps", 20), ("rounds", 5), ("threads", 1)):  # fmt: skip
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--json", help="write the figures to this file")
+    args = p.parse_args(argv)
+    config = TextConfig(layers=args.layers, width=args.width, heads=args.heads,
+                        context=args.context, batch_size=args.batch)  # fmt: skip
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(args.threads)
+    with threadpool_limits(limits=args.threads, user_api="blas"):
+        rates, first = measure(args.steps, config, args)
+    base = rates["torch eager"]
+    print(f"text step: {args.layers} layers, width {args.width}, {args.heads} heads, context "
+          f"{args.context}, batch {args.batch}, float32; {args.threads} thread(s); median of "
+          f"{args.rounds} rounds of {args.steps} steps")  # fmt: skip
+    for name, rate in rates.items():
+        print(f"  {name:22s} {rate:10,.0f} tokens/s  {rate / base:5.2f}x PyTorch eager")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(vars(args), rates=rates, first=first)))
+    return rates
+
+
+if __name__ == "__main__":
+    main()

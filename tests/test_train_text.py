@@ -1,0 +1,260 @@
+"""The text job (issue 25): a character-level transformer on CPython's documentation text. Its
+model matches PyTorch with the same weights, a short run lowers the loss, the baselines are
+counted exactly, a stopped run resumes bit for bit, `--compile` trains as eager does, and bad
+arguments are argparse's errors before any work."""
+
+import math
+import signal
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import tracker_gpu as tg
+from tracker_gpu import nn
+from tracker_gpu.train import text_cli
+from tracker_gpu.train.loop import Interrupted
+from tracker_gpu.train.text_data import Text, baselines, batch, corpus, windows
+from tracker_gpu.train.text_loop import TextConfig, compiled_text_step, train_text
+from tracker_gpu.train.transformer import CharTransformer, clip_global_norm, generate, text_loss
+
+TINY = dict(layers=1, width=16, heads=2, context=16, batch_size=8, lr=1e-2, eval_every=1000)
+TINY_ARGS = ["--layers", "1", "--width", "16", "--heads", "2", "--context", "16",
+             "--batch-size", "8", "--no-progress", "--plot", ""]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def numpy_only(request):
+    if request.config.getoption("backend") not in ("numpy", "numpy-fused"):
+        pytest.skip("the text job's tests make their own NumPy arrays")
+
+
+@pytest.fixture(scope="module")
+def text():
+    return Text.of(corpus())
+
+
+# --- the model against PyTorch --------------------------------------------------------------
+
+
+def torch_reference(p, tokens, heads):
+    """The same decoder written in PyTorch from the weights `p` (by name), independently."""
+    import torch
+    import torch.nn.functional as F
+
+    b, t = tokens.shape
+    x = p["embed.weight"][tokens] + p["position"][:t]
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    i = 0
+    while f"blocks.{i}.norm1.scale" in p:
+        k = f"blocks.{i}."
+        h = F.layer_norm(x, x.shape[-1:], p[k + "norm1.scale"], p[k + "norm1.bias"], 1e-5)
+        q, kk, v = (
+            (h @ p[f"{k}attention.{n}_proj.weight"].T + p[f"{k}attention.{n}_proj.bias"])
+            .reshape(b, t, heads, -1)
+            .transpose(1, 2)
+            for n in "qkv"
+        )
+        scores = (q @ kk.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        weights = torch.softmax(scores.masked_fill(~causal, -math.inf), dim=-1)
+        joined = (weights @ v).transpose(1, 2).reshape(b, t, -1)
+        out = p[k + "attention.out_proj.weight"]
+        x = x + joined @ out.T + p[k + "attention.out_proj.bias"]
+        h = F.layer_norm(x, x.shape[-1:], p[k + "norm2.scale"], p[k + "norm2.bias"], 1e-5)
+        h = F.gelu(
+            h @ p[k + "mlp.layers.0.weight"].T + p[k + "mlp.layers.0.bias"], approximate="tanh"
+        )
+        x = x + h @ p[k + "mlp.layers.1.weight"].T + p[k + "mlp.layers.1.bias"]
+        i += 1
+    x = F.layer_norm(x, x.shape[-1:], p["norm.scale"], p["norm.bias"], 1e-5)
+    return x @ p["embed.weight"].T
+
+
+def _randomised(model, rng):
+    """`model` with every array drawn anew (LayerNorm's ones and zeros, the zero biases)."""
+    from tracker_gpu.optim.tree import tree_map_with_path
+
+    def draw(path, x):
+        if isinstance(x, np.ndarray) and x.dtype == np.float64:
+            return rng.uniform(-0.5, 0.5, x.shape)
+        return x
+
+    return tree_map_with_path(draw, model)
+
+
+def test_the_forward_and_gradients_match_pytorch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    model = CharTransformer(11, context=8, width=8, heads=2, layers=2, dropout=0.0, rng=rng,
+                            dtype="float64")  # fmt: skip
+    model = _randomised(model, rng)
+    x, y = rng.integers(0, 11, (3, 7)), rng.integers(0, 11, (3, 7))
+    loss, (grads,) = tg.withgradient(lambda m: text_loss(m, x, y), model)
+    weights = {k: torch.tensor(v, requires_grad=True) for k, v in nn._parameters(model).items()}
+    logits = torch_reference(weights, torch.from_numpy(x), heads=2)
+    np.testing.assert_allclose(np.asarray(model(x)), logits.detach().numpy(), rtol=1e-12,
+                               atol=1e-12)  # fmt: skip
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 11), torch.from_numpy(y)
+                                                 .reshape(-1))  # fmt: skip
+    expected.backward()
+    assert abs(float(loss) - expected.item()) < 1e-12
+    got = nn._parameters(grads)
+    assert set(got) == set(weights)  # the tied embedding: one array, one gradient (both uses)
+    for name, w in weights.items():
+        np.testing.assert_allclose(got[name], w.grad.numpy(), rtol=1e-10, atol=1e-12,
+                                   err_msg=name)  # fmt: skip
+
+
+def test_the_output_is_causal_and_tied():
+    rng = np.random.default_rng(1)
+    model = CharTransformer(11, context=8, width=8, heads=2, layers=1, dropout=0.0, rng=rng)
+    x = rng.integers(0, 11, (2, 8))
+    changed = x.copy()
+    changed[:, 5:] = (changed[:, 5:] + 1) % 11
+    before, after = np.asarray(model(x)), np.asarray(model(changed))
+    assert np.array_equal(before[:, :5], after[:, :5])
+    assert not np.allclose(before[:, 5:], after[:, 5:])
+    assert "head" not in repr(nn._parameters(model).keys())  # no separate output matrix
+
+
+def test_clipping_is_by_the_global_norm():
+    g = {"a": np.array([3.0, 0.0]), "b": (np.array([[4.0]]), None)}
+    clipped = clip_global_norm(g, 2.5)
+    assert np.allclose(clipped["a"], [1.5, 0.0], rtol=1e-6) and clipped["b"][1] is None
+    assert np.allclose(clipped["b"][0], [[2.0]], rtol=1e-6)
+    assert clip_global_norm(g, 10.0)["a"][0] == 3.0
+
+
+# --- data and baselines ---------------------------------------------------------------------
+
+
+def test_the_corpus_ships_with_python_and_is_split_90_10(text):
+    assert len(text.vocab) == 103 and 460_000 < len(text.train) + len(text.valid) < 470_000
+    assert abs(len(text.valid) / (len(text.train) + len(text.valid)) - 0.1) < 1e-4
+    assert text.decode(text.encode("The assert")) == "The assert"
+    x, y = batch(text.train, 4, 10, np.random.default_rng(0))
+    assert x.shape == y.shape == (4, 10) and np.array_equal(x[:, 1:], y[:, :-1])
+    covered = np.concatenate([y.ravel() for _, y in windows(np.arange(50), 7, 3)])
+    assert np.array_equal(covered, np.arange(1, 50))
+
+
+def test_the_baselines_are_counted_exactly():
+    train, valid = "abracadabra cab", "bacabra dac"
+    text = Text.of(train + valid, fraction=len(valid) / len(train + valid))
+    assert text.decode(text.valid) == valid
+    vocab = sorted(set(train + valid))
+    unigram = Counter(train)
+    expected_unigram = -np.mean(
+        [math.log((unigram[c] + 1) / (len(train) + len(vocab))) for c in valid]
+    )
+    pairs, firsts = Counter(zip(train, train[1:])), Counter(train[:-1])
+    expected_bigram = -np.mean(
+        [math.log((pairs[a, b] + 1) / (firsts[a] + len(vocab))) for a, b in zip(valid, valid[1:])]
+    )
+    got = baselines(text.train, text.valid, len(text.vocab))
+    assert got["unigram"] == pytest.approx(expected_unigram, rel=1e-12)
+    assert got["bigram"] == pytest.approx(expected_bigram, rel=1e-12)
+
+
+# --- training -------------------------------------------------------------------------------
+
+
+def test_fifty_steps_lower_the_loss(text):
+    result = train_text(TextConfig(**TINY, steps=50, warmup=5), text)
+    losses = result.history["loss"]
+    assert len(losses) == 5 and losses[-1] < losses[0] - 0.5
+    assert result.valid_loss < math.log(len(text.vocab))
+
+
+def _weights(model):
+    return {k: np.array(v) for k, v in nn._parameters(model).items()}
+
+
+def _same(a, b):
+    assert _weights(a.model).keys() == _weights(b.model).keys()
+    for name, value in _weights(a.model).items():
+        assert np.array_equal(value, _weights(b.model)[name]), name
+    assert a.history == b.history
+
+
+def test_a_stopped_run_resumes_bit_for_bit(text, tmp_path):
+    config = TextConfig(**{**TINY, "eval_every": 8}, steps=20, warmup=2, dropout=0.1)
+    straight = train_text(config, text)
+    steps = iter(range(1, 100))
+    stop = lambda: signal.SIGINT if next(steps) == 13 else None  # noqa: E731
+    with pytest.raises(Interrupted) as stopped:
+        train_text(config, text, save=tmp_path / "text.npz", stop=stop)
+    assert stopped.value.step == 13
+    resumed = train_text(config, text, resume=tmp_path / "text.npz")
+    _same(straight, resumed)
+
+
+def test_a_compiled_step_trains_as_the_eager_one(text):
+    config = TextConfig(**TINY, steps=12, warmup=2, dropout=0.1)
+    eager = train_text(config, text)
+    compiled = train_text(config, text, step=compiled_text_step(), step_kind="compiled")
+    _same(eager, compiled)
+
+
+def test_generation_is_the_forward_only(text):
+    model = CharTransformer(len(text.vocab), 16, 16, 2, 1, rng=np.random.default_rng(0))
+    codes = generate(model, text.encode("The"), 40, temperature=0.8, rng=np.random.default_rng(0))
+    again = generate(model, text.encode("The"), 40, temperature=0.8, rng=np.random.default_rng(0))
+    assert len(codes) == 40 and codes == again and all(0 <= c < 103 for c in codes)
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+def test_the_command_line_trains_reports_and_samples(tmp_path, capsys):
+    plot = tmp_path / "text.png"
+    result = text_cli.run([*TINY_ARGS, "--steps", "20", "--plot", str(plot), "--prompt", "def ",
+                           "--sample-length", "30", "--save", str(tmp_path / "run")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "nats/char" in out and "bigram 2.323" in out and "unigram 3.238" in out
+    assert result.sample.startswith("def ") and len(result.sample) == 34
+    assert plot.stat().st_size > 0 and (tmp_path / "run" / "text.npz").exists()
+
+
+def test_the_digits_job_stays_the_default(capsys):
+    from tracker_gpu.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "--models" in out and "tracker_gpu.train text" in " ".join(out.split())
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--context", "100000"], "longer than the validation text"),
+        (["--heads", "0"], "must be more than 0"),
+        (["--width", "30", "--heads", "4"], "not divisible by --heads"),
+        (["--prompt", "\u2211"], "not in the text"),
+        (["--temperature", "0"], "must be more than 0"),
+        (["--resume", "nowhere"], "no checkpoint"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        text_cli.main([*TINY_ARGS, *argv])
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2 and out == "" and message in err
+
+
+def test_a_resume_with_another_setting_is_refused(tmp_path, capsys):
+    text_cli.run([*TINY_ARGS, "--steps", "10", "--sample-length", "0", "--save", str(tmp_path)])
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        text_cli.main([*TINY_ARGS, "--steps", "10", "--width", "32", "--resume", str(tmp_path)])
+    assert "saved with --width 16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["transformer", "text_data"])
+def test_the_docstring_examples(name):
+    import doctest
+    import importlib
+
+    module = importlib.import_module(f"tracker_gpu.train.{name}")
+    assert doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0

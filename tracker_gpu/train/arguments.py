@@ -1,0 +1,121 @@
+"""What the command lines of both jobs (digits and text) share: numbers checked as argparse
+reads them, the plot's path, stopping on SIGINT and SIGTERM after the current step, and
+reading and editing the arguments.
+
+>>> at_least_one = number(int, 1, strict=False)
+>>> at_least_one("3")
+3
+>>> without(["--epochs", "3", "--resume", "runs"], "--resume")
+['--epochs', '3']
+"""
+
+import argparse
+import contextlib
+import math
+import signal
+import threading
+from pathlib import Path
+
+from .loop import Interrupted
+
+__all__ = ["number", "check_plot", "Stop", "signals", "option", "without"]
+
+
+def number(kind, low, *, strict=True, high=math.inf):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if (value <= low if strict else value < low) or value >= high:
+            bound = f"more than {low}" if strict else f"at least {low}"
+            raise argparse.ArgumentTypeError(
+                f"must be {bound}"
+                + (f" and less than {high}" if high < math.inf else "")
+                + f", got {text}"
+            )
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def check_plot(p, args):
+    if not args.plot:
+        return
+    path = Path(args.plot)
+    if not path.suffix:
+        path = path.with_name(path.name + ".png")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lstrip(".").lower() not in formats:
+        p.error(f"--plot: matplotlib cannot write {path.suffix!r} files; give a path ending "
+                f"in one of {', '.join('.' + f for f in sorted(formats))}")  # fmt: skip
+    if not path.parent.is_dir():
+        p.error(f"--plot: the folder {str(path.parent)!r} does not exist; create it, or pass "
+                "--plot ''")  # fmt: skip
+    args.plot = str(path)
+
+
+class Stop:
+    """Asked after each step: the number of the signal that came (SIGINT, SIGTERM), else None.
+    While `training` is false (connecting, loading), a signal stops the job at once."""
+
+    def __init__(self):
+        self.signum, self.training = None, False
+
+    def __call__(self):
+        return self.signum
+
+
+@contextlib.contextmanager
+def signals():
+    """Within the block, SIGINT and SIGTERM ask the job to stop after the current step (the
+    `Stop` yielded says so); before training starts, they stop it at once. A second signal
+    acts as it would without this. Outside the main thread, nothing is caught."""
+    stop = Stop()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handler(signum, frame):
+        stop.signum = signum
+        for s, old in previous.items():  # a second signal acts as it would have
+            signal.signal(s, old)
+        if not stop.training:
+            raise Interrupted(signum, "the job", 0, 0, None)
+
+    for s in previous:
+        signal.signal(s, handler)
+    try:
+        yield stop
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def option(argv, option):
+    """The value of `option` in `argv` (`--opt v` or `--opt=v`), the last one, or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == option and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(option + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def without(argv, option):
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            out.append(arg)
+    return out

@@ -1,0 +1,254 @@
+"""`python -m tracker_gpu.train text`: a character-level transformer on CPython's documentation
+text. Every argument is checked before any work, with argparse's own errors; then the model is
+trained, its validation loss printed beside the unigram and bigram baselines, a sample
+generated from `--prompt`, and the curves plotted. SIGINT and SIGTERM stop the job after the
+current step, with a checkpoint under `--save` and the command that resumes."""
+
+import argparse
+import importlib
+import math
+import os
+import shlex
+import signal
+import sys
+
+import numpy as np
+
+from .arguments import check_plot, number, option, signals, without
+from .devices import select_backend
+from .loop import Interrupted
+from .plots import plot_text
+from .text_data import Text, baselines, corpus
+from .text_loop import TextConfig, compiled_text_step, text_step, train_text
+from .transformer import generate, parameter_count
+
+__all__ = ["main", "run", "parser"]
+
+PROG = "python -m tracker_gpu.train text"
+DESCRIPTION = (
+    "Train a character-level transformer on CPython's documentation text (pydoc_data.topics) "
+    "with tracker_gpu."
+)
+ARCHITECTURE = ("layers", "width", "heads", "context")
+RUN = (*ARCHITECTURE, "batch_size", "steps", "lr", "dropout", "seed")  # what makes a run
+CPU = dict(layers=2, width=64, heads=4, context=64, batch_size=32, steps=1000, lr=3e-3,
+           dropout=0.0)  # fmt: skip
+GPU = dict(layers=4, width=256, heads=8, context=128, batch_size=64, steps=3000, lr=1e-3,
+           dropout=0.1)  # fmt: skip
+WARMUP = 100  # steps of the learning rate's linear warm-up (a tenth of a shorter run)
+
+
+def parser():
+    """The argument parser of `python -m tracker_gpu.train text`."""
+    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, allow_abbrev=False)
+    p.add_argument("--backend", default="auto", choices=["auto", "numpy", "torch", "cupy"])
+    p.add_argument("--device", default="auto", help="auto (default), cpu, gpu or gpu:N")
+    positive = number(int, 0)
+    for name, help in [("layers", "transformer blocks"), ("width", "features per character"),
+                       ("heads", "attention heads (they must divide the width)"),
+                       ("context", "characters the model sees"),
+                       ("batch-size", "windows per step"),
+                       ("steps", "training steps in all, a resumed run included")]:  # fmt: skip
+        key = name.replace("-", "_")
+        p.add_argument(f"--{name}", type=positive,
+                       help=f"{help} (default {CPU[key]}; {GPU[key]} on cupy)")  # fmt: skip
+    p.add_argument("--lr", type=number(float, 0), help="AdamW's peak learning rate "
+                   f"(default {CPU['lr']:g}; {GPU['lr']:g} on cupy)")  # fmt: skip
+    dropout = f"dropout (default {CPU['dropout']}; {GPU['dropout']} on cupy)"
+    p.add_argument("--dropout", type=number(float, 0, strict=False, high=1), help=dropout)
+    p.add_argument("--seed", type=number(int, 0, strict=False, high=2**32),
+                   help="initial weights, batches and dropout (default 0)")  # fmt: skip
+    p.add_argument("--eval-every", type=positive, default=250,
+                   help="steps between validation losses (default 250)")  # fmt: skip
+    p.add_argument("--prompt", default="The ", help="the start of the sample (default 'The ')")
+    p.add_argument("--temperature", type=number(float, 0), default=0.8,
+                   help="the sample's temperature (default 0.8)")  # fmt: skip
+    p.add_argument("--sample-length", type=number(int, 0, strict=False), default=300,
+                   help="characters to generate (default 300; 0 for no sample)")  # fmt: skip
+    p.add_argument(
+        "--plot",
+        default="text.png",
+        help="the plot's path; its suffix says the format ('' for no plot)",
+    )
+    p.add_argument("--save", metavar="DIR", help="write a checkpoint to DIR/text.npz at every "
+                   "validation and at the end")  # fmt: skip
+    p.add_argument("--resume", metavar="DIR", help="go on from DIR/text.npz")
+    p.add_argument("--compile", action="store_true",
+                   help="record the training step once with tg.compile and replay it")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _checked(p, argv):
+    """The parsed arguments, every one checked before any work (argparse's errors exit 2)."""
+    args = p.parse_args(argv)
+    args.argv = list(argv)
+    _check_modules(p, args)
+    check_plot(p, args)
+    try:
+        args.where = select_backend(args.backend, args.device)
+    except ValueError as error:
+        p.error(str(error))
+    if args.save and os.path.exists(args.save) and not os.path.isdir(args.save):
+        p.error(f"--save: {args.save!r} is a file; give a folder for the checkpoint")
+    args.text = Text.of(corpus())
+    args.config = _config(p, args)
+    _check_sample(p, args)
+    return args
+
+
+def _check_modules(p, args):
+    needs = []
+    if not args.no_progress:
+        needs.append(("tqdm", "the progress bar needs tqdm: pip install tqdm, or --no-progress"))
+    if args.plot:
+        needs.append(("matplotlib", "the plot needs matplotlib: pip install matplotlib, or "
+                      "--plot ''"))  # fmt: skip
+    for module, message in needs:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            p.error(message)
+
+
+def _config(p, args):
+    """The run's `TextConfig`: the options given, else the checkpoint's (`--resume`), else the
+    defaults of the backend; a setting that differs from the checkpoint's is refused."""
+    defaults = GPU if args.where[0] == "cupy" else CPU
+    given = {k: getattr(args, k) for k in RUN if getattr(args, k) is not None}
+    saved = _saved_settings(p, args) if args.resume else {}
+    for key, value in given.items():
+        if key in saved and saved[key] != value:
+            option = "--" + key.replace("_", "-")
+            p.error(f"--resume: {_path(args.resume)} was saved with {option} {saved[key]}, and "
+                    f"this run gives {option} {value}, which would make another run; leave "
+                    f"{option} out to go on as saved")  # fmt: skip
+    values = {**defaults, "seed": 0, **{k: saved[k] for k in RUN if k in saved}, **given}
+    if values["width"] % values["heads"]:
+        p.error(f"--width {values['width']} is not divisible by --heads {values['heads']}: each "
+                "head takes width / heads features; choose a divisor")  # fmt: skip
+    longest = len(args.text.valid) - 1
+    if values["context"] > longest:
+        p.error(f"--context {values['context']} is longer than the validation text allows "
+                f"({longest} characters); choose a shorter context")  # fmt: skip
+    warmup = min(WARMUP, values["steps"] // 10)
+    return TextConfig(**{k: values[k] for k in RUN}, warmup=warmup, eval_every=args.eval_every)
+
+
+def _saved_settings(p, args):
+    from tracker_gpu import optim
+
+    path = _path(args.resume)
+    if not os.path.isfile(path):
+        p.error(f"--resume: no checkpoint {path!r}; train with --save {args.resume} first")
+    try:
+        info = optim.read_checkpoint_info(path)
+    except ValueError as error:
+        p.error(f"--resume: {error}")
+    settings = info.get("settings") or {}
+    if settings.get("job") != "text":
+        p.error(f"--resume: {path} is not a checkpoint of the text job")
+    args.done = info.get("step", 0)
+    return settings
+
+
+def _check_sample(p, args):
+    if args.sample_length and not args.prompt:
+        p.error("--prompt: give at least one character to start the sample")
+    try:
+        args.prompt_codes = args.text.encode(args.prompt)
+    except ValueError as error:
+        p.error(f"--prompt: {error}")
+
+
+def _path(folder):
+    return os.path.join(folder, "text.npz")
+
+
+def main(argv=None):
+    """The console script: train, print the validation loss beside the baselines and a sample,
+    write the plot. A loss that is not finite and a stop by SIGINT or SIGTERM are one line
+    each, no traceback (exit 1, 130 or 143)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with signals() as stop:
+        try:
+            run(argv, stop=stop)
+        except Interrupted as stopped:
+            print(_stopped_line(stopped, argv), file=sys.stderr, flush=True)
+            sys.exit(128 + stopped.signum)
+        except FloatingPointError as error:
+            print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
+            sys.exit(1)
+
+
+def run(argv, stop=None):
+    """`main`, returning the `TextResult` (with its `sample`, `baselines` and `text`)."""
+    args = _checked(parser(), argv)
+    xp, device, where = args.where
+    text, config = args.text, args.config
+    _describe(text, config, where, args)
+    if stop is not None and hasattr(stop, "training"):
+        stop.training = True
+    with np.errstate(over="ignore", invalid="ignore"):  # the loop checks the loss itself
+        if args.save:
+            os.makedirs(args.save, exist_ok=True)
+        result = train_text(
+            config, text, xp=xp, device=device,
+            step=compiled_text_step() if args.compile else text_step,
+            progress=not args.no_progress, save=_path(args.save) if args.save else None,
+            resume=_path(args.resume) if args.resume else None, stop=stop,
+            step_kind="compiled" if args.compile else "eager",
+        )  # fmt: skip
+    result.baselines, result.text = baselines(text.train, text.valid, len(text.vocab)), text
+    _report(result)
+    result.sample = _sample(result, args)
+    if args.plot:
+        plot_text(result.history, args.plot, result.baselines)
+        print(f"plot written to {args.plot}")
+    return result
+
+
+def _describe(text, config, where, args):
+    from .text_loop import build
+
+    size = len(text.train) + len(text.valid)
+    print(f"text: CPython's documentation (pydoc_data.topics), {size:,} characters, "
+          f"{len(text.vocab)} distinct: {len(text.train):,} for training, {len(text.valid):,} "
+          f"for validation; {where}")  # fmt: skip
+    model, _ = build(config, len(text.vocab))
+    print(f"model: {config.layers} layers, width {config.width}, {config.heads} heads, context "
+          f"{config.context}, {parameter_count(model):,} parameters; batch {config.batch_size}, "
+          f"{config.steps} steps, AdamW {config.lr:g} (warm-up {config.warmup}, cosine), "
+          f"dropout {config.dropout:g}{', compiled' if args.compile else ''}",
+          flush=True)  # fmt: skip
+    if args.resume:
+        print(f"resumed after {args.done} of {config.steps} steps", flush=True)
+
+
+def _report(result):
+    b, rate = result.baselines, result.tokens_per_second
+    speed = f"{rate:,.0f} tokens/s" if math.isfinite(rate) else "evaluated, not trained"
+    print(f"validation loss {result.valid_loss:.3f} nats/char (unigram {b['unigram']:.3f}, "
+          f"bigram {b['bigram']:.3f}: {result.valid_loss / b['bigram']:.2f}x the bigram's); "
+          f"{speed}, {result.seconds:.1f} s", flush=True)  # fmt: skip
+
+
+def _sample(result, args):
+    if not args.sample_length:
+        return ""
+    rng = np.random.default_rng(result.config.seed)
+    codes = generate(result.model, args.prompt_codes, args.sample_length,
+                     temperature=args.temperature, rng=rng)  # fmt: skip
+    sample = args.prompt + result.text.decode(codes)
+    print(f"sample (temperature {args.temperature:g}):\n{sample}", flush=True)
+    return sample
+
+
+def _stopped_line(stopped, argv):
+    name = signal.Signals(stopped.signum).name
+    folder = option(argv, "--save")
+    if folder is None or stopped.saved is None:
+        return (f"stopped by {name} after {stopped.step} steps; nothing was saved (no --save): "
+                "rerun with --save DIR to be able to resume")  # fmt: skip
+    command = shlex.join([*PROG.split(), *without(argv, "--resume"), "--resume", folder])
+    return f"stopped by {name} (saved after {stopped.step} steps); resume with: {command}"
