@@ -140,6 +140,27 @@ def test_softmax_of_large_values(backend):
     np.testing.assert_allclose(y, expected, rtol=1e-15)
 
 
+@pytest.mark.parametrize("axis", [1, -1, 0])
+@pytest.mark.parametrize("name", ["softmax", "logsoftmax"])
+def test_softmax_over_an_empty_axis(backend, name, axis):
+    """Over an empty axis (or along a kept one), an empty result and an empty gradient."""
+    x = on_backend(backend, np.zeros((2, 0)))
+    f = getattr(tg, name)
+    y = f(tg.param(x), axis=axis)
+    assert tuple(y.shape) == (2, 0)
+    check(backend, lambda x: f(x, axis=axis), x)
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_logsumexp_over_an_empty_axis_is_minus_infinity(backend, keepdims):
+    x = on_backend(backend, np.zeros((2, 0)))
+    y = tg.logsumexp(tg.param(x), axis=1, keepdims=keepdims)
+    assert tuple(y.shape) == ((2, 1) if keepdims else (2,))
+    assert np.all(numpy_of(backend, y) == -np.inf)
+    (g,) = tg.gradient(lambda x: tg.sum(tg.exp(tg.logsumexp(x, axis=1))), x)  # a finite loss
+    assert tuple(g.shape) == (2, 0)
+
+
 def test_sigmoid_extremes(backend):
     x = on_backend(backend, np.array([-1000.0, 0.0, 1000.0]))
     y = numpy_of(backend, tg.sigmoid(tg.param(x)))

@@ -65,6 +65,27 @@ def test_reduction_0d(backend, name, keepdims):
     check(backend, lambda x: f(x, keepdims=keepdims), x)
 
 
+EVERY_REDUCTION = {
+    **{name: getattr(tg, name) for name in REDUCTIONS},
+    "logsumexp": tg.logsumexp,
+    "softmax": tg.softmax,
+    "logsoftmax": tg.logsoftmax,
+}
+
+
+@pytest.mark.parametrize("axis", [0, -1, (0,), 1, -2], ids=str)
+@pytest.mark.parametrize("name", EVERY_REDUCTION)
+def test_reduction_axis_out_of_range_is_refused_in_the_forward(backend, name, axis):
+    """An axis outside the standard's `[-ndim, ndim)` (`axis=0` of a 0-d array included) is
+    refused by every reduction when it is called, tracked or not, never by its pullback."""
+    x = on_backend(backend, uniform(() if axis in (0, -1, (0,)) else (3,), (0.5, 1.5), seed=33))
+    f = EVERY_REDUCTION[name]
+    with pytest.raises(ValueError, match="out of range"):
+        f(tg.param(x), axis=axis)
+    with pytest.raises(ValueError, match="out of range"):
+        f(x, axis=axis)
+
+
 @pytest.mark.parametrize("keepdims", [False, True])
 @pytest.mark.parametrize("axis", [None, 0, 1, (0, 1)], ids=str)
 @pytest.mark.parametrize("name", ["sum", "prod"])

@@ -1,5 +1,5 @@
 """The Array API namespace over tracked arrays (standard version 2024.12, with `linalg` and
-`fft`).
+`fft`), and `special`: SciPy's, PyTorch's and Julia's special functions.
 
 `x.__array_namespace__()` (and so `array_api_compat.array_namespace(x)`) returns a namespace
 bound to the library of `x`'s data: its dtypes are that library's, and its creation functions
@@ -29,9 +29,11 @@ from .rules import (
     numpy_math,
     reductions,
     shape,
+    special_julia,
 )
 from .rules import fft as fft_rules
 from .rules import linalg as linalg_rules
+from .rules import special as special_rules
 
 __array_api_version__ = "2024.12"
 
@@ -64,6 +66,15 @@ _CONSTANTS = dict(e=math.e, pi=math.pi, inf=math.inf, nan=math.nan, newaxis=None
 linalg = types.ModuleType("tracker_gpu.linalg", "The standard's linalg extension, differentiable.")
 linalg.__dict__.update({name: getattr(linalg_rules, name) for name in linalg_rules.__all__})
 
+special = types.ModuleType(
+    "tracker_gpu.special",
+    "Special functions, differentiable: SciPy's and torch.special's names, and Julia's "
+    "(DiffRules') others; values from the array's own library.",
+)
+special.__dict__.update(
+    {n: getattr(m, n) for m in (special_rules, special_julia) for n in m.__all__}
+)
+special.__all__ = sorted(special_rules.__all__ + special_julia.__all__)
 
 _FFT_TRANSFORMS = {
     name: getattr(fft_rules, name) for name in fft_rules.__all__ if not name.endswith("freq")
@@ -96,7 +107,7 @@ def __getattr__(name):  # PEP 562: a clear error for what the namespace does not
 
 
 def _contents(xp):
-    contents = dict(_SHARED, **_CONSTANTS, linalg=linalg, fft=_fft_for(xp))
+    contents = dict(_SHARED, **_CONSTANTS, linalg=linalg, fft=_fft_for(xp), special=special)
     contents.update(__getattr__=__getattr__)
     contents.update(creation.bound_functions(xp))
     contents.update(__array_api_version__=__array_api_version__)
@@ -121,4 +132,4 @@ def namespace_for(xp):
 tracked.serve_namespaces(namespace_for)
 globals().update(_contents(np))
 __all__ = sorted(name for name in _contents(np) if not name.startswith("_")) + ["namespace_for"]
-linalg.__getattr__ = __getattr__
+linalg.__getattr__ = special.__getattr__ = __getattr__

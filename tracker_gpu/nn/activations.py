@@ -8,6 +8,7 @@ its activation with `_activate`, which skips `None` and `identity`.
 
 import math
 
+from ..rules import special
 from ..rules.elementwise import abs as _abs
 from ..rules.elementwise import (
     add,
@@ -21,6 +22,7 @@ from ..rules.elementwise import (
 )
 from ..rules.nn import logsoftmax, relu, sigmoid, softmax
 from ..rules.shape import reshape
+from .primitives import gelu_tanh
 
 __all__ = [
     "identity",
@@ -75,11 +77,22 @@ def celu(x, a=1.0):
     return where(x > 0, x, multiply(expm1(divide(_negative_part(x), a)), a))
 
 
-def gelu(x):
-    """Gaussian error linear unit, in the tanh approximation (Flux's `gelu`)."""
-    c = math.sqrt(2 / math.pi)
-    inner = multiply(add(x, multiply(x * x * x, 0.044715)), c)
-    return multiply(multiply(x, 0.5), add(tanh(inner), 1.0))
+def gelu(x, approximate="tanh"):
+    """Gaussian error linear unit, `x * ndtr(x)`, by PyTorch's names: `approximate="tanh"` (the
+    default: Flux's `gelu`, one primitive whose derivative is differentiable again) or
+    `"none"`, exact: `0.5 x (1 + erf(x / sqrt(2)))` (PyTorch's default; `erf` from the array's
+    library, see `tg.special`).
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> x = np.array([-1.0, 1.0])
+    >>> np.round(tg.nn.gelu(x, approximate="none") - tg.nn.gelu(x), 6)
+    array([0.000153, 0.000153])
+    """
+    if approximate == "tanh":
+        return gelu_tanh(x)
+    if approximate != "none":
+        raise ValueError(f'gelu: approximate must be "tanh" or "none", got {approximate!r}')
+    return multiply(multiply(x, 0.5), add(special.erf(multiply(x, math.sqrt(0.5))), 1.0))
 
 
 def swish(x):

@@ -416,15 +416,23 @@ def _clip_vjp_x(g, ans, x, lo, hi):
     return g if inside is True else mask(inside, g)
 
 
+# Where the bounds cross (lo > hi) the value is hi (NumPy's and the standard's): the gradient
+# goes to hi alone, as PyTorch's clamp sends it (and so nowhere where x < lo == hi).
+def _clip_vjp_lo(g, ans, x, lo, hi):
+    below = _compare("less", x, lo)
+    return mask(below if hi is None else _and(below, _compare("less", lo, hi)), g)
+
+
+def _clip_vjp_hi(g, ans, x, lo, hi):
+    above = _compare("greater", x, hi)
+    return mask(above if lo is None else above | _compare("less", hi, lo), g)
+
+
 _clip = Primitive(
     "clip",
     _clip_forward,
-    (
-        _clip_vjp_x,
-        lambda g, ans, x, lo, hi: mask(_compare("less", x, lo), g),
-        lambda g, ans, x, lo, hi: mask(_compare("greater", x, hi), g),
-    ),
-    saves=("x lo hi", "x lo", "x hi"),
+    (_clip_vjp_x, _clip_vjp_lo, _clip_vjp_hi),
+    saves="x lo hi",
 )
 
 
@@ -435,7 +443,15 @@ def _and(a, b):
 
 
 def clip(x, /, min=None, max=None):
-    """Clamp `x` to `[min, max]`; the gradient passes where `x` is inside, bounds included."""
+    """Clamp `x` to `[min, max]`: the value of NumPy and the standard (`max` where the bounds
+    cross, `min > max`), the gradient of PyTorch's `clamp`: to `x` where it is inside, bounds
+    included, else to the bound that clips it; where the bounds cross, to `max` alone.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> x, lo, hi = np.array([0.0, 3.0]), np.array([1.0, 2.0]), np.array([2.0, 1.0])
+    >>> tg.gradient(lambda x, lo, hi: tg.sum(tg.clip(x, lo, hi)), x, lo, hi)
+    (array([0., 0.]), array([1., 0.]), array([0., 1.]))
+    """
     return _clip(x, min, max)
 
 

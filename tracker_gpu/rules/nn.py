@@ -10,11 +10,13 @@ softmax, logsoftmax, normalise and the LSTM cell run as fused kernels both ways 
 array([0.5, 0.5])
 """
 
+import math
+
 from ..backend import namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray
 from .elementwise import add, divide, exp, is_complex, mask, multiply, sqrt, subtract, tanh
-from .reductions import expand, mean
+from .reductions import check_axes, expand, mean
 from .reductions import sum as _sum
 from .shape import concat, getitem
 
@@ -58,12 +60,18 @@ relu = Primitive(
 
 def _softmax_forward(xp, x, /, *, axis=-1):
     real_only("softmax", x)
+    check_axes("softmax", axis, x.ndim)
+    if x.shape[axis] == 0:  # nothing to normalise (NumPy's max of nothing raises)
+        return xp.zeros_like(x)
     e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
     return e / xp.sum(e, axis=axis, keepdims=True)
 
 
 def _logsoftmax_forward(xp, x, /, *, axis=-1):
     real_only("logsoftmax", x)
+    check_axes("logsoftmax", axis, x.ndim)
+    if x.shape[axis] == 0:
+        return xp.zeros_like(x)
     shifted = x - xp.max(x, axis=axis, keepdims=True)
     return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
 
@@ -84,10 +92,19 @@ logsoftmax = Primitive(
 
 def _logsumexp_forward(xp, x, /, *, axis=None, keepdims=False):
     real_only("logsumexp", x)
+    check_axes("logsumexp", axis, x.ndim)
+    if _reduces_nothing(x, axis):  # the log of an empty sum (NumPy's max of nothing raises)
+        m = xp.full_like(xp.sum(x, axis=axis, keepdims=True), -math.inf)
+        return m if keepdims else xp.squeeze(m, axis=_squeezed(axis, x.ndim))
     m = xp.max(x, axis=axis, keepdims=True)
     m = xp.where(xp.isfinite(m), m, xp.zeros_like(m))
     out = xp.log(xp.sum(xp.exp(x - m), axis=axis, keepdims=True)) + m
     return out if keepdims else xp.squeeze(out, axis=_squeezed(axis, x.ndim))
+
+
+def _reduces_nothing(x, axis):
+    axes = range(x.ndim) if axis is None else (axis,) if isinstance(axis, int) else axis
+    return any(x.shape[a] == 0 for a in axes)
 
 
 def _squeezed(axis, ndim):

@@ -5,6 +5,9 @@ A reduction's vjp passes the gradient back as a broadcast view, never a filled a
 `max`/`min` share the gradient evenly among all the extrema along the reduced axes (PyTorch's
 `amax`/`amin`; `maximum`/`minimum` split ties evenly too). `std` has gradient 0 where it is 0
 (constant features), as PyTorch. `prod` is exact at zeros, to any order of differentiation.
+Every reduction refuses, when called, an axis outside the standard's `[-ndim, ndim)`, `axis=0`
+of a 0-d array included (NumPy's `sum` takes it, its `mean` does not; PyTorch takes it): one rule
+for all of them, and never a pullback that fails after the forward.
 
 >>> import numpy as np, tracker_gpu as tg
 >>> tg.gradient(tg.prod, np.array([2.0, 0.0, 3.0]))[0]
@@ -39,6 +42,18 @@ def normalize_axes(axis, ndim):
     return tuple(sorted(a % ndim if ndim else a for a in axes))
 
 
+def check_axes(name, axis, ndim):
+    """Refuse an `axis` (None, an int or a tuple) outside the standard's `[-ndim, ndim)`."""
+    if axis is None:
+        return
+    for a in (axis,) if isinstance(axis, int) else tuple(axis):
+        if not -ndim <= a < ndim:
+            raise ValueError(
+                f"{name}: axis {a} is out of range for an array of {ndim} dimensions (the "
+                f"standard's range is [-{ndim}, {ndim})); a 0-d array takes axis=None only"
+            )
+
+
 def expand(g, x, axis, keepdims):
     """The gradient of a reduction of `x`, broadcast back to `x`'s shape (a view)."""
     shape = tuple(x.shape)
@@ -60,6 +75,7 @@ def _reduction(name):
     signature."""
 
     def forward(xp, x, /, *, axis=None, dtype=None, keepdims=False):
+        check_axes(name, axis, x.ndim)
         return getattr(xp, name)(x, axis=axis, dtype=dtype, keepdims=keepdims)
 
     return forward
@@ -67,6 +83,7 @@ def _reduction(name):
 
 def _reduction_without_dtype(name):
     def forward(xp, x, /, *, axis=None, keepdims=False):
+        check_axes(name, axis, x.ndim)
         return getattr(xp, name)(x, axis=axis, keepdims=keepdims)
 
     return forward
@@ -235,6 +252,7 @@ min = Primitive("min", _reduction_without_dtype("min"), (_extremum_vjp,), saves=
 def var(x, /, *, axis=None, correction=0.0, keepdims=False):
     """Variance over `axis`, divided by `n - correction` (real data, as the standard says)."""
     _check_real("var", x)
+    check_axes("var", axis, x.ndim)
     centred = x - mean(x, axis=axis, keepdims=True)
     n = _count(x.shape, axis)
     return sum(square(centred), axis=axis, keepdims=keepdims) / builtins.max(n - correction, 0)
@@ -244,6 +262,7 @@ def std(x, /, *, axis=None, correction=0.0, keepdims=False):
     """Standard deviation over `axis` (the square root of `var`; real data, as the standard
     says)."""
     _check_real("std", x)
+    check_axes("std", axis, x.ndim)
     return _std_sqrt(var(x, axis=axis, correction=correction, keepdims=keepdims))
 
 
