@@ -165,8 +165,8 @@ def test_memory(tmp_path):
 
 
 def test_compile(tmp_path):
-    out = run("compile.py", "--ops", "40", "--repeats", "2", "--batch", "8", "--json",
-              str(tmp_path / "c"))  # fmt: skip
+    out = run("compile.py", "--ops", "40", "--repeats", "2", "--batch", "8", "--record-ops",
+              "2000", "--json", str(tmp_path / "c"))  # fmt: skip
     rows = json.loads((tmp_path / "c").read_text())["rows"]
     assert set(rows) == {"chain y*c", "chain mixed", "MLP step"}
     for row in rows.values():

@@ -1,5 +1,6 @@
-"""`tg.compile(f, fuse=True)`: each elementwise region of a recorded host program replayed as
-one generated C++ loop (`compiler/fusion.py`, `compiler/loops.py`), against eager.
+"""`tg.compile` fusion: each elementwise region of a recorded host program, and each chain of
+elementwise pullbacks of its backward passes, replayed as one generated C++ loop
+(`compiler/fusion.py`, `compiler/backward.py`, `compiler/loops.py`), against eager.
 
 A differential fuzzer runs seeded random elementwise programs (arithmetic with broadcasting and
 Python numbers, comparisons, `where`, `clip`, casts, `relu`, `sigmoid`, the standard's unary
@@ -8,8 +9,10 @@ infinities, nan), in float32, float64 and both mixed, compiled with fusion and e
 programs of correctly rounded operations agree bit for bit (values and gradients, signs of
 zero included); with the C library's transcendental functions, within a few units in the last
 place with the same nan and infinity pattern. Then: regions are found and end where a value is
-read elsewhere, no compiler means an unfused replay with one warning, and the on-disk cache is
-reused by a second process and rebuilt where corrupted.
+read elsewhere, fusion is exact by default, the loops built for the machine's vector
+instructions give the bits of loops built without vectorisation, threads do not change a bit,
+chains of pullbacks give eager's gradients, no compiler means an unfused replay with one
+warning, and the on-disk cache is reused by a second process and rebuilt where corrupted.
 """
 
 import os
@@ -165,7 +168,7 @@ def _quiet(function, *args):
 
 
 DTYPES = {"float32": [np.float32], "float64": [np.float64], "mixed": [np.float32, np.float64]}
-STATS = {"programs": 0, "fused": 0, "regions": 0}
+STATS = {"programs": 0, "fused": 0, "regions": 0, "chains": 0}
 
 
 @pytest.mark.parametrize("dtypes", list(DTYPES))
@@ -192,6 +195,7 @@ def test_arithmetic_programs_bit_for_bit(seed, dtypes):
         STATS["programs"] += 2
         STATS["fused"] += bool(forward.programs()[0].fused) + bool(both.programs()[0].fused)
         STATS["regions"] += forward.programs()[0].fused + both.programs()[0].fused
+        STATS["chains"] += len(both.programs()[0].chains)  # of the backward pass
 
 
 @pytest.mark.parametrize("dtypes", list(DTYPES))
@@ -222,6 +226,7 @@ def test_the_fuzzer_fused():
         pytest.skip("run with the fuzzer")
     print(STATS)
     assert STATS["fused"] >= STATS["programs"] // 2, STATS
+    assert STATS["chains"] >= STATS["programs"] // 8, STATS
 
 
 # --- regions
@@ -319,10 +324,24 @@ def test_small_regions_are_left_to_numpy(monkeypatch):
     assert step.programs()[-1].fused == 1
 
 
-def test_fusion_is_off_by_default_and_checked():
+def test_fusion_is_exact_by_default_and_checked(monkeypatch):
+    """By default (`fuse=None`) the correctly rounded operations are fused where vector
+    instructions are IEEE arithmetic (x86-64, AArch64), and nothing elsewhere."""
     step = tg.compile(chain10, gradient=False)
-    step(np.ones(3))
-    assert step.programs()[0].fused == 0
+    x = domain((3, 4), np.float64, seed=6)
+    _quiet(step, x)
+    expected = "exact" if loops.default_fuse() == "exact" else False
+    exact = tg.compile(chain10, gradient=False, fuse=expected)
+    _quiet(exact, x)
+    assert step.programs()[0].fused == exact.programs()[0].fused
+    if expected:
+        assert step.programs()[0].fused == 2  # tanh (twice) left to NumPy
+    _same_bits(_quiet(step, x), _quiet(lambda: tg.data(chain10(x))), "by default")
+    monkeypatch.setattr(loops.platform, "machine", lambda: "sparc64")
+    assert loops.default_fuse() is False
+    unfused = tg.compile(chain10, gradient=False)
+    _quiet(unfused, x)
+    assert unfused.programs()[0].fused == 0
     with pytest.raises(TypeError, match="fuse"):
         tg.compile(chain10, fuse="yes")
 
@@ -352,9 +371,9 @@ def test_no_compiler_replays_unfused_with_one_warning(monkeypatch):
     x = np.linspace(-1, 1, 5)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for shift in (0.5, 1.5):
+        for shift, fuse in ((0.5, True), (1.5, None)):  # None: the default
             step = tg.compile(lambda x, s=shift: tg.tanh(x * 2.0 + s) * 3.0, gradient=False,
-                              fuse=True)  # fmt: skip
+                              fuse=fuse)  # fmt: skip
             step(x)
             np.testing.assert_array_equal(step(x), np.tanh(x * 2.0 + shift) * 3.0)  # NumPy's
             assert step.programs()[0].fused == 0
@@ -393,7 +412,114 @@ def test_the_cache_is_reused_by_a_second_process_and_a_corrupted_entry_rebuilt(t
     assert [p.name for p in (tmp_path / "fused").iterdir()] == [entry.name]  # no scratch left
 
 
-def test_the_build_keeps_ieee_semantics():
-    assert "-ffp-contract=off" in loops.FLAGS
-    assert not any("fast-math" in f and "no" not in f for f in loops.FLAGS)
-    assert not any(f.startswith("-Ofast") or f.startswith("-march") for f in loops.FLAGS)
+def test_the_build_keeps_ieee_semantics(monkeypatch):
+    chosen = loops.flags(loops.compiler())
+    assert "-ffp-contract=off" in chosen
+    assert not any("fast-math" in f and "no" not in f for f in chosen)
+    assert not any(f.startswith("-Ofast") or f.startswith("-ffinite") for f in chosen)
+    assert not any(f.startswith("-march") for f in loops.FLAGS)  # only where keyed
+    monkeypatch.setattr(loops, "VECTORISE", False)
+    scalar = loops.flags(loops.compiler())
+    assert "-fno-tree-vectorize" in scalar and "-march=native" not in scalar
+
+
+# --- the vectorised build, the call path and threads
+WIDE = [((67, 131), (131,)), ((4099,), ()), ((9, 1, 37), (9, 5, 37)), ((33, 65), (33, 1))]
+
+
+def _wide_program(rng):
+    """An arithmetic program and inputs of odd sizes (loop epilogues, broadcasting)."""
+    f, plan = random_program(rng, 2, int(rng.integers(4, 9)), libm=False)
+    shapes = WIDE[rng.integers(len(WIDE))]
+    dtypes = [np.float32, np.float64][rng.integers(2)], [np.float32, np.float64][rng.integers(2)]
+    inputs = [domain(shape, dtype, seed=int(rng.integers(1000)))
+              for shape, dtype in zip(shapes, dtypes)]  # fmt: skip
+    return f, plan, inputs
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_vectorised_build_is_the_scalar_build_bit_for_bit(seed, monkeypatch):
+    """Correctly rounded operations give the same bits in vector registers as in scalar code
+    (`-march=native`, against loops built without vectorisation), and as eager."""
+    rng = np.random.default_rng([seed, 11])
+    for _ in range(3):
+        f, plan, inputs = _wide_program(rng)
+        results = {}
+        for vectorise in (True, False):
+            monkeypatch.setattr(loops, "VECTORISE", vectorise)
+            step = tg.compile(f, gradient=False, fuse="exact")
+            _quiet(step, *inputs)
+            results[vectorise] = _quiet(step, *inputs)
+            assert step.programs()[0].fused >= 1, plan
+        _same_bits(results[True], results[False], f"vectorised vs scalar {plan}")
+        _same_bits(results[True], _quiet(lambda f=f, a=inputs: tg.data(f(*a))), f"eager {plan}")
+
+
+def test_threads_do_not_change_the_results():
+    """A region cut between threads (from `threads()[0]` elements) gives every element the bits
+    one thread gives it."""
+    before = loops.threads()
+    try:
+        rng = np.random.default_rng(12)
+        for _ in range(6):
+            f, plan, inputs = _wide_program(rng)
+            results = {}
+            for start, count in ((1 << 62, 1), (0, 3), (0, 2)):
+                loops.threads(start, count)
+                step = tg.compile(f, gradient=False, fuse="exact")
+                _quiet(step, *inputs)
+                results[count] = _quiet(step, *inputs)
+            _same_bits(results[1], results[3], f"3 threads, {plan}")
+            _same_bits(results[1], results[2], f"2 threads, {plan}")
+    finally:
+        loops.threads(*before)
+
+
+def test_invariant_operations_are_computed_once(monkeypatch):
+    """Adam's update: what depends on its 0-d step count only is computed before the loop, in
+    float64 as NumPy computes it on 0-d arrays; the result is eager's bit for bit."""
+
+    def update(p, m, v, correction):
+        return p - (m / (tg.sqrt(v) + 1e-8)) * (tg.sqrt(1.0 - correction) * 1e-3)
+
+    p, m, v = (domain((40, 50), np.float32, seed=k) for k in (1, 2, 3))
+    v, correction = np.abs(v), np.array(0.999**3)
+    texts, source = [], loops.source
+    monkeypatch.setattr(loops, "source", lambda *a: texts.append(source(*a)) or texts[-1])
+    monkeypatch.setattr(loops, "_loaded", {})
+    step = tg.compile(update, gradient=False)
+    _quiet(step, p, m, v, correction)
+    if loops.default_fuse() != "exact":
+        pytest.skip("not fused by default on this machine")
+    assert step.programs()[0].fused == 1
+    (text,) = texts
+    loop = text.index("for (long long i")
+    before = text[text.index("_loops(") : loop]  # 1 - correction, its sqrt, * 1e-3: once
+    assert "typedef double T;" in before and "= sqrt(t" in before, text
+    assert "sqrt(t" not in text[loop:].split("\n}")[0], text
+    got = _quiet(step, p, m, v, correction)
+    _same_bits(got, _quiet(lambda: tg.data(update(p, m, v, correction))), "Adam's update")
+
+
+def test_arrays_are_handed_over_by_address_where_objects_cannot_be_read(monkeypatch):
+    """A library that cannot read NumPy's array objects takes their addresses: the same bits."""
+    region = fusion.Region(
+        [("multiply", np.dtype(np.float64), [("in", 0), ("const", 2.5)]),
+         ("add", np.dtype(np.float64), [("op", 0), ("in", 1)]),
+         ("sqrt", np.dtype(np.float64), [("op", 1)])],
+        [(np.dtype(np.float64), (5, 3)), (np.dtype(np.float64), (3,))], (5, 3),
+    )  # fmt: skip
+    a, b = domain((5, 3), np.float64, seed=8), domain((3,), np.float64, seed=9)
+    (by_object,) = loops.build([region])
+
+    class Addresses(loops._Library):
+        def __init__(self, path):
+            super().__init__(path)
+            self.objects = False
+
+    monkeypatch.setattr(loops, "_Library", Addresses)
+    monkeypatch.setattr(loops, "_loaded", {})
+    (by_address,) = loops.build([region])
+    expected = _quiet(lambda: np.sqrt(a * 2.5 + b))
+    _same_bits(_quiet(by_object, a, b), expected, "by object")
+    _same_bits(_quiet(by_address, a, b), expected, "by address")

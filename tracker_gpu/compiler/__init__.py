@@ -54,6 +54,7 @@ from ..api import (
 from ..pytree import tree_map
 from ..recording import RecordingError
 from ..tracked import TrackedArray
+from . import loops
 from .guards import Guards, guards_of
 from .program import Program, shallow_copy
 from .recorder import Recorder, Walk
@@ -67,9 +68,7 @@ _KEYWORDS = object()  # marks the signature of a call with keyword arguments
 VARIANTS = 8  # recordings kept for one signature whose guards differ (guards.py)
 
 
-def compile(
-    f, *, gradient=None, wrt=None, fallback=False, maxsize=32, cuda_graphs=True, fuse=False
-):
+def compile(f, *, gradient=None, wrt=None, fallback=False, maxsize=32, cuda_graphs=True, fuse=None):
     """`f` recorded once per signature and replayed after (see the module's docstring).
 
     `gradient` says what a call returns: True, `withgradient(f, *args)`; False, `f(*args)` as
@@ -83,19 +82,23 @@ def compile(
     bounds the signatures kept (the least recently used goes first), each with up to
     `VARIANTS` recordings for the values it read from outside its arguments (`guards.py`);
     keyword arguments are part of the signature and not differentiated; `cuda_graphs=False`
-    replays CuPy programs step by step instead of as CUDA graphs; `fuse=True` replays each
-    region of elementwise operations of a NumPy program as one generated C++ loop, built once
-    and cached on disk (`fusion.py`, `loops.py`; without a compiler, unfused with a warning):
-    arithmetic bit for bit, the C library's exp, sin, tanh... within a few units in the last
-    place of NumPy's; `fuse="exact"` fuses the correctly rounded operations only (bit for bit
-    with eager). Off by default.
+    replays CuPy programs step by step instead of as CUDA graphs; `fuse` replays each region
+    of elementwise operations of a NumPy program, and each chain of elementwise pullbacks of its
+    backward passes, as one generated C++ loop, built once and cached on disk (`fusion.py`,
+    `backward.py`, `loops.py`; without a compiler, unfused with a warning): `fuse="exact"`
+    fuses the correctly rounded operations only (bit for bit with eager), `fuse=True` the C
+    library's exp, sin, tanh... too (within a few units in the last place of NumPy's),
+    `fuse=False` nothing. None (the default) is "exact" where the machine's vector instructions
+    are IEEE arithmetic and tested (`loops.EXACT_MACHINES`: x86-64), else False.
     """
     if not callable(f):
         raise TypeError(f"tg.compile needs a function, got {type(f).__name__}")
     if gradient not in (None, True, False):
         raise TypeError(f"tg.compile: gradient is True, False or None, got {gradient!r}")
-    if fuse not in (True, False, "exact"):
-        raise TypeError(f"tg.compile: fuse is True, False or 'exact', got {fuse!r}")
+    if fuse not in (None, True, False, "exact"):
+        raise TypeError(f"tg.compile: fuse is None, True, False or 'exact', got {fuse!r}")
+    if fuse is None:
+        fuse = loops.default_fuse()
     return Compiled(f, fallback, maxsize, cuda_graphs, wrt, gradient, fuse)
 
 

@@ -5,7 +5,8 @@ Each slot is a local variable, `v<slot>` (the arguments are the function's param
 constants its globals); each step is one line: a rule's forward, or, for the hottest rules, the
 expression itself (`templates.py`). A backward pass becomes straight-line code too, node by node
 in its recorded order: each vjp called directly, its result fitted to its argument's shape and
-added into the argument's gradient `g<slot>`. Values are deleted after their last use, so the
+added into the argument's gradient `g<slot>`; a fused chain of pullbacks (`backward.py`) is one
+kernel call. Values are deleted after their last use, so the
 replay keeps no more than the eager tape. No tape is built, nothing is counted, and the
 interpreter's loop over steps is gone: what remains is close to the same computation written
 by hand.
@@ -82,7 +83,7 @@ def generate(program):
             rng, like = src.bind("R", step.rng), src.bind("L", step.like)
             src.emit(f"v{step.out} = DRAW({rng}, {step.shape!r}, {like})")
         else:
-            _walk(src, index, step, calls, program.slots, orders.pop(index))
+            _walk(src, index, step, calls, program.slots, orders.pop(index), program.chains)
         src.release((index, None, 1))
         src.cuts.append(len(src.lines))
     params = [f"v{i}" for i in range(program.inputs)]
@@ -254,7 +255,7 @@ def _leading_to_stop(step, nodes):
     return useful
 
 
-def _walk(src, index, step, calls, slots, order):
+def _walk(src, index, step, calls, slots, order, chains):
     """A backward pass: every gradient a local `g<slot>`, each node's vjps in turn (`order`),
     and the node's gradient and saved values deleted once read for the last time. Whether a
     gradient is still None, surely set, or either, is followed through the code, so that a
@@ -269,16 +270,45 @@ def _walk(src, index, step, calls, slots, order):
     state = dict.fromkeys(gradients, UNSET)  # a name is bound by its first contribution
     state[root] = SET
     terminals = {slots[id(n)] for n, _ in step.outputs}
-    for position, node in enumerate(order):
-        call = calls[id(node)]
-        _pullback(src, call, reached, slots, state)
-        if call.out not in terminals and state[call.out] != UNSET:
-            src.emit(f"del g{call.out}{src.suffix}")
-        src.release((index, position, 1))
-        src.cuts.append(len(src.lines))
+    position = 0
+    while position < len(order):
+        call = calls[id(order[position])]
+        chain = chains.get((id(step), position))
+        if chain is not None and state[call.out] != UNSET:  # one kernel for its pullbacks
+            _chain(src, chain, slots, state, call.out)
+        else:
+            chain = None
+            _pullback(src, call, reached, slots, state)
+        count = chain.count if chain else 1
+        for at in range(position, position + count):
+            out = calls[id(order[at])].out
+            if out not in terminals and state[out] != UNSET:
+                src.emit(f"del g{out}{src.suffix}")
+            src.release((index, at, 1))
+            src.cuts.append(len(src.lines))
+        position += count
     for node, slot in step.outputs:
         k = slots[id(node)]
         src.emit(f"v{slot} = {'None' if state[k] == UNSET else f'g{k}{src.suffix}'}")
+
+
+def _chain(src, chain, slots, state, k):
+    """A fused chain of pullbacks (`backward.py`) from the gradient `g<k>`: its last
+    contribution by one kernel, added where the chain's last pullback adds it."""
+    sure = state[k] == SET
+    indent, start = (1 if sure else 2), len(src.lines)
+    if not sure:
+        src.emit(f"if g{k}{src.suffix} is not None:")
+    kernel = src.bind("BK", chain.run)
+    names = [f"g{slot}{src.suffix}" if kind == "g" else f"v{slot}" for kind, slot in chain.inputs]
+    slot = slots[id(chain.parent)]
+    before = state[slot]
+    if before == UNSET and not sure:  # maybe bound: None first
+        src.lines.insert(start, f"    g{slot}{src.suffix} = None")
+        before = MAYBE
+    _accumulate(src, f"{kernel}({', '.join(names)})", chain.parent, slot, None, True, before,
+                indent)  # fmt: skip
+    state[slot] = SET if sure or before == SET else MAYBE
 
 
 def _pullback(src, call, reached, slots, state):

@@ -14,7 +14,8 @@ computes it in (`np.result_type`, Python numbers weak), inputs cast as NumPy cas
 arithmetic is the eager replay's bit for bit, and the functions of the C library (`exp`,
 `sin`, ...) agree with NumPy's to a few units in the last place. The target that generates and
 builds the kernel is one function (`build`, for host arrays: `loops.py`); arrays of other
-libraries are not fused.
+libraries are not fused. The backward passes' chains of elementwise pullbacks are fused by
+`backward.py`, with the same target.
 
 >>> import numpy as np, tracker_gpu as tg
 >>> step = tg.compile(lambda x: tg.sum(tg.exp(x * 2.0 + 1.0)), fuse=True)
@@ -223,7 +224,7 @@ def regions(program, arrays, orders, exact=False):
                 readers.setdefault(slot, set()).add(index)
         elif type(step) is Walk:
             pinned.add(step.seed)
-    owner = {}  # step index -> the index of its region's last step
+    owner, sizes = {}, {}  # step index -> the index of its region's last step; region sizes
     for index in range(len(program.steps) - 1, -1, -1):
         if index not in operations:
             continue
@@ -232,16 +233,21 @@ def regions(program, arrays, orders, exact=False):
         if step.out in pinned or len(found) != 1 or None in found:
             owner[index] = index  # its value leaves: the last step of a region
         else:
-            owner[index] = found.pop()
+            last = found.pop()
+            owner[index] = last if sizes[last] < MAX_OPS else index  # a full region: a new one
+        sizes[owner[index]] = sizes.get(owner[index], 0) + 1
     grouped = {}
     for index in sorted(owner):
         grouped.setdefault(owner[index], []).append(index)
     return [members for members in grouped.values() if _pays(program, members)], operations
 
 
-# A kernel call costs a few microseconds more than a NumPy call (ctypes, the guards): a region
-# of fewer than SMALL_OPS operations on fewer than SMALL_SIZE elements is left to NumPy.
-SMALL_OPS, SMALL_SIZE = 8, 1024
+# A kernel call costs about 2 us on a small array (its guards, ctypes), a NumPy call 0.4 us: a
+# region of fewer than SMALL_OPS operations on fewer than SMALL_SIZE elements is left to NumPy.
+# A region, or a chain of pullbacks, of MAX_OPS operations is full: the next one begins there
+# (the compiler's time grows faster than the source: a chain of 100,000 operations as one
+# function did not build in ten minutes).
+SMALL_OPS, SMALL_SIZE, MAX_OPS = 8, 1024, 256
 
 
 def _pays(program, members):
@@ -340,17 +346,24 @@ def _guarded(kernel, region, calls, inputs, start):
     """The kernel, called on arrays of the recorded dtypes and shapes (made C-contiguous where
     they are not); anything else (a gradient that is None, say) takes the steps one by one."""
     expected = [(dtype, shape) for dtype, shape in region.inputs]
-    slots = list(inputs)
+    slots, ndarray = list(inputs), np.ndarray
 
-    def run(*values):
+    def checked(values):
         ready = []
         for value, (dtype, shape) in zip(values, expected):
-            if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
+            if type(value) is not ndarray or value.dtype != dtype or value.shape != shape:
                 return _stepwise(calls, slots, values, start)
             if not value.flags.c_contiguous or not value.flags.aligned:
                 value = np.ascontiguousarray(value)
             ready.append(value)
         return kernel(*ready)
+
+    def run(*values):  # the common case first: aligned, contiguous (and writeable) arrays
+        for value, (dtype, shape) in zip(values, expected):
+            if (type(value) is not ndarray or value.dtype != dtype or value.shape != shape
+                    or not value.flags.carray):  # fmt: skip
+                return checked(values)
+        return kernel(*values)
 
     return run
 

@@ -4,21 +4,33 @@ A region (`fusion.Region`) becomes one function: nested loops over the output's 
 where every input allows: a contiguous chain is one flat loop), each input read through the
 strides of its broadcast, the region's operations written with the expression code of the
 generated CUDA kernels (`cuda/codegen.py`: its `C` table and its constants), each operation in
-the C type of the dtype NumPy computes it in. Only the loop differs from a GPU kernel.
+the C type of the dtype NumPy computes it in. Only the loop differs from a GPU kernel. What
+depends on inputs broadcast along every axis only (Adam's bias corrections, from 0-d step
+counts) is computed once, before the loops, as NumPy computes it once on 0-d arrays.
 
 The functions of one program are one source, built by the C++ compiler found on the PATH (`CXX`
 names another; a name that finds nothing means no compiler) with IEEE semantics kept
-(`-ffp-contract=off`: no fused multiply-add; no fast-math), and cached on disk by the hash of
-the source, the compiler and its flags, in the user's cache directory (`TRACKER_GPU_CACHE`
-names another): a second process loads the library without building it. A cached file that
-does not load, or is not the library of its key, is built anew. Without a compiler, or where a
-build fails, `build` returns None (one warning): the program is replayed unfused.
+(`-ffp-contract=off`: no fused multiply-add; no fast-math), at `-O3` for the machine's own
+instruction set (`-march=native`, its expansion part of the key: AVX2 or AVX-512 where NumPy's
+loops dispatch to them; a vector lane rounds each correctly rounded operation as scalar code
+does), and cached on disk by the hash of the source, the compiler and its flags, in the user's
+cache directory (`TRACKER_GPU_CACHE` names another): a second process loads the library without
+building it. A cached file that does not load, or is not the library of its key, is built
+anew. Without a compiler, or where a build fails, `build` returns None (one warning): the
+program is replayed unfused.
+
+A call hands the arrays over as NumPy's objects (the function reads their data pointer where
+NumPy's C API does), about 1 us where their addresses through ctypes cost 1.3 us each; it
+releases the GIL from `RELEASE_FROM` elements, and from `THREADS[0]` elements (`threads`) cuts
+the output's outer axis between threads of a pool (an element's value does not depend on it).
 """
 
+import concurrent.futures
 import ctypes
 import hashlib
 import math
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -30,9 +42,22 @@ import numpy as np
 
 from ..cuda.codegen import C, constant
 
-__all__ = ["build", "cache_dir", "compiler", "FLAGS", "STATS", "source"]
+__all__ = [
+    "build",
+    "cache_dir",
+    "compiler",
+    "default_fuse",
+    "flags",
+    "threads",
+    "FLAGS",
+    "STATS",
+    "source",
+]
 
-FLAGS = ["-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno"]
+FLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fno-math-errno"]
+VECTORISE = True  # the machine's instruction set (-march=native); False: scalar loops
+THREADS = [1 << 20, 0]  # from how many elements a region runs on threads, and on how many
+RELEASE_FROM = 1 << 15  # from how many elements a call releases the GIL
 _CTYPE = {"float32": "float", "float64": "double", "bool": "bool"}
 _PRELUDE = r"""#include <cmath>
 #include <cstring>
@@ -52,6 +77,8 @@ _MORE = {
     "astype": "{0}",  # the operand is cast to the result's type
     "relu": "({0} > T(0) ? {0} : T(0))",
 }
+_PROBE = r"""extern "C" long long tg_data_of(void* p) { return (long long)TG_DATA(p); }
+"""
 _warned = set()
 _lock = threading.Lock()
 _loaded = {}  # key -> the loaded library (this process)
@@ -84,6 +111,18 @@ def cache_dir():
     else:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "tracker_gpu" / "fused"
+
+
+# The machines where `tg.compile` fuses by default (`fuse="exact"`): vector instructions that are
+# IEEE arithmetic (no flush of subnormals to zero), so that a vectorised loop computes each
+# correctly rounded operation as scalar code does, and on which the differential fuzzer has run.
+# AArch64's are IEEE too, but untested: there fusion is asked for with `fuse="exact"`.
+EXACT_MACHINES = frozenset({"x86_64", "amd64"})
+
+
+def default_fuse():
+    """What `tg.compile`'s `fuse=None` means on this machine: "exact" or False."""
+    return "exact" if platform.machine().lower() in EXACT_MACHINES else False
 
 
 # --- the source
@@ -166,64 +205,136 @@ def _expression(op, values, t):
     return f"{t} = {template.format(*values)};"
 
 
+def _hoisted(region, invariant):
+    """The ops whose value is the same for every element (their array operands broadcast along
+    every axis): computed once, before the loops, as NumPy computes them once on 0-d arrays."""
+    found = set()
+    for j, (_, _, operands) in enumerate(region.ops):
+        if all(kind in ("const", "none") or (kind == "in" and invariant[what])
+               or (kind == "op" and what in found) for kind, what in operands):  # fmt: skip
+            found.add(j)
+    return found
+
+
 def _function(name, region):
+    """`<name>_loops(x..., y, n..., lo, hi)`: the region over the outer axis' range [lo, hi)
+    (the elements' where the loop is flat), and `<name>(arrays..., y, n...)`: the same over the
+    same, its arrays NumPy's objects (their data pointer read where `PyArray_DATA` reads it)."""
     lengths, masks = _merged(region)
     d = len(lengths)
-    params = [f"const {_ctype(dtype)}* __restrict x{k}" for k, (dtype, _) in
-              enumerate(region.inputs)]  # fmt: skip
+    invariant = [not any(mask) for mask in masks]
+    hoisted = _hoisted(region, invariant)
     out_type = _types(region)[-1]
+    inputs = [_ctype(dtype) for dtype, _ in region.inputs]
+    params = [f"const {t}* __restrict x{k}" for k, t in enumerate(inputs)]
     params.append(f"{out_type}* __restrict y")
-    params += [f"long long n{a}" for a in range(d)]
-    lines = [f'extern "C" void {name}({", ".join(params)}) {{']
+    params += [f"long long n{a}" for a in range(d)] + ["long long lo", "long long hi"]
+    lines = ["extern \"C\" __attribute__((noinline)) void "
+             f"{name}_loops({', '.join(params)}) {{"]  # fmt: skip
     for k, mask in enumerate(masks):  # strides of the outer axes, in elements
         for a in range(d - 1):
             if mask[a]:
                 later = [f"n{b}" for b in range(a + 1, d) if mask[b]] or ["1LL"]
                 lines.append(f"    const long long s{k}_{a} = {' * '.join(later)};")
+    body = _body(region)
+    for k, ctype in enumerate(inputs):
+        if invariant[k]:
+            lines.append(f"    const {ctype} a{k} = x{k}[0];")
+    lines += [f"    {body[j]}" for j in sorted(hoisted)]
     for a in range(d - 1):
-        lines.append(f"    for (long long i{a} = 0; i{a} < n{a}; ++i{a}) {{")
+        first, last = ("lo", "hi") if a == 0 else ("0", f"n{a}")
+        lines.append(f"    for (long long i{a} = {first}; i{a} < {last}; ++i{a}) {{")
     outer = " + ".join(f"i{a} * {' * '.join(f'n{b}' for b in range(a + 1, d))}"
                        for a in range(d - 1)) or "0"  # fmt: skip
     lines.append(f"    const long long oy = {outer};")
     for k, mask in enumerate(masks):
         base = " + ".join(f"i{a} * s{k}_{a}" for a in range(d - 1) if mask[a]) or "0"
         lines.append(f"    const long long o{k} = {base};")
-    last = d - 1
-    lines.append(f"    for (long long i = 0; i < n{last}; ++i) {{")
+    first, last = ("lo", "hi") if d == 1 else ("0", f"n{d - 1}")
+    lines.append(f"    for (long long i = {first}; i < {last}; ++i) {{")
     for k, mask in enumerate(masks):
-        index = f"o{k} + i" if mask[last] else f"o{k}"
-        lines.append(f"        const {_ctype(region.inputs[k][0])} a{k} = x{k}[{index}];")
-    lines += [f"        {line}" for line in _body(region)]
+        if not invariant[k]:
+            index = f"o{k} + i" if mask[d - 1] else f"o{k}"
+            lines.append(f"        const {inputs[k]} a{k} = x{k}[{index}];")
+    lines += [f"        {line}" for j, line in enumerate(body) if j not in hoisted]
     lines.append(f"        y[oy + i] = t{len(region.ops) - 1};")
     lines.append("    }")
     lines += ["    }"] * (d - 1)
     lines.append("}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + _entry(name, len(inputs), out_type, inputs, d)
 
 
-def source(regions):
-    """The C++ source of the regions' functions, `tg_region_<k>`."""
-    return _PRELUDE + "".join(_function(f"tg_region_{k}", r) for k, r in enumerate(regions))
+def _entry(name, count, out_type, inputs, d):
+    """The entry point taking NumPy's array objects, over the outer range [lo, hi)."""
+    objects = [f"void* p{k}" for k in range(count)] + ["void* py"]
+    sizes = [f"long long n{a}" for a in range(d)] + ["long long lo", "long long hi"]
+    arrays = [f"(const {t}*)TG_DATA(p{k})" for k, t in enumerate(inputs)]
+    call = ", ".join([*arrays, f"({out_type}*)TG_DATA(py)", *(f"n{a}" for a in range(d))])
+    return f"""extern "C" void {name}({", ".join(objects + sizes)}) {{
+    {name}_loops({call}, lo, hi);
+}}
+"""
+
+
+def source(regions, head=16):
+    """The C++ source of the regions' functions, `tg_region_<k>`; `head`: the size of a Python
+    object's header, where an ndarray's data pointer follows (NumPy's `PyArrayObject_fields`)."""
+    prelude = _PRELUDE + f"#define TG_DATA(p) (*(char**)((char*)(p) + {head}))\n" + _PROBE
+    return prelude + "".join(_function(f"tg_region_{k}", r) for k, r in enumerate(regions))
 
 
 # --- building and loading
+def flags(found):
+    """The compiler's flags: `FLAGS`, with `VECTORISE` the machine's own instruction set
+    (`-march=native`, where the compiler takes it), else no vectorisation at all."""
+    chosen = list(FLAGS)
+    if not VECTORISE:
+        chosen.append("-fno-tree-vectorize")
+    elif _native(found):
+        chosen.append("-march=native")
+    return chosen
+
+
+_natives = {}
+
+
+def _native(found):
+    """What `-march=native` means to this compiler on this machine (its expansion: the CPU and
+    its features, part of the cache key, so that a cache shared by machines keeps a library per
+    instruction set), or "" where the compiler does not take it."""
+    if found not in _natives:
+        command = [found, "-march=native", "-###", "-x", "c++", "-", "-o", os.devnull]
+        try:
+            done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=60, check=False)  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            done = None
+        if done is None or done.returncode:
+            _natives[found] = ""
+        else:
+            words = done.stderr.decode(errors="replace").replace('"', " ").split()
+            _natives[found] = " ".join(w for w in words if "/" not in w and "\\" not in w)
+    return _natives[found]
+
+
 def build(regions):
     """One kernel per region (`kernel(*input arrays) -> output array`), or None where no
     library can be had (no compiler, or a failed build: a warning, once per process)."""
-    text = source(regions)
     found = compiler()
     if found is None:
-        _warn_once("compiler", "tg.compile(fuse=True): no C++ compiler found (set CXX, or "
-                   "install one); the elementwise regions are replayed unfused")  # fmt: skip
+        _warn_once("compiler", "tg.compile: no C++ compiler found for fusion (set CXX, "
+                   "install one, or pass fuse=False); the program is replayed unfused")  # fmt: skip
         return None
-    key = hashlib.sha256("\0".join([text, found, *FLAGS]).encode()).hexdigest()[:24]
+    text, chosen = source(regions, object.__basicsize__), flags(found)
+    what = [text, found, *chosen, _native(found) if "-march=native" in chosen else ""]
+    key = hashlib.sha256("\0".join(what).encode()).hexdigest()[:24]
     try:
-        library = _library(key, text, found)
+        library = _library(key, text, found, chosen)
     except (OSError, RuntimeError) as error:
-        _warn_once("build", f"tg.compile(fuse=True): the fused kernels could not be built "
+        _warn_once("build", f"tg.compile: the fused kernels could not be built "
                    f"({error}); the elementwise regions are replayed unfused")  # fmt: skip
         return None
-    return [_kernel(getattr(library, f"tg_region_{k}"), r) for k, r in enumerate(regions)]
+    return [_kernel(library, f"tg_region_{k}", r) for k, r in enumerate(regions)]
 
 
 def _warn_once(what, message):
@@ -232,11 +343,11 @@ def _warn_once(what, message):
         warnings.warn(message, RuntimeWarning, stacklevel=6)
 
 
-def _library(key, text, found):
+def _library(key, text, found, chosen):
     with _lock:
         library = _loaded.get(key)
         if library is None:
-            library = _loaded[key] = _cached(key, text, found)
+            library = _loaded[key] = _cached(key, text, found, chosen)
         return library
 
 
@@ -244,18 +355,31 @@ def _marker(key):
     return f'extern "C" const char* tg_fused_key(void) {{ return "{key}"; }}\n'
 
 
+class _Library:
+    """A built library, opened twice: `held` keeps the GIL during a call (cheaper, for small
+    regions), `released` lets other threads run (large regions); `objects` whether its entry
+    points can read NumPy's array objects (the data pointer where NumPy keeps it)."""
+
+    def __init__(self, path):
+        self.released, self.held = ctypes.CDLL(str(path)), ctypes.PyDLL(str(path))
+        probe = np.zeros(3)
+        function = self.held.tg_data_of
+        function.argtypes, function.restype = [ctypes.py_object], ctypes.c_longlong
+        self.objects = function(probe) == probe.ctypes.data
+
+
 def _open(path, key):
     """The library at `path` if it loads and is the one of `key`, else None."""
     try:
-        library = ctypes.CDLL(str(path))
-        marker = library.tg_fused_key
+        library = _Library(path)
+        marker = library.held.tg_fused_key
     except (OSError, AttributeError):
         return None
     marker.restype = ctypes.c_char_p
     return library if marker() == key.encode() else None
 
 
-def _cached(key, text, found):
+def _cached(key, text, found, chosen):
     """The library of `key`: loaded from the cache, or built (into a file of this process's
     own, loaded from there, then moved into place) when missing or unusable."""
     folder = cache_dir()
@@ -267,8 +391,8 @@ def _cached(key, text, found):
             return library
     folder.mkdir(parents=True, exist_ok=True)
     scratch = folder / f"fused-{key}.{os.getpid()}.{threading.get_ident()}.so"
-    command = [found, *FLAGS, "-x", "c++", "-", "-o", str(scratch)]
-    done = subprocess.run(command, input=(text + _marker(key)).encode(), capture_output=True)
+    data = (text + _marker(key)).encode()
+    done = _compile(found, chosen, data, scratch)
     if done.returncode:
         scratch.unlink(missing_ok=True)
         raise RuntimeError(done.stderr.decode(errors="replace")[-2000:])
@@ -281,21 +405,95 @@ def _cached(key, text, found):
     return library
 
 
-def _kernel(function, region):
+def _compile(found, chosen, data, path):
+    command = [found, *chosen, "-x", "c++", "-", "-o", str(path)]
+    return subprocess.run(command, input=data, capture_output=True, check=False)
+
+
+# --- threads
+def threads(from_elements=None, count=None):
+    """Set (and return) `(from_elements, count)`: a region whose output has `from_elements`
+    elements or more runs on `count` threads (0: the CPUs this process may use), each
+    computing its own part of the output (the outer axis split): an element's value is the same
+    whatever the number of threads."""
+    if from_elements is not None:
+        THREADS[0] = int(from_elements)
+    if count is not None:
+        THREADS[1] = int(count)
+    return tuple(THREADS)
+
+
+def _thread_count():
+    if THREADS[1] > 0:
+        return THREADS[1]
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+_pool = []  # (the process's id, workers, the executor): a forked child makes its own
+
+
+def _split(function, arrays, y, lengths, count):
+    """`function` (releasing the GIL) over the outer range cut into `count` parts: the first
+    on this thread, the others on a pool's."""
+    with _lock:
+        if not _pool or _pool[0][1] < count - 1 or _pool[0][0] != os.getpid():
+            if _pool:
+                old = _pool.pop()
+                if old[0] == os.getpid():
+                    old[2].shutdown(wait=False)  # what it was given still runs
+            executor = concurrent.futures.ThreadPoolExecutor(count - 1, "tracker_gpu-fused")
+            _pool.append((os.getpid(), count - 1, executor))
+        executor = _pool[0][2]
+    n = lengths[0]
+    cuts = [n * part // count for part in range(count + 1)]
+    futures = [executor.submit(function, *arrays, y, *lengths, cuts[p], cuts[p + 1])
+               for p in range(1, count)]  # fmt: skip
+    function(*arrays, y, *lengths, cuts[0], cuts[1])
+    for future in futures:
+        future.result()
+
+
+# --- calling
+def _kernel(library, name, region):
     """`kernel(*arrays)`: the output, a new C-contiguous array, from C-contiguous inputs of the
-    region's dtypes and shapes (`fusion._guarded` makes them so)."""
+    region's dtypes and shapes (`fusion._guarded` makes them so). The arrays are handed over
+    as objects (about 0.8 us a call; their addresses through `ndarray.ctypes` cost 1.3 us
+    each), on a library that can read them, else as addresses; the GIL is released from
+    `RELEASE_FROM` elements, and the output is cut between threads from `THREADS[0]`."""
     lengths, _ = _merged(region)
     out = np.dtype(bool) if region.ops[-1][0] in COMPARISONS else np.dtype(region.ops[-1][1])
-    shape = region.shape
-    function.argtypes = [ctypes.c_void_p] * (len(region.inputs) + 1) + [ctypes.c_longlong] * len(
-        lengths
-    )
-    function.restype = None
-    empty = np.empty
+    shape, count, empty, size = region.shape, len(region.inputs), np.empty, math.prod(region.shape)
+    objects = library.objects
+    entry = name if objects else f"{name}_loops"
+    kinds = [ctypes.py_object if objects else ctypes.c_void_p] * (count + 1)
+    functions = []
+    for handle in (library.held, library.released):
+        function = getattr(handle, entry)
+        function.argtypes = kinds + [ctypes.c_longlong] * (len(lengths) + 2)
+        function.restype = None
+        functions.append(function)
+    held, released = functions
+    function = released if size >= RELEASE_FROM else held
+    whole = (*lengths, 0, lengths[0])
 
     def kernel(*arrays):
         y = empty(shape, out)
-        function(*[a.ctypes.data for a in arrays], y.ctypes.data, *lengths)
+        if size >= THREADS[0] and lengths[0] > 1:
+            threaded = _thread_count()
+            if threaded > 1:
+                if not objects:
+                    arrays, y_at = [a.ctypes.data for a in arrays], y.ctypes.data
+                    _split(released, arrays, y_at, lengths, threaded)
+                    return y
+                _split(released, arrays, y, lengths, threaded)
+                return y
+        if objects:
+            function(*arrays, y, *whole)
+        else:
+            function(*[a.ctypes.data for a in arrays], y.ctypes.data, *whole)
         return y
 
     return kernel

@@ -22,8 +22,8 @@ from ..cuda.dispatch import on_host_now
 from ..pytree import tree_leaves, tree_map
 from ..tape import replay
 from ..tracked import TrackedArray
-from . import fusion, graphs, loops
-from .codegen import _order, generate
+from . import backward, fusion, graphs, loops
+from .codegen import _calls, _order, generate
 from .recorder import Call, Draw, Walk
 
 __all__ = ["Program"]
@@ -68,6 +68,7 @@ class Program:
         self._releases = None  # for `interpret`, made by its first run
         self.source = None
         self.fused = 0
+        self.chains = {}  # (id(walk), position) -> a fused chain of its pullbacks
         if not self.interpreted:
             if fuse:
                 self._fuse(arrays, fuse)
@@ -75,14 +76,28 @@ class Program:
             self.slots = None
 
     def _fuse(self, arrays, fuse):
-        """Each elementwise region of the steps made one kernel (`fusion.py`), for NumPy arrays
-        on the host (`loops.py`); other libraries' programs stay as they are."""
+        """Each elementwise region of the steps made one kernel (`fusion.py`), and each chain of
+        elementwise pullbacks of the backward passes (`backward.py`), for NumPy arrays on the
+        host (`loops.py`, one library for both); other libraries' programs stay as they are."""
         if not all(type(a) is np.ndarray for a in arrays):
             return
         orders = {i: _order(s, self.slots) for i, s in enumerate(self.steps)
                   if isinstance(s, Walk)}  # fmt: skip
         exact = fuse == "exact"
-        self.steps, self.fused = fusion.fuse(self, arrays, orders, loops.build, exact)
+        chains = backward.plan(self, fusion._types(self, arrays), orders, _calls(self.steps), exact)
+        built = {}
+
+        def build(regions):  # the forward regions and the chains, one library
+            built["kernels"] = loops.build(regions + [c.region for c in chains])
+            return None if built["kernels"] is None else built["kernels"][: len(regions)]
+
+        self.steps, self.fused = fusion.fuse(self, arrays, orders, build, exact)
+        if chains and "kernels" not in built:  # no forward region: the chains alone
+            built["kernels"] = loops.build([c.region for c in chains])
+        if chains and built["kernels"] is not None:
+            for chain, kernel in zip(chains, built["kernels"][-len(chains) :]):
+                chain.run = backward.guarded(kernel, chain.region)
+                self.chains[id(chain.walk), chain.start] = chain
 
     def run(self, arrays):
         """The result for new arguments (their arrays, in the recording's order)."""

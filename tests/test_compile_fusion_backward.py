@@ -1,0 +1,126 @@
+"""`tg.compile` fusion of the backward passes: each chain of elementwise pullbacks replayed as
+one generated C++ loop (`compiler/backward.py`), against eager: gradients bit for bit (by
+default: the correctly rounded arithmetic of the vjps), within a few units in the last place
+where a vjp reads the C library (`fuse=True`), the same built with and without vectorisation,
+and NumPy's operations where a replay hands a chain something else than it recorded.
+"""
+
+import numpy as np
+import pytest
+from domain import assert_agree, domain
+from test_compile_fusion import _finite, _quiet, _same_bits, _wide_program, cache, every_region
+
+import tracker_gpu as tg
+from tracker_gpu import nn
+from tracker_gpu.compiler import backward, fusion, loops
+
+pytestmark = pytest.mark.skipif(loops.compiler() is None, reason="no C++ compiler")
+__all__ = ["cache", "every_region"]  # the fixtures: a cache of the module's own, small regions
+
+
+UNARY_CHAIN = {
+    "tanh": tg.tanh, "relu": nn.relu, "sqrt": lambda y: tg.sqrt(tg.abs(y)), "square": tg.square,
+    "exp": lambda y: tg.exp(y * 1e-3), "log": lambda y: tg.log(tg.abs(y) + 1.0),
+    "neg": tg.negative, "div": lambda y: 1.5 / (y + 3.0), "sub": lambda y: 0.5 - y * 0.25,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("seed", range(4))
+def test_chains_of_pullbacks_are_one_kernel_bit_for_bit(seed, dtype):
+    """A chain of elementwise pullbacks (the vjps of `tanh`, `relu`, `sqrt`, `square`, `exp`,
+    `log`, arithmetic) is fused by default (their arithmetic is correctly rounded, `exp`'s
+    and `tanh`'s C library calls stay NumPy's forwards): gradients are eager's bit for bit."""
+    rng = np.random.default_rng([seed, 13])
+    names = [str(rng.choice(list(UNARY_CHAIN))) for _ in range(int(rng.integers(3, 9)))]
+
+    def loss(x):
+        y = x
+        for name in names:
+            y = UNARY_CHAIN[name](y)
+        return tg.sum(_finite(y))
+
+    x = domain((37, 29), dtype, seed=seed)
+    step = tg.compile(loss)
+    _quiet(step, x)
+    got, eager = _quiet(step, x), _quiet(tg.withgradient, loss, x)
+    _same_bits(got.val, eager.val, f"loss of {names}")
+    _same_bits(got.grad[0], eager.grad[0], f"gradient of {names}")
+    if loops.default_fuse() == "exact":
+        program = step.programs()[0]
+        assert program.chains and program.source.count("BK") == len(program.chains), names
+
+
+def test_a_chain_of_multiplications_by_a_number_is_one_kernel_both_ways(monkeypatch):
+    """The benchmark's chain `y * c`: the forward pass one kernel, its backward pass another."""
+    monkeypatch.setattr(fusion, "SMALL_OPS", 8)
+
+    def f(x):
+        y = x
+        for _ in range(50):
+            y = y * 1.0001
+        return tg.sum(y)
+
+    x = np.array([0.5])
+    step = tg.compile(f)
+    step(x)
+    got, eager = step(x), tg.withgradient(f, x)
+    if loops.default_fuse() == "exact":
+        program = step.programs()[0]
+        assert program.fused == 1 and len(program.chains) == 1, program.source
+        assert program.source.count(" * ") == 0, program.source  # no multiplication left
+    _same_bits(got.val, eager.val, "loss")
+    _same_bits(got.grad[0], eager.grad[0], "gradient")
+
+
+def test_the_c_library_in_a_pullback_is_fused_with_fuse_true_only():
+    """`sin`'s vjp reads `cos`: fused with `fuse=True` (within 4 ulps), not by default."""
+
+    def loss(x):
+        return tg.sum(tg.sin(x * 0.5 + 0.25) * 3.0)
+
+    x = np.random.default_rng(14).standard_normal((50, 40)) * 10.0
+    exact, libm = tg.compile(loss, fuse="exact"), tg.compile(loss, fuse=True)
+    for step in (exact, libm):
+        _quiet(step, x)
+    eager = _quiet(tg.withgradient, loss, x)
+    _same_bits(_quiet(exact, x).grad[0], eager.grad[0], "exact")
+    assert not any("cos" in str(c.region.ops) for c in exact.programs()[0].chains.values())
+    assert any("cos" in str(c.region.ops) for c in libm.programs()[0].chains.values())
+    assert_agree(_quiet(libm, x).grad[0], eager.grad[0], ulps=4, what="sin's vjp, fused")
+
+
+def test_a_chain_given_something_else_takes_numpys_operations():
+    """A chain's guard: a NumPy scalar, another dtype or a view take NumPy's operations or a
+    contiguous copy, with eager's result."""
+    step = tg.compile(lambda x: tg.sum(tg.tanh(x) * 2.0 - x))
+    x = np.random.default_rng(15).standard_normal((64, 20))
+    _quiet(step, x)
+    (chain,) = step.programs()[0].chains.values()
+    values = [np.array(1.0) if k == "g" else domain((64, 20), np.float64, seed=16)
+              for k, _ in chain.inputs]  # fmt: skip
+    expected = _quiet(chain.run, *values)
+    scalars = [v[()] if v.ndim == 0 else v for v in values]
+    _same_bits(_quiet(chain.run, *scalars), expected, "a NumPy scalar")
+    _same_bits(_quiet(backward.evaluate, chain.region, values), expected, "NumPy's operations")
+    strided = [np.asfortranarray(v) for v in values]
+    _same_bits(_quiet(chain.run, *strided), expected, "a view")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_vectorised_gradients_are_the_scalar_ones_bit_for_bit(seed, monkeypatch):
+    rng = np.random.default_rng([seed, 17])
+    for _ in range(3):
+        f, plan, inputs = _wide_program(rng)
+        loss = lambda *a, f=f: tg.sum(_finite(f(*a)))  # noqa: E731
+        results = {}
+        for vectorise in (True, False):
+            monkeypatch.setattr(loops, "VECTORISE", vectorise)
+            step = tg.compile(loss)
+            _quiet(step, *inputs)
+            results[vectorise] = _quiet(step, *inputs)
+        eager = _quiet(tg.withgradient, loss, *inputs)
+        for got in results.values():
+            _same_bits(got.val, eager.val, f"loss of {plan}")
+            for g, e in zip(got.grad, eager.grad):
+                _same_bits(g, e, f"gradient of {plan}")
