@@ -11,6 +11,7 @@ reading and editing the arguments.
 
 import argparse
 import contextlib
+import importlib
 import math
 import signal
 import threading
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from .loop import Interrupted
 
-__all__ = ["number", "check_plot", "Stop", "signals", "option", "without"]
+__all__ = ["number", "check_plot", "check_modules", "Stop", "signals", "option", "without"]
 
 
 def number(kind, low, *, strict=True, high=math.inf):
@@ -119,3 +120,19 @@ def without(argv, option):
         elif not arg.startswith(option + "="):
             out.append(arg)
     return out
+
+
+def check_modules(p, args, needs=()):
+    """Refuse, as an argparse error, an option whose module is missing: the progress bar's
+    tqdm, the plot's matplotlib, and `needs` (`(module, message)` pairs) of the job's own."""
+    needs = list(needs)
+    if not args.no_progress:
+        needs.append(("tqdm", "the progress bar needs tqdm: pip install tqdm, or --no-progress"))
+    if args.plot:
+        needs.append(("matplotlib", "the plot needs matplotlib: pip install matplotlib, or "
+                      "--plot ''"))  # fmt: skip
+    for module, message in needs:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            p.error(message)

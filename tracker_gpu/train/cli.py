@@ -16,7 +16,7 @@ import numpy as np
 
 from tracker_gpu.distributed import STEP_TIMEOUT, StalledWorkers, StalledWorkerWarning
 
-from .arguments import check_plot, number, option, signals, without
+from .arguments import check_modules, check_plot, number, option, signals, without
 from .data import SKLEARN_MISSING, digits
 from .devices import select_backend
 from .loop import (
@@ -110,7 +110,7 @@ def _checked(p, argv):
     unknown = [m for m in args.names if m not in RECIPES]
     if unknown or not args.names:
         p.error(f"--models: unknown {unknown}; choose from {', '.join(RECIPES)}")
-    _check_modules(p, args)
+    check_modules(p, args, [("sklearn.datasets", SKLEARN_MISSING)])
     check_plot(p, args)
     if args.save and os.path.exists(args.save) and not os.path.isdir(args.save):
         p.error(f"--save: {args.save!r} is a file; give a folder for the checkpoints")
@@ -140,20 +140,6 @@ def _check_cluster(p, args):
         importlib.import_module("distributed")
     except ImportError:
         p.error('data-parallel training needs dask.distributed: pip install "tracker-gpu[dask]"')
-
-
-def _check_modules(p, args):
-    needs = [("sklearn.datasets", SKLEARN_MISSING)]
-    if not args.no_progress:
-        needs.append(("tqdm", "the progress bar needs tqdm: pip install tqdm, or --no-progress"))
-    if args.plot:
-        needs.append(("matplotlib", "the plot needs matplotlib: pip install matplotlib, or "
-                      "--plot ''"))  # fmt: skip
-    for module, message in needs:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            p.error(message)
 
 
 def _checkpoint(folder, name):

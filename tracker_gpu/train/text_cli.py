@@ -5,7 +5,6 @@ generated from `--prompt`, and the curves plotted. SIGINT and SIGTERM stop the j
 current step, with a checkpoint under `--save` and the command that resumes."""
 
 import argparse
-import importlib
 import math
 import os
 import shlex
@@ -14,7 +13,7 @@ import sys
 
 import numpy as np
 
-from .arguments import check_plot, number, option, signals, without
+from .arguments import check_modules, check_plot, number, option, signals, without
 from .devices import select_backend
 from .loop import Interrupted
 from .plots import plot_text
@@ -83,7 +82,7 @@ def _checked(p, argv):
     """The parsed arguments, every one checked before any work (argparse's errors exit 2)."""
     args = p.parse_args(argv)
     args.argv = list(argv)
-    _check_modules(p, args)
+    check_modules(p, args)
     check_plot(p, args)
     try:
         args.where = select_backend(args.backend, args.device)
@@ -95,20 +94,6 @@ def _checked(p, argv):
     args.config = _config(p, args)
     _check_sample(p, args)
     return args
-
-
-def _check_modules(p, args):
-    needs = []
-    if not args.no_progress:
-        needs.append(("tqdm", "the progress bar needs tqdm: pip install tqdm, or --no-progress"))
-    if args.plot:
-        needs.append(("matplotlib", "the plot needs matplotlib: pip install matplotlib, or "
-                      "--plot ''"))  # fmt: skip
-    for module, message in needs:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            p.error(message)
 
 
 def _config(p, args):
