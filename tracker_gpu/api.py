@@ -205,7 +205,7 @@ def _withgradient(f, args, nest, wrt, quiet=False):
 def captured(reached, since):
     """The first node among `reached` made before the serial `since`: a tracked value the
     function closed over (its gradient, taken at top level, cannot be differentiated again
-    with respect to it); None if none."""
+    with respect to it); None if none. A pass's own inputs, made after `since`, never are."""
     return next((node for node in reached if node.serial < since), None)
 
 

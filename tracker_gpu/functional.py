@@ -61,8 +61,7 @@ def forward(f, *args):
         seed = _cotangent(y, dy) if nest else given_seed(y, dy)
         reached = walk(y._node, seed, once=False, nested=nest, stop=stop, since=since)
         found = {id(node): g for node, g in reached}
-        given = {id(node) for node in stop}
-        outer = captured((node for node, _ in reached if id(node) not in given), since)
+        outer = captured((node for node, _ in reached), since)  # the inputs are newer
         return gradients_in_place(args, inputs, found, nest, closed_over=outer)
 
     return (y if nest else primitive.detached(y)), back  # while tg.compile records, traced data
@@ -132,7 +131,7 @@ def _jacobian(f, x):
         reached = walk(y._node, seed, once=False, nested=nest, stop=(x_in._node,), since=since)
         g = next((g for node, g in reached if node is x_in._node), None)
         rows.append(xp.zeros(n, dtype=x_in.dtype, device=x_in.device) if g is None else g)
-        outer = outer or captured((node for node, _ in reached if node is not x_in._node), since)
+        outer = outer or captured((node for node, _ in reached), since)  # x_in is newer
     jac = reshape(stack([reshape(r, (n,)) for r in rows]), shape)
     if nest or outer is None or recording.current() is not None:
         return jac

@@ -22,7 +22,7 @@ import threading
 
 from .tape import serial_now
 
-__all__ = ["active", "begin", "inside", "at_top_level", "top_level_passes"]
+__all__ = ["active", "begin", "inside", "top_level_passes"]
 
 _local = threading.local()
 
@@ -48,13 +48,8 @@ def begin(nest=False):
     that does not nest is noted (`top_level_passes`)."""
     nest = nest or active()
     if not nest:
-        at_top_level()
+        _local.passes = top_level_passes() + 1
     return nest, serial_now()
-
-
-def at_top_level():
-    """Note a transform that takes the fast path (not nested)."""
-    _local.passes = top_level_passes() + 1
 
 
 def top_level_passes():
