@@ -16,15 +16,23 @@ only what its backward pass needs). Every library's gradients are checked agains
   hidden 256, batch 1,024, float64), loss `sum(h**2)`, gradients of every weight;
 - residual, checkpoint: the same with each block in `tg.checkpoint` (autograd's `checkpoint`);
 - writes: a 256-wide matrix filled row by row, each row from its own data or from the row
-  before (see write_workloads.py).
+  before (see write_workloads.py);
+- text step: the text job's training step (`text.py`: a 2-layer causal transformer, width 64,
+  4 heads, context 64, batch 32, float32, AdamW, clipping), tracker_gpu eager and compiled
+  beside the same model in PyTorch (`--quick`: batch 8).
 
 Targets (a benchmark, not a test): wide at most autograd's peak; the MLP step and the residual
 MLP at most 1.2x the hand-written NumPy; with a checkpoint per block, the residual MLP at most
 half of its peak without; both writes at most 2.5x by hand (which keeps no copy of the rows it
 reads; a copy of the whole matrix per write would be about 130x); the chain no worse than 40.8
 MB (before the tape kept only what pullbacks need). PyTorch's CPU allocator is invisible to
-tracemalloc: its column is measured only on a GPU (`--backend cupy`, PyTorch's CUDA allocator),
-where the tracker_gpu figures come from CuPy's memory pool. Not shown: time (see peers.py), and
+tracemalloc: its column is measured on a GPU (`--backend cupy`, PyTorch's CUDA allocator,
+where the tracker_gpu figures come from CuPy's memory pool), and for the text step on the CPU by
+PyTorch's own `MemTracker` (which follows every tensor a dispatched operation makes): the peak
+of the tensors alive during the step less the parameters, buffers and optimiser state that
+exist before it. tracker_gpu's optimiser returns new parameters and state (the old ones are
+freed when the caller drops them), so its peak includes one new copy of them; PyTorch's
+updates in place. Not shown: time (see peers.py), and
 memory outside the call (the parameters and optimiser state that exist before and after it).
 """
 
@@ -239,6 +247,39 @@ def installed(lib):
         return False
 
 
+# --- the text job's step, beside PyTorch's (MemTracker: PyTorch's CPU allocator is not traced)
+def torch_cpu_peak(call):
+    """The peak bytes of the tensors made during `call()` that were not there before it."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    with tracker:
+        call()
+    (peak,) = tracker.get_tracker_snapshot("peak").values()
+    there = {"Parameter", "Buffer", "Optstate"}
+    return peak["Total"] - sum(v for k, v in peak.items() if getattr(k, "value", k) in there)
+
+
+def text_peaks(quick):
+    """`{step: peak bytes}` of the text step, tracker_gpu eager and compiled, PyTorch eager."""
+    from text import VOCAB, contenders
+
+    from tracker_gpu.train.text_loop import TextConfig
+
+    config, rng = TextConfig(batch_size=8 if quick else 32), np.random.default_rng(1)
+    shape = (config.batch_size, config.context)
+    x, y = rng.integers(0, VOCAB, shape), rng.integers(0, VOCAB, shape)
+    peaks = {}
+    for name, run in contenders(config, x, y).items():
+        run()  # the warm-up (and the recording)
+        gc.collect()
+        if name.startswith("torch"):
+            peaks[name] = torch_cpu_peak(run)
+        else:
+            _, peaks[name] = peak_tracemalloc(run)
+    return peaks
+
+
 def measure(builders, rtol):
     """{library: peak extra bytes, or a reason it was not measured}; each library's value and
     gradients are checked against NumPy's by hand."""
@@ -345,7 +386,13 @@ def cpu_run(args):
         rows[name] = {"title": title, "peaks": measure(builders, rtol)}
     found = targets(rows, args.quick)
     report(rows, found)
-    return {"backend": "numpy", "unit": "bytes", "workloads": rows, "targets": found}
+    print("measuring the text step", file=sys.stderr, flush=True)
+    text = text_peaks(args.quick) if installed("torch") else {}
+    for name, peak in text.items():
+        ratio = peak / text["torch eager"]
+        print(f"text step, {name:22s} {peak / MB:8.2f} MB ({ratio:.2f}x PyTorch eager)")
+    return {"backend": "numpy", "unit": "bytes", "workloads": rows, "targets": found,
+            "text step": text}  # fmt: skip
 
 
 # --- on a GPU: CuPy's memory pool, PyTorch's CUDA allocator

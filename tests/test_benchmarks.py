@@ -162,6 +162,17 @@ def test_memory(tmp_path):
         expected.add("wide")  # compared with autograd only where autograd is installed
     assert {t["target"].split(":")[0] for t in document["targets"]} >= expected
     assert "peak extra memory in MB" in out
+    text = document["text step"]
+    if _installed("torch"):
+        assert set(text) == {"torch eager", "tracker_gpu eager", "tracker_gpu compiled"}
+        assert all(peak > 0 for peak in text.values()), text
+        assert "x PyTorch eager" in out
+
+
+def _installed(module):
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def test_compile(tmp_path):
