@@ -108,7 +108,8 @@ __global__ void logsoftmax_bwd_acc(const T* y, const T* g, const T* prev, T* acc
 }
 
 // Per-row sums of the targets times logsoftmax(x): the loss is minus their sum (over rows, then
-// divided by the rows for a mean), computed on the device.
+// divided by the rows for a mean), computed on the device. A zero target adds nothing, even
+// against a class masked with a -inf logit (0 * -inf would be nan), as the generic forward.
 template <typename T>
 __global__ void logitcrossentropy_fwd(const T* x, const T* t, T* rowsum, long long rows,
                                       long long cols) {
@@ -118,7 +119,9 @@ __global__ void logitcrossentropy_fwd(const T* x, const T* t, T* rowsum, long lo
         const T m = row_max(xr, cols);
         const T log_s = log(row_sum_exp(xr, cols, m));
         T total = T(0);
-        FOR_EACH_COLUMN(j) total += tr[j] * ((xr[j] - m) - log_s);
+        FOR_EACH_COLUMN(j) {
+            if (tr[j] != T(0)) total += tr[j] * ((xr[j] - m) - log_s);
+        }
         total = block_reduce(total, false);
         if (threadIdx.x == 0) rowsum[r] = total;
     }

@@ -62,6 +62,22 @@ def test_logitcrossentropy_is_stable_for_huge_logits(backend):
     assert np.all(np.isfinite(numpy_of(backend, g)))
 
 
+def test_logitcrossentropy_with_classes_masked_by_minus_inf(backend):
+    """A -inf logit forbids a class (issue 30): the loss is the target's log-probability, not
+    nan from 0 * -inf, and the gradient softmax - onehot is finite (0 on the masked class)."""
+    z = LOGITS.copy()
+    z[0, 1] = z[2, 0] = -np.inf  # never the target class
+    finite = np.where(np.isinf(z), -1e300, z)  # the same softmax, computed without infinities
+    p = np.exp(finite - finite.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    expected = -np.mean(np.log(p[np.arange(4), LABELS]))
+    for labels in (labels_on(backend), backend.asarray(ONEHOT)):
+        loss = lambda z, labels=labels: logitcrossentropy(z, labels)  # noqa: E731
+        value, (g,) = tg.withgradient(loss, backend.asarray(z))
+        assert np.isclose(float(value), expected)
+        assert np.allclose(numpy_of(backend, g), (p - ONEHOT) / 4)
+
+
 def test_logitbinarycrossentropy_is_stable_for_huge_logits(backend):
     x = backend.asarray(np.array([1e4, -1e4, 30.0]))
     y = backend.asarray(np.array([1.0, 0.0, 0.0]))

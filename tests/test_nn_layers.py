@@ -343,6 +343,22 @@ def test_layernorm(backend):
     assert plain.scale is None and repr(plain) == "LayerNorm(4, affine=False)"
 
 
+@pytest.mark.parametrize("track_stats", [False, True])
+def test_batchnorm_without_scale_nor_running_statistics(backend, track_stats):
+    """affine=False with track_stats=False has no array to take a dtype from: the input's is
+    kept (issue 30: it raised AttributeError)."""
+    x = uniform((4, 3, 2), (-2, 2))
+    layer = nn.BatchNorm(3, affine=False, track_stats=track_stats, **placed(backend))
+    mu, var = x.mean(axis=(0, 2), keepdims=True), x.var(axis=(0, 2), keepdims=True)
+    expected = (x - mu) / np.sqrt(var + 1e-5)  # the batch's statistics: training, or none kept
+    got = tg.withgradient(lambda x: tg.sum(layer(x)), backend.asarray(x)).val
+    assert np.isclose(float(got), expected.sum(), atol=1e-9)
+    if not track_stats:
+        assert layer.scale is None and layer.running_mean is None
+        assert np.allclose(numpy_of(backend, layer(backend.asarray(x))), expected)
+        check(backend, layer, backend.asarray(x))
+
+
 # --- saving and loading
 def test_save_and_load_round_trip(backend, tmp_path):
     model = nn.Chain(

@@ -13,8 +13,8 @@ PyTorch device, an array-api-strict device) and `xp` (a namespace, or a name: "n
 
 The package is one module per concern: `activations`, `init` (initialisers), `layers` (the
 `Layer` base, `Dense`, `Chain`, ...), `conv` (`Conv` and the pools), `primitives` (`linear`,
-`im2col`, `col2im`), `placement` (`asarray`, `place`, `to_numpy`) and `io` (`save`, `load`);
-every name is re-exported here, and the losses from `tracker_gpu.rules.losses`.
+`im2col`, `col2im`), `losses` (Flux's names, PyTorch's options), `placement` (`asarray`,
+`place`, `to_numpy`) and `io` (`save`, `load`); every name is re-exported here.
 
 >>> import numpy as np, tracker_gpu as tg
 >>> from tracker_gpu import nn
@@ -30,14 +30,7 @@ Chain(Dense(3 => 4, relu), Dense(4 => 2))
 """
 
 from ..files import BadFileError, SaveError
-from ..rules.losses import (
-    binarycrossentropy,
-    crossentropy,
-    logitbinarycrossentropy,
-    logitcrossentropy,
-    mse,
-)
-from . import activations
+from . import activations, losses
 from .activations import *  # noqa: F403 (its __all__ is part of ours)
 from .attention import MultiHeadAttention, TransformerBlock
 from .conv import Conv, ConvTranspose, MaxPool, MeanPool
@@ -47,6 +40,7 @@ from .io import _parameters as _parameters
 from .io import load, save
 from .layers import Chain, Dense, Dropout, Embedding, Flatten, testmode, trainmode
 from .layers import Layer as Layer
+from .losses import *  # noqa: F403 (its __all__ is part of ours)
 from .normalise import BatchNorm, GroupNorm, LayerNorm, normalise
 from .placement import LIBRARIES as LIBRARIES
 from .placement import asarray, place, to_numpy
@@ -78,12 +72,6 @@ __all__ = [
     "TransformerBlock",
     "trainmode",
     "testmode",
-    # losses
-    "mse",
-    "logitcrossentropy",
-    "crossentropy",
-    "binarycrossentropy",
-    "logitbinarycrossentropy",
     # initialisers
     "glorot_uniform",
     "glorot_normal",
@@ -104,3 +92,4 @@ __all__ = [
     "col2im",
 ]
 __all__ += activations.__all__  # the activations, listed once in their module
+__all__ += losses.__all__  # the losses (their names in losses.LOSSES), likewise

@@ -234,7 +234,9 @@ class BatchNorm(Layer):
     def __call__(self, x):
         c = self.channels
         self._expect(len(_shape(x)) >= 2 and _shape(x)[1] == c, x, f"(batch, {c}, ...)")
-        x = _match_dtype(x, self.scale if self.scale is not None else self.running_mean)
+        like = self.scale if self.scale is not None else self.running_mean
+        if like is not None:  # else (affine=False, track_stats=False) the input's own dtype
+            x = _match_dtype(x, like)
         axes = (0,) + tuple(range(2, len(x.shape)))
         training = self.active
         if training is None:  # inside gradient: the input or the layer's scale is tracked

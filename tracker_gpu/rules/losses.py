@@ -216,7 +216,11 @@ def _logsoftmax_plain(xp, x, axis):
 
 def _lce_forward(xp, logits, targets, *, axis=-1, agg="mean", normalized=False):
     real_only("logitcrossentropy", logits)
-    total = -xp.sum(targets * _logsoftmax_plain(xp, logits, axis))
+    logp = _logsoftmax_plain(xp, logits, axis)
+    # the target's log-probability only: a class masked with a -inf logit and a zero target
+    # adds 0, not 0 * -inf = nan (PyTorch's cross_entropy)
+    logp = xp.where(targets != 0, logp, xp.zeros_like(logp))
+    total = -xp.sum(targets * logp)
     return total / _samples(logits, axis) if agg == "mean" else total
 
 
