@@ -249,6 +249,18 @@ RULES = {  # the rules that need arguments
     "Scheduled.Cosine": lambda: optim.Scheduled(
         optim.Adam(0.01), optim.Cosine(0.01, steps=5, warmup=2, eta_min=0.001)
     ),
+    "Scheduled.CosineRestarts": lambda: optim.Scheduled(
+        optim.SGD(0.01, rho=0.9), optim.CosineRestarts(0.01, period=1, mult=2, eta_min=0.001)
+    ),
+    "Scheduled.OneCycle": lambda: optim.Scheduled(
+        optim.NAdam(), optim.OneCycle(0.01, steps=4, warmup=0.5, three_phase=True)
+    ),
+    "Scheduled.Linear": lambda: optim.Scheduled(optim.RAdam(), optim.Linear(0.01, steps=2)),
+    "Scheduled.Polynomial": lambda: optim.Scheduled(
+        optim.AdaMax(), optim.Polynomial(0.01, steps=2, power=2.0)
+    ),
+    "SGD": lambda: optim.SGD(0.05, rho=0.9, dampening=0.3, weight_decay=0.01, maximize=True),
+    "Lion": lambda: optim.Lion(weight_decay=0.1),
 }
 
 

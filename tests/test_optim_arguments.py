@@ -12,7 +12,7 @@ import pytest
 from tracker_gpu import optim
 
 # The arguments a schedule needs (no default), valid.
-REQUIRED = {"eta": 0.1, "steps": 10}
+REQUIRED = {"eta": 0.1, "steps": 10, "period": 4}
 
 
 def _optimisers():

@@ -3,12 +3,17 @@
     state = setup(Adam(1e-3), model)               # a state per parameter, shaped like the model
     state, model = update(state, model, grads)     # after each gradient; nothing is mutated
 
-Rules: `Descent`, `Momentum`, `Nesterov` (`rules`), `Adam`, `AdamW`, `RMSProp`, `AdaGrad`,
-`AdaBelief`, `Lion` (`adaptive`), and the gradient transforms `ClipGrad`, `ClipNorm`,
+Rules: `Descent`, `Momentum`, `Nesterov`, PyTorch's `SGD` (`rules`), `Adam`, `AdamW`,
+`RMSProp`, `AdaGrad`, `AdaBelief`, `Lion` (`adaptive`), `AMSGrad`, `NAdam`, `RAdam`, `AdaMax`,
+`AdaDelta`, `Rprop` (`variants`), and the gradient transforms `ClipGrad`, `ClipNorm`,
 `WeightDecay` and `SignDecay`, composed by `OptimiserChain` (in order: clip first, then the
-step). Schedules `Step`, `Exp` and `Cosine` set the learning rate per step through
-`Scheduled(rule, schedule)` (`schedules`). `adjust(state, eta=...)` changes hyperparameters,
-`freeze`/`thaw` stop and restart parts of a model, and tied arrays stay tied (`state`).
+step). Schedules `Step`, `Exp`, `Cosine`, `CosineRestarts`, `OneCycle`, `Linear` and
+`Polynomial` set the learning rate per step through `Scheduled(rule, schedule)` (`schedules`);
+`ReduceLROnPlateau` follows a validation metric (`plateau`). `clip_grad_norm` clips all the
+gradients by their global norm (`clip`); `LBFGS` steps with `lbfgs_step(state, model, loss)`,
+evaluating the loss as often as it needs (`lbfgs`). `adjust(state, eta=...)` changes
+hyperparameters, `freeze`/`thaw` stop and restart parts of a model, and tied arrays stay
+tied (`state`).
 `save_checkpoint`/`load_checkpoint` keep a model with its optimiser state, so a run resumes
 exactly (`checkpoint`); `read_checkpoint_info` reads a checkpoint's `info` without its
 arrays, and a file that cannot be loaded raises `BadFileError` naming it.
@@ -34,12 +39,17 @@ from .rules import (
     Nesterov,
     OptimiserChain,
     Rule,
+    SGD,
     SignDecay,
     WeightDecay,
 )
 from .adaptive import AdaBelief, AdaGrad, Adam, AdamW, Lion, RMSProp
-from .schedules import Cosine, Exp, Scheduled, Step
+from .variants import AdaDelta, AdaMax, Adadelta, Adamax, AMSGrad, NAdam, RAdam, Rprop
+from .schedules import Cosine, CosineRestarts, Exp, Linear, OneCycle, Polynomial, Scheduled, Step
 from .state import Leaf, adjust, freeze, setup, step, thaw, update
+from .lbfgs import LBFGS, lbfgs_step
+from .plateau import Plateau, ReduceLROnPlateau
+from .clip import clip_grad_norm
 from .checkpoint import Checkpoint, load_checkpoint, read_checkpoint_info, save_checkpoint
 from ..files import BadFileError, SaveError
 
@@ -50,6 +60,7 @@ __all__ = [
     "Descent",
     "Momentum",
     "Nesterov",
+    "SGD",
     "Adam",
     "AdamW",
     "RMSProp",
@@ -57,6 +68,14 @@ __all__ = [
     "Adagrad",
     "AdaBelief",
     "Lion",
+    "AMSGrad",
+    "NAdam",
+    "RAdam",
+    "AdaMax",
+    "Adamax",
+    "AdaDelta",
+    "Adadelta",
+    "Rprop",
     "ClipGrad",
     "ClipNorm",
     "WeightDecay",
@@ -65,7 +84,16 @@ __all__ = [
     "Step",
     "Exp",
     "Cosine",
+    "CosineRestarts",
+    "OneCycle",
+    "Linear",
+    "Polynomial",
     "Scheduled",
+    "ReduceLROnPlateau",
+    "Plateau",
+    "LBFGS",
+    "lbfgs_step",
+    "clip_grad_norm",
     "Leaf",
     "setup",
     "update",

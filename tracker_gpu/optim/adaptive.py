@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..backend import namespace_of
 from ..rules.elementwise import astype, sqrt
 from ..tracked import data
-from .rules import Rule, check_beta, check_flags, check_fraction, check_nonnegative
+from .rules import Rule, ascent, check_beta, check_flags, check_fraction, check_nonnegative
 
 __all__ = ["Adam", "AdamW", "RMSProp", "AdaGrad", "AdaBelief", "Lion"]
 
@@ -80,21 +80,25 @@ class Adam(Rule):
     `x -= eta * m_hat / (sqrt(v_hat) + epsilon)`.
 
     The state is `(m, v, (beta1**t, beta2**t))`; a fused kernel for `step` reads and returns
-    the same.
+    the same. PyTorch's `Adam(lr=eta, betas=beta, eps=epsilon, maximize=...)`, same defaults;
+    its `weight_decay` is `OptimiserChain(WeightDecay(wd), Adam(...))`, its `amsgrad=True` is
+    `AMSGrad`.
     """
 
     eta: float = 0.001
     beta: tuple = (0.9, 0.999)
     epsilon: float = 1e-8
+    maximize: bool = False
 
     def __post_init__(self):
         check_nonnegative(self, eta=self.eta, epsilon=self.epsilon)
         check_beta(self, self.beta)
+        check_flags(self, maximize=self.maximize)
 
     init = _moments_init
 
     def apply(self, state, x, dx):
-        state, direction, scale = _adam_moments(self, state, dx)
+        state, direction, scale = _adam_moments(self, state, ascent(self, dx))
         direction *= _scalar(_wide(self.eta) * scale, direction)
         return state, direction
 
@@ -103,23 +107,26 @@ class Adam(Rule):
 class AdamW(Rule):
     """Adam with weight decay `weight_decay` (Loshchilov & Hutter 2019). With `couple=True` (as
     PyTorch and Optimisers.jl) `x -= eta * (adam + weight_decay * x)`; with `couple=False`
-    `x -= eta * adam + weight_decay * x`."""
+    `x -= eta * adam + weight_decay * x`. PyTorch's `AdamW(lr=eta, betas=beta, eps=epsilon,
+    weight_decay=..., maximize=...)`, whose default weight_decay is 1e-2 (Optimisers.jl's 0).
+    """
 
     eta: float = 0.001
     beta: tuple = (0.9, 0.999)
     weight_decay: float = 0.0
     epsilon: float = 1e-8
     couple: bool = True
+    maximize: bool = False
 
     def __post_init__(self):
         check_nonnegative(self, eta=self.eta, epsilon=self.epsilon, weight_decay=self.weight_decay)
         check_beta(self, self.beta)
-        check_flags(self, couple=self.couple)
+        check_flags(self, couple=self.couple, maximize=self.maximize)
 
     init = _moments_init
 
     def apply(self, state, x, dx):
-        state, direction, scale = _adam_moments(self, state, dx)
+        state, direction, scale = _adam_moments(self, state, ascent(self, dx))
         delta = direction * _scalar(scale, direction)
         if self.couple:
             return state, (delta + x * self.weight_decay) * self.eta
@@ -130,26 +137,34 @@ class AdamW(Rule):
 class RMSProp(Rule):
     """RMSProp (Tieleman & Hinton 2012): `quad = rho * quad + (1 - rho) * dx**2`,
     `x -= eta * dx / (sqrt(quad) + epsilon)`. With `centred=True` the running mean `lin` of the
-    gradient is kept too and `quad - lin**2` (a variance) replaces `quad`. PyTorch's `RMSprop`
-    with `alpha=rho`. The state is `(quad, lin)`, `lin` None unless centred."""
+    gradient is kept too and `quad - lin**2` (a variance) replaces `quad`. With `momentum > 0`
+    the scaled gradient goes through a buffer, `b = momentum * b + dx / (sqrt(quad) +
+    epsilon)`, `x -= eta * b`. PyTorch's `RMSprop(lr=eta, alpha=rho, eps=epsilon, momentum=...,
+    centered=centred, maximize=...)`, whose defaults are lr 1e-2, alpha 0.99 (ours
+    Optimisers.jl's: 1e-3, 0.9). The state is `(quad, lin)`, `lin` None unless centred, and
+    `b` after them with a momentum."""
 
     eta: float = 0.001
     rho: float = 0.9
     epsilon: float = 1e-8
     centred: bool = False
+    momentum: float = 0.0
+    maximize: bool = False
 
     def __post_init__(self):
-        check_nonnegative(self, eta=self.eta, epsilon=self.epsilon)
+        check_nonnegative(self, eta=self.eta, epsilon=self.epsilon, momentum=self.momentum)
         check_fraction(self, "rho", self.rho)
-        check_flags(self, centred=self.centred)
+        check_flags(self, centred=self.centred, maximize=self.maximize)
 
     def init(self, x):
         xp = namespace_of(x)
-        return (xp.zeros_like(x), xp.zeros_like(x) if self.centred else None)
+        state = (xp.zeros_like(x), xp.zeros_like(x) if self.centred else None)
+        return state + (xp.zeros_like(x),) if self.momentum else state
 
     def apply(self, state, x, dx):
-        quad, lin = state
+        quad, lin = state[:2]
         xp = namespace_of(dx)
+        dx = ascent(self, dx)
         quad = _moving(quad, dx * dx, self.rho)
         if self.centred:
             lin = _moving(lin, dx, self.rho)
@@ -157,25 +172,34 @@ class RMSProp(Rule):
         else:
             root = xp.sqrt(quad)
         root += self.epsilon
-        return (quad, lin), dx * self.eta / root
+        if not self.momentum:
+            return (quad, lin), dx * self.eta / root
+        buffer = state[2] * self.momentum
+        buffer += dx / root
+        return (quad, lin, buffer), buffer * self.eta
 
 
 @dataclass(frozen=True)
 class AdaGrad(Rule):
     """AdaGrad (Duchi et al. 2011): `acc += dx**2`, `x -= eta * dx / (sqrt(acc) + epsilon)`, the
     sum starting at `epsilon` as in Optimisers.jl (PyTorch's `Adagrad` with
-    `initial_accumulator_value=epsilon` and `eps=epsilon`)."""
+    `initial_accumulator_value=epsilon` and `eps=epsilon`, whose defaults are lr 1e-2, 0 and
+    1e-10; its `weight_decay` is `OptimiserChain(WeightDecay(wd), AdaGrad(...))`), and
+    `maximize=True` as PyTorch's."""
 
     eta: float = 0.1
     epsilon: float = 1e-8
+    maximize: bool = False
 
     def __post_init__(self):
         check_nonnegative(self, eta=self.eta, epsilon=self.epsilon)
+        check_flags(self, maximize=self.maximize)
 
     def init(self, x):
         return namespace_of(x).full_like(x, self.epsilon)
 
     def apply(self, state, x, dx):
+        dx = ascent(self, dx)
         acc = dx * dx
         acc += state
         root = namespace_of(dx).sqrt(acc)
@@ -215,14 +239,18 @@ class AdaBelief(Rule):
 
 @dataclass(frozen=True)
 class Lion(Rule):
-    """Lion (Chen et al. 2023): `x -= eta * sign(beta1 * m + (1 - beta1) * dx)`, then the
-    momentum `m = beta2 * m + (1 - beta2) * dx`. The state is `m`."""
+    """Lion (Chen et al. 2023): `x -= eta * (sign(beta1 * m + (1 - beta1) * dx) +
+    weight_decay * x)` (the paper's decoupled weight decay, scaled by the rate as AdamW's),
+    then the momentum `m = beta2 * m + (1 - beta2) * dx`. The state is `m`. PyTorch has no
+    Lion; this is the paper's Algorithm 2 (and the `lion-pytorch` package's `Lion(lr, betas,
+    weight_decay)`)."""
 
     eta: float = 0.001
     beta: tuple = (0.9, 0.999)
+    weight_decay: float = 0.0
 
     def __post_init__(self):
-        check_nonnegative(self, eta=self.eta)
+        check_nonnegative(self, eta=self.eta, weight_decay=self.weight_decay)
         check_beta(self, self.beta)
 
     def init(self, x):
@@ -232,4 +260,6 @@ class Lion(Rule):
         beta1, beta2 = self.beta
         xp = namespace_of(dx)
         direction = xp.sign(_moving(state, dx, beta1))
+        if self.weight_decay:
+            direction += x * self.weight_decay
         return _moving(state, dx, beta2), direction * self.eta

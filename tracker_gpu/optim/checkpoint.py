@@ -39,7 +39,8 @@ import numpy as np
 from ..backend import device_of, is_array, namespace_of
 from ..files import Archive, BadFileError, write_npz
 from ..tracked import data
-from . import adaptive, rules, schedules
+from . import adaptive, rules, schedules, variants
+from .lbfgs import LBFGSState
 from .state import Leaf
 from .tree import tree_map_with_path
 
@@ -52,7 +53,7 @@ _FORMAT = FORMAT
 _META = "__checkpoint__"
 _TYPES = {
     name: getattr(module, name)
-    for module in (rules, adaptive, schedules)
+    for module in (rules, adaptive, variants, schedules)
     for name in module.__all__
     if name != "Rule"
 }
@@ -60,6 +61,12 @@ _TYPES = {
 
 def save_checkpoint(path, model, state, **info):
     """Write `model`, its optimiser `state` (from `setup`/`update`) and `info` to `path`."""
+    if isinstance(state, LBFGSState):
+        raise TypeError(
+            "save_checkpoint: the state of LBFGS is not saved (its history is rebuilt in a few "
+            "steps): save the model with nn.save, or save_checkpoint(path, model, None), and "
+            "setup(LBFGS(...), model) again after loading"
+        )
     arrays, meta = {}, {"format": _FORMAT, "model": {}, "state": {}, "info": info}
     _record_model(model, arrays, meta["model"])
     _record_state(state, arrays, meta["state"])
@@ -274,6 +281,9 @@ def _decode(value, arrays, like):
     kind = _TYPES[value["type"]]
     fields = {k: _decode(v, arrays, like) for k, v in value["fields"].items()}
     expected = {f.name: f.default for f in dataclasses.fields(kind) if f.init}
+    # a field added since the checkpoint was written takes its default
+    added = {k: v for k, v in expected.items() if k not in fields}
+    fields.update({k: v for k, v in added.items() if v is not dataclasses.MISSING})
     if set(fields) != set(expected):
         raise ValueError(f"{kind.__name__} has the fields {sorted(expected)}, not {sorted(fields)}")
     for name, default in expected.items():

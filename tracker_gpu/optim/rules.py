@@ -1,5 +1,6 @@
-"""The rules without per-element adaptation: `Descent`, `Momentum`, `Nesterov`, the gradient
-transforms `WeightDecay`, `SignDecay`, `ClipGrad`, `ClipNorm`, and `OptimiserChain`.
+"""The rules without per-element adaptation: `Descent`, `Momentum`, `Nesterov`, `SGD`
+(PyTorch's), the gradient transforms `WeightDecay`, `SignDecay`, `ClipGrad`, `ClipNorm`, and
+`OptimiserChain`.
 
 A rule is `init(x) -> state` and `apply(state, x, dx) -> (state, delta)` (the parameter becomes
 `x - delta`), written with the Array API on the parameter's own library, so it runs where the
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..backend import is_array, namespace_of
 from ..primitive import no_gradient
+from ..rules.elementwise import astype
 from ..tracked import data
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "Descent",
     "Momentum",
     "Nesterov",
+    "SGD",
     "WeightDecay",
     "SignDecay",
     "ClipGrad",
@@ -60,6 +63,14 @@ MEANINGS = {
     "p": "the norm's order", "decay": "the factor of the learning rate",
     "eta_min": "the last learning rate", "throw": "raise on a NaN or infinite norm",
     "couple": "weight decay scaled by eta", "centred": "use the gradient's variance",
+    "maximize": "climb the objective instead",
+    "dampening": "the gradient's damping in the momentum",
+    "nesterov": "Nesterov's look-ahead", "momentum": "the momentum of the step",
+    "ell": "the step sizes' factors (shrink, grow)", "gamma": "the step sizes' bounds (min, max)",
+    "momentum_decay": "the decay of NAdam's momentum schedule", "eta_end": "the last rate",
+    "period": "the first cosine's length", "mult": "each cosine's growth",
+    "warmup": "the fraction of the steps spent warming up", "power": "the polynomial's power",
+    "div_factor": "the first rate's divisor", "final_div_factor": "the last rate's divisor",
 }  # fmt: skip
 # May be infinite: no clipping.
 UNBOUNDED = frozenset({"delta", "omega"})
@@ -124,61 +135,145 @@ def check_flags(rule, **values):
             raise _error(TypeError, rule, name, value, "True or False")
 
 
+def ascent(rule, dx):
+    """`dx`, negated where the rule has `maximize=True` (PyTorch's option: the parameters climb
+    the objective)."""
+    return -dx if rule.maximize else dx
+
+
 @dataclass(frozen=True)
 class Descent(Rule):
-    """Gradient descent: `x -= eta * dx`."""
+    """Gradient descent: `x -= eta * dx`. PyTorch's `SGD(lr=eta)` (whose default lr is 1e-3;
+    Flux's is 0.1); `maximize=True` as PyTorch's."""
 
     eta: float = 0.1
+    maximize: bool = False
 
     def __post_init__(self):
         check_nonnegative(self, eta=self.eta)
+        check_flags(self, maximize=self.maximize)
 
     def apply(self, state, x, dx):
-        return state, dx * self.eta
+        return state, ascent(self, dx) * self.eta
 
 
 @dataclass(frozen=True)
 class Momentum(Rule):
-    """Gradient descent with momentum: `v = rho * v + eta * dx; x -= v`."""
+    """Gradient descent with momentum: `v = rho * v + eta * dx; x -= v`. PyTorch's
+    `SGD(lr=eta, momentum=rho)` while `eta` is constant (PyTorch keeps the rate out of `v`: use
+    `SGD` for a scheduled rate, or `dampening`); `maximize=True` as PyTorch's."""
 
     eta: float = 0.01
     rho: float = 0.9
+    maximize: bool = False
 
     def __post_init__(self):
         check_nonnegative(self, eta=self.eta, rho=self.rho)
+        check_flags(self, maximize=self.maximize)
 
     def init(self, x):
         return namespace_of(x).zeros_like(x)
 
     def apply(self, state, x, dx):
         velocity = state * self.rho
-        velocity += dx * self.eta
+        velocity += ascent(self, dx) * self.eta
         return velocity, velocity
 
 
 @dataclass(frozen=True)
 class Nesterov(Rule):
     """Nesterov momentum, in the form of Optimisers.jl (Bengio et al. 2012):
-    `x -= -rho**2 * v + (1 + rho) * eta * dx; v = rho * v - eta * dx`."""
+    `x -= -rho**2 * v + (1 + rho) * eta * dx; v = rho * v - eta * dx`. PyTorch's
+    `SGD(lr=eta, momentum=rho, nesterov=True)` is written differently: use `SGD(...,
+    nesterov=True)` for it. `maximize=True` as PyTorch's."""
 
     eta: float = 0.001
     rho: float = 0.9
+    maximize: bool = False
 
     def __post_init__(self):
         check_nonnegative(self, eta=self.eta, rho=self.rho)
+        check_flags(self, maximize=self.maximize)
 
     def init(self, x):
         return namespace_of(x).zeros_like(x)
 
     def apply(self, state, x, dx):
-        rho, eta = self.rho, self.eta
+        rho, eta, dx = self.rho, self.eta, ascent(self, dx)
         delta = dx * ((1 + rho) * eta) - state * rho**2
         return state * rho - dx * eta, delta
 
 
 @dataclass(frozen=True)
+class SGD(Rule):
+    """PyTorch's `SGD`, option for option, with its defaults: `b = rho * b + (1 - dampening) *
+    g` (`b = g` at the first step), `g = dx + weight_decay * x` (negated first with
+    `maximize`), then `x -= eta * (g + rho * b)` with `nesterov`, else `x -= eta * b`; with
+    `rho = 0` (no momentum), `x -= eta * g`. `SGD(lr, momentum, dampening, weight_decay,
+    nesterov, maximize=...)` in PyTorch is `SGD(eta=lr, rho=momentum, ...)` here. Unlike
+    `Momentum` the rate stays out of the buffer, so a scheduled rate acts as in PyTorch. The
+    state is `(b, damping of the coming step)` (0 at the first), None without momentum.
+
+    >>> import numpy as np
+    >>> rule = SGD(0.1, rho=0.9, dampening=0.5)
+    >>> state, delta = rule.apply(rule.init(np.zeros(1)), np.zeros(1), np.ones(1))
+    >>> state, delta = rule.apply(state, np.zeros(1), np.ones(1))
+    >>> delta
+    array([0.14])
+    """
+
+    eta: float = 0.001
+    rho: float = 0.0
+    dampening: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    maximize: bool = False
+
+    def __post_init__(self):
+        check_nonnegative(self, eta=self.eta, rho=self.rho, weight_decay=self.weight_decay)
+        check_number(self, "dampening", self.dampening, "in [0, 1]", lambda v: 0 <= v <= 1)
+        check_flags(self, nesterov=self.nesterov, maximize=self.maximize)
+        if self.nesterov and (not self.rho or self.dampening):
+            raise ValueError(
+                f"SGD: nesterov=True needs a momentum rho > 0 and no dampening (as PyTorch), "
+                f"got rho={self.rho!r}, dampening={self.dampening!r}"
+            )
+
+    def init(self, x):
+        return (namespace_of(x).zeros_like(x), 0.0) if self.rho else None
+
+    def apply(self, state, x, dx):
+        g = ascent(self, dx)
+        if self.weight_decay:
+            g = g + x * self.weight_decay
+        if state is None:
+            return state, g * self.eta
+        buffer, damping = state
+        new = buffer * self.rho
+        new += g * _weak(1 - damping, g)
+        step = g + new * self.rho if self.nesterov else new
+        return (new, _constant(damping, self.dampening)), step * self.eta
+
+
+def _weak(value, like):
+    """A scalar of a step as the arrays take it: a Python float as it is, a 0-d array (a
+    count under tg.compile, float64) cast to `like`'s dtype."""
+    return value if type(value) in (int, float) else astype(value, like.dtype)
+
+
+def _constant(old, value):
+    """`value` as the state's number `old` is held: a Python float, or (under tg.compile) a
+    0-d float64 array, so that a replay reads it as an input."""
+    return float(value) if type(old) in (int, float) else old * 0 + value
+
+
+@dataclass(frozen=True)
 class WeightDecay(Rule):
-    """Adds `weight_decay * x` to the gradient (L2 regularisation); put it before the step."""
+    """Adds `weight_decay * x` to the gradient (L2 regularisation); put it before the step.
+    PyTorch's `weight_decay=wd` of Adam, NAdam, RAdam, Adamax, Adadelta, Adagrad and RMSprop is
+    `OptimiserChain(WeightDecay(wd), rule)`. A rule with `maximize=True` negates the decayed
+    gradient, where PyTorch decays after negating: for that, use `SGD`'s own `weight_decay`, or
+    minimise the negated objective."""
 
     weight_decay: float = 5e-4
 

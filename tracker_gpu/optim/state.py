@@ -100,6 +100,8 @@ def step(rule, param, grad, state):
     cls = type(rule)
     own = cls.__module__.rpartition(".")[0] == __package__
     fused = dispatch.STEPS.get(cls.__name__) if own else None
+    if getattr(rule, "maximize", False):  # the kernels know only descent
+        fused = None
     # the kernels take their scalars by value: a rate in an array (a schedule's) goes generic
     if fused is not None and dispatch.takes(param) and not is_array(getattr(rule, "eta", 0.0)):
         done = fused(rule, param, grad, state)
@@ -118,7 +120,11 @@ def _is_parameter(x):
 def setup(rule, model):
     """The optimiser state for `model`: shaped like it, a `Leaf` at each floating array (a
     parameter), None elsewhere and in fields declared not trainable. An array found in several
-    places gets one `Leaf`, the same object in each."""
+    places gets one `Leaf`, the same object in each. For `LBFGS`, an `LBFGSState` instead (to
+    step with `lbfgs_step`)."""
+    own = getattr(rule, "own_state", None)  # a rule with a state of its own (LBFGS)
+    if own is not None:
+        return own(model)
     if not isinstance(rule, Rule):
         raise TypeError(f"setup needs an optimisation rule (e.g. Adam()), got {rule!r}")
     return _setup(rule, model, {})
@@ -154,6 +160,9 @@ def update(state, model, grads, *, allow_no_gradient=False):
     loss was cut from the graph, and the step would change nothing (as PyTorch refuses a loss
     that does not require grad). `allow_no_gradient=True` lets such a step pass, unchanged;
     `freeze` the parameters that are not to be trained."""
+    refused = getattr(state, "refused_by_update", None)  # a state stepped otherwise (LBFGS)
+    if refused is not None:
+        raise TypeError(f"update: {refused}")
     if isinstance(grads, tuple) and len(grads) == 1 and not isinstance(model, tuple):
         raise ValueError(
             "update: the gradient is a tuple of one, the model is not; withgradient returns a "

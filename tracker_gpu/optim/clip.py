@@ -1,0 +1,83 @@
+"""Clipping by the global norm: all the gradient arrays of a model scaled by one factor, so
+that their norm taken together is at most `max_norm` (PyTorch's `clip_grad_norm_`).
+
+This is not a rule of `OptimiserChain`, which sees one array at a time: call it between
+`withgradient` and `update`. `ClipNorm` is the per-array rule (Optimisers.jl's): each array
+scaled down to norm `omega` on its own, which changes the gradient's direction.
+
+>>> import numpy as np
+>>> grads = {"a": np.array([3.0]), "b": np.array([4.0]), "name": None}
+>>> clipped, norm = clip_grad_norm(grads, 1.0)
+>>> float(norm), clipped["a"].round(6), clipped["b"].round(6)
+(5.0, array([0.6]), array([0.8]))
+"""
+
+import math
+
+from ..backend import is_array, namespace_of
+from ..primitive import no_gradient
+from ..tracked import data
+from .rules import check_flags, check_number
+from .tree import tree_map_with_path
+
+__all__ = ["clip_grad_norm"]
+
+
+class _Settings:  # the hyperparameters, named in check_number's messages
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
+_Settings.__name__ = "clip_grad_norm"
+
+
+def clip_grad_norm(grads, max_norm, p=2.0, throw=False):
+    """`(clipped, norm)`: `norm` the `p`-norm of all the arrays of `grads` (a nested structure
+    as `withgradient` returns it; None and non-arrays are left as they are) taken together, a
+    0-d array, and `clipped` the arrays times `min(1, max_norm / (norm + 1e-6))`. PyTorch's
+    `torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=p,
+    error_if_nonfinite=throw)`, which scales the `.grad`s in place and returns the norm. With
+    `throw=True` a norm that is NaN or infinite raises FloatingPointError (the norm is then
+    read back: one synchronisation). The norm stays on the device and tg.compile replays it.
+    `ClipNorm` instead clips each array alone."""
+    _check(max_norm, p, throw)
+    arrays = []
+    tree_map_with_path(lambda path, g: arrays.append(g) if _is_gradient(g) else None, grads)
+    if not arrays:
+        raise ValueError(
+            "clip_grad_norm: no gradient array in grads; pass the gradient that withgradient "
+            "returned for the model"
+        )
+    xp = namespace_of(arrays[0])
+    norms = xp.stack([xp.linalg.vector_norm(g, ord=p) for g in arrays])
+    norm = xp.linalg.vector_norm(norms, ord=p)
+    if throw:
+        scale = _checked_scale(norm, max_norm=max_norm, p=p)
+    else:
+        scale = xp.clip(max_norm / (norm + 1e-6), max=1.0)
+    clipped = tree_map_with_path(lambda path, g: g * scale if _is_gradient(g) else g, grads)
+    return clipped, norm
+
+
+def _is_gradient(g):
+    return is_array(data(g))
+
+
+def _check(max_norm, p, throw):
+    settings = _Settings(max_norm=max_norm, p=p, throw=throw)
+    check_number(settings, "max_norm", max_norm, ">= 0", lambda v: v >= 0)
+    check_number(settings, "p", p, "> 0 (inf for the largest element)", lambda v: v > 0)
+    check_flags(settings, throw=throw)
+
+
+def _checked_scale_forward(xp, norm, *, max_norm, p):
+    value = float(norm)
+    if not math.isfinite(value):
+        raise FloatingPointError(
+            f"clip_grad_norm: the gradients' {p}-norm is {value}; look for a NaN or infinite "
+            "loss (throw=False scales by it anyway, as PyTorch's default)"
+        )
+    return xp.clip(max_norm / (norm + 1e-6), max=1.0)
+
+
+_checked_scale = no_gradient("clip_grad_norm", _checked_scale_forward)
