@@ -35,6 +35,7 @@ examples; set TRACKER_GPU_FUZZ_EXAMPLES to run that many per test.
 
 import contextlib
 import functools
+import math
 import os
 import string
 
@@ -64,6 +65,7 @@ import tracker_gpu as tg
 from tracker_gpu import optim
 from tracker_gpu.broadcast import _COMPARISONS, trace
 from tracker_gpu.cuda import codegen, generic_only, host, on_host, recording
+from tracker_gpu.cuda.elementwise import BINARY as FUSED_BINARY
 from tracker_gpu.expr import COMPARISONS, partials, topological
 
 EXAMPLES = int(os.environ.get("TRACKER_GPU_FUZZ_EXAMPLES", "0"))
@@ -745,3 +747,24 @@ def _gradient(f, w):
 
 def _host(backend, *arrays):
     return [backend.to_numpy(tg.data(a)) for a in arrays]
+
+
+@pytest.mark.parametrize("name", sorted(FUSED_BINARY))  # the rules with a fused pullback
+@pytest.mark.parametrize("wide", [0, 1])  # which operand is float64 (the other float32)
+@pytest.mark.parametrize("shapes", [((3,), (3,)), ((2, 3), (3,)), ((3,), (2, 3))])
+def test_an_operand_of_another_dtype_gets_a_gradient_of_its_own(backend, fused, name, wide,
+                                                                shapes):  # fmt: skip
+    """A float32 operand of a float64 result: the gradient is float32 on both paths (the
+    fused pullback once handed the float64 `g` itself to the float32 operand of `+`)."""
+    dtypes = ["float32", "float32"]
+    dtypes[wide] = "float64"
+    arrays = [backend.asarray(0.5 + np.arange(math.prod(s)).reshape(s) / 4, dtype=d)
+              for s, d in zip(shapes, dtypes)]  # fmt: skip
+    f = lambda x, y: tg.sum(getattr(tg, name)(x, y))  # noqa: E731
+    with fused():
+        actual = tg.gradient(f, *arrays)
+    with generic_only():
+        expected = tg.gradient(f, *arrays)
+    for a, b, arg in zip(actual, expected, arrays):
+        assert a.dtype == b.dtype == arg.dtype, (a.dtype, b.dtype, arg.dtype)
+        np.testing.assert_array_equal(backend.to_numpy(a), backend.to_numpy(b))

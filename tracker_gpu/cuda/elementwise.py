@@ -102,6 +102,8 @@ def _binary(name):
         sides = [(side, a) for side, a in enumerate(args) if tracked(a)]
         if not all(readable(pending, a, g) for _, a in sides):
             return None
+        if any(a.dtype != g.dtype for _, a in sides):  # a float32 operand of a float64 result:
+            return None  # the generic rule casts its gradient back to float32
         grads = [None, None]
         for side, arg in sides:  # x * x: the second side adds into the first's total
             if _passes_g_through(name, side, arg, ans, args):
