@@ -16,7 +16,7 @@ from tracker_gpu.train import text_cli
 from tracker_gpu.train.loop import Interrupted
 from tracker_gpu.train.text_data import Text, baselines, batch, corpus, windows
 from tracker_gpu.train.text_loop import TextConfig, compiled_text_step, train_text
-from tracker_gpu.train.transformer import CharTransformer, clip_global_norm, generate, text_loss
+from tracker_gpu.train.transformer import CharTransformer, generate, text_loss
 
 TINY = dict(layers=1, width=16, heads=2, context=16, batch_size=8, lr=1e-2, eval_every=1000)
 TINY_ARGS = ["--layers", "1", "--width", "16", "--heads", "2", "--context", "16",
@@ -115,14 +115,6 @@ def test_the_output_is_causal_and_tied():
     assert np.array_equal(before[:, :5], after[:, :5])
     assert not np.allclose(before[:, 5:], after[:, 5:])
     assert "head" not in repr(nn._parameters(model).keys())  # no separate output matrix
-
-
-def test_clipping_is_by_the_global_norm():
-    g = {"a": np.array([3.0, 0.0]), "b": (np.array([[4.0]]), None)}
-    clipped = clip_global_norm(g, 2.5)
-    assert np.allclose(clipped["a"], [1.5, 0.0], rtol=1e-6) and clipped["b"][1] is None
-    assert np.allclose(clipped["b"][0], [[2.0]], rtol=1e-6)
-    assert clip_global_norm(g, 10.0)["a"][0] == 3.0
 
 
 # --- data and baselines ---------------------------------------------------------------------

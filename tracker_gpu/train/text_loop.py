@@ -16,7 +16,7 @@ from tracker_gpu.backend import on_device_of
 from .devices import one_thread
 from .loop import Interrupted
 from .text_data import batch, windows
-from .transformer import CharTransformer, clip_global_norm, text_loss
+from .transformer import CharTransformer, text_loss
 
 __all__ = ["TextConfig", "TextResult", "train_text", "text_step", "compiled_text_step",
            "evaluate", "build"]  # fmt: skip
@@ -76,7 +76,8 @@ def rule(config):
 
 def _step(model, state, x, y):
     loss, (grads,) = tg.withgradient(lambda m: text_loss(m, x, y), model)
-    state, model = optim.update(state, model, clip_global_norm(grads, MAX_NORM))
+    clipped, _ = optim.clip_grad_norm(grads, MAX_NORM)
+    state, model = optim.update(state, model, clipped)
     return loss, model, state
 
 

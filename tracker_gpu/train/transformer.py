@@ -20,15 +20,13 @@ from typing import Any
 import numpy as np
 
 from tracker_gpu import nn
-from tracker_gpu.backend import is_array, namespace_of
-from tracker_gpu.optim.tree import tree_map_with_path
-from tracker_gpu.rules.elementwise import add, minimum, multiply, sqrt
+from tracker_gpu.backend import namespace_of
+from tracker_gpu.rules.elementwise import add
 from tracker_gpu.rules.linalg import matmul, matrix_transpose
-from tracker_gpu.rules.reductions import sum as total
 from tracker_gpu.rules.shape import getitem, reshape
 from tracker_gpu.tracked import data
 
-__all__ = ["CharTransformer", "text_loss", "clip_global_norm", "generate"]
+__all__ = ["CharTransformer", "text_loss", "generate"]
 
 INIT_STD = 0.02  # GPT-2's: small embeddings, so the tied output starts near uniform
 
@@ -91,46 +89,6 @@ def text_loss(model, x, y):
     logits = model(x)
     flat = reshape(logits, (-1, logits.shape[-1]))
     return nn.logitcrossentropy(flat, reshape(y, (-1,)))
-
-
-def clip_global_norm(grads, max_norm, eps=1e-6):
-    """`grads` scaled by `min(1, max_norm / (norm + eps))`, `norm` the 2-norm of all their
-    arrays together (PyTorch's `clip_grad_norm_`; `optim.ClipNorm` clips each array alone).
-    Traced arrays stay traced, so a compiled step computes it anew at every replay.
-
-    >>> g = {"a": np.array([3.0]), "b": np.array([4.0])}
-    >>> {k: round(float(v[0]), 6) for k, v in clip_global_norm(g, 1.0).items()}
-    {'a': 0.6, 'b': 0.8}
-    """
-    squares = [total(multiply(g, g)) for g in _leaves(grads)]
-    norm = sqrt(_sum(squares))
-    scale = minimum(max_norm / add(norm, eps), 1.0)
-    return _scaled(grads, scale)
-
-
-def _sum(values):
-    out = values[0]
-    for v in values[1:]:
-        out = add(out, v)
-    return out
-
-
-def _leaves(tree):
-    found = []
-    tree_map_with_path(lambda path, g: found.append(g) if _is_array(g) else None, tree,
-                       is_leaf=_is_array)  # fmt: skip
-    return found
-
-
-def _scaled(tree, scale):
-    def scaled(path, g):
-        return multiply(g, scale) if _is_array(g) else g
-
-    return tree_map_with_path(scaled, tree, is_leaf=_is_array)
-
-
-def _is_array(x):
-    return is_array(data(x))
 
 
 def generate(model, prompt, length, *, temperature=1.0, rng):
