@@ -68,6 +68,44 @@ def test_a_model_of_tracked_arrays_pickles():
     assert int(back["step"]) == 3
 
 
+def _primitives():
+    """Every primitive the package exports, by where a user reaches it."""
+    from tracker_gpu import nn
+    from tracker_gpu.primitive import Primitive
+
+    spaces = {"tg": tg, "tg.nn": nn, "tg.special": tg.special, "tg.linalg": tg.linalg,
+              "tg.fft": tg.fft}  # fmt: skip
+    return {f"{where}.{name}": value for where, space in spaces.items()
+            for name, value in vars(space).items() if isinstance(value, Primitive)}  # fmt: skip
+
+
+def test_every_exported_primitive_pickles_and_copies_as_itself():
+    found = _primitives()
+    assert len(found) > 100, sorted(found)  # the enumeration reaches the namespaces
+    for where, primitive in found.items():
+        assert _round_trip(primitive) is primitive, where
+        assert copy.deepcopy(primitive) is primitive, where
+
+
+def test_a_layer_with_a_primitive_activation_pickles():
+    from tracker_gpu import nn
+
+    x = np.linspace(-1.0, 1.0, 8).reshape(4, 2)
+    for activation in (nn.relu, tg.tanh, nn.sigmoid, tg.special.erf):
+        layer = nn.Dense(2, 3, activation, rng=np.random.default_rng(0), dtype="float64")
+        back = _round_trip(layer)
+        assert back.activation is activation
+        assert np.array_equal(back(x), layer(x))
+
+
+def test_a_primitive_that_is_no_global_is_refused_by_name():
+    from tracker_gpu.primitive import Primitive
+
+    local = Primitive("local_twice", lambda xp, x: x * 2, (lambda g, ans, x: g * 2,))
+    with pytest.raises(pickle.PicklingError, match="local_twice.*top level of a module"):
+        pickle.dumps(local)
+
+
 def test_deepcopy_gives_an_independent_leaf(backend):
     x = tg.param(backend.asarray([1.0, 2.0]))
     tg.back(tg.sum(x * x))

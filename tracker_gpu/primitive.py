@@ -19,7 +19,10 @@ True
 """
 
 import functools
+import importlib
 import inspect
+import pickle
+import sys
 import threading
 
 import numpy as np
@@ -133,6 +136,28 @@ class Primitive:
 
     def __repr__(self):
         return f"<tracked primitive {self.name}>"
+
+    def __reduce__(self):
+        # A primitive is one object that its vjps and the fused path know by identity: it is
+        # pickled (and copied) as the module global that holds it, as a function is.
+        return _global, _bound_at(self)
+
+
+def _bound_at(primitive):
+    """`(module, name)` of a module global that is `primitive`, this package's modules first."""
+    modules = sorted(sys.modules.items(), key=lambda item: not item[0].startswith("tracker_gpu"))
+    for module_name, module in modules:
+        for name, value in list(getattr(module, "__dict__", {}).items()):
+            if value is primitive:
+                return module_name, name
+    raise pickle.PicklingError(
+        f"cannot pickle {primitive!r}: it is not a module's global; define it at the top level "
+        "of a module (as the package's own primitives are) so that it is found by name"
+    )
+
+
+def _global(module_name, name):
+    return getattr(importlib.import_module(module_name), name)
 
 
 class ByPosition:
