@@ -38,7 +38,7 @@ def _against_eager(make_layer, make_input, mode, calls=CALLS, wrt=None):
     return changed
 
 
-STATEFUL = {"BatchNorm"}  # the layers whose arrays a training step writes (running statistics)
+STATEFUL = {"BatchNorm", "InstanceNorm"}  # whose arrays a training step writes (statistics)
 
 
 @pytest.mark.parametrize("mode", ["train", "eval"])

@@ -32,9 +32,11 @@ def test_layers_create_parameters_on_the_chosen_library_device_and_dtype(backend
         nn.Conv((3, 3), 2, 4, rng=rng(), xp=backend.xp, device=backend.device),
         nn.Embedding(5, 3, rng=rng(), xp=backend.xp, device=backend.device),
         nn.LayerNorm(3, xp=backend.xp, device=backend.device),
+        nn.BatchNorm(3, momentum=None, xp=backend.xp, device=backend.device),  # and its count
+        nn.InstanceNorm(3, affine=True, track_stats=True, xp=backend.xp, device=backend.device),
     ]
     arrays = [a for layer in layers for a in nn._parameters(layer).values()]
-    assert len(arrays) == 7
+    assert len(arrays) == 16
     for a in arrays:
         same_library_and_device(backend, a)
         assert a.dtype == backend.xp.float32  # the default
@@ -238,11 +240,23 @@ def test_conv_second_derivative(backend):
     x = backend.asarray(uniform((1, 1, 3, 3), (-1, 1), 1))
     check_nested(backend, lambda w: nn.Conv(weight=w, bias=False, pad=1, activation=nn.tanh)(x), w)
     check_nested(backend, lambda x: nn.Conv(weight=w, bias=False, stride=2, pad=1)(x), x)
+    w1 = backend.asarray(uniform((2, 1, 3), (-1, 1), 2))
+    x1 = backend.asarray(uniform((1, 1, 5), (-1, 1), 3))
+    reflect = dict(bias=False, pad=(2, 1), pad_mode="reflect", activation=nn.tanh)
+    check_nested(backend, lambda x: nn.Conv(weight=w1, **reflect)(x), x1)
+    check_nested(backend, lambda x: nn.MeanPool((3,), pad=1, count_include_pad=False)(x * x), x1)
 
 
-def test_im2col_and_col2im_are_adjoint(backend):
-    x = uniform((2, 3, 5, 4), (-1, 1))
-    kw = dict(kernel=(3, 2), stride=(2, 1), pad=(1, 1))
+IM2COL = [
+    ((2, 3, 5, 4), dict(kernel=(3, 2), stride=(2, 1), pad=(1, 1))),
+    ((2, 3, 7), dict(kernel=(3,), stride=(2,), pad=((2, 0),), dilation=(2,))),
+    ((1, 2, 4, 5, 3), dict(kernel=(2, 3, 2), stride=(1, 2, 2), pad=((0, 1), 1, (1, 0)))),
+]
+
+
+@pytest.mark.parametrize("shape, kw", IM2COL, ids=str)
+def test_im2col_and_col2im_are_adjoint(backend, shape, kw):
+    x = uniform(shape, (-1, 1))
     cols = nn.im2col(backend.asarray(x), **kw)
     r = uniform(tuple(cols.shape), (-1, 1), 1)
     back = nn.col2im(backend.asarray(r), shape=x.shape, **kw)
@@ -436,9 +450,17 @@ def test_wrong_input_shapes_are_clear_errors(backend):
 def test_bad_layer_settings():
     with pytest.raises(TypeError, match=r"Dense needs its sizes"):
         nn.Dense(3)
-    with pytest.raises(ValueError, match="stride must be an int or a pair"):
+    with pytest.raises(ValueError, match="stride must be an int or a tuple of 2 ints"):
         nn.Conv((3, 3), 1, 1, stride=(1, 2, 3))
-    with pytest.raises(ValueError, match='pad="same" needs an odd kernel'):
-        nn.Conv((2, 2), 1, 1, pad="same")
+    with pytest.raises(ValueError, match='pad must be "same", "valid" or sizes'):
+        nn.Conv((2, 2), 1, 1, pad="full")
+    with pytest.raises(ValueError, match=r"pad must be an int or a tuple of 1 ints"):
+        nn.Conv((3,), 1, 1, pad=(1, 2, 3))
+    with pytest.raises(ValueError, match=r"kernel must be a tuple with one size per spatial"):
+        nn.Conv((), 1, 1)
+    with pytest.raises(ValueError, match="pad_mode must be one of zeros, reflect"):
+        nn.Conv((3,), 1, 1, pad_mode="mirror")
+    with pytest.raises(ValueError, match=r"output sizes must be ints >= 1 or None"):
+        nn.AdaptiveMeanPool((0, 2))
     with pytest.raises(ValueError, match="padding must be smaller than the window"):
         nn.MaxPool(2, pad=2)

@@ -4,7 +4,8 @@ A model is a plain nested structure of dataclasses whose fields are arrays, subl
 settings, so `tg.withgradient(loss, model)` returns a gradient of the same shape and
 `tracker_gpu.optim` updates it. A layer is called on a batch whose *first* axis is the batch
 (the NumPy and PyTorch layout; Flux puts it last): `Dense` takes `(batch, features)`, `Conv`
-and the pools take `(batch, channels, height, width)`.
+and the pools take `(batch, channels, *spatial)`: `(batch, channels, height, width)` in 2-D,
+one or three spatial axes in 1-D or 3-D (the length of the kernel or window tuple).
 
 Parameters are drawn with a NumPy random generator (`rng`), then created where you ask: `dtype`
 (float32 by default), `device` (the library is the one that owns the device: a CuPy device, a
@@ -12,7 +13,8 @@ PyTorch device, an array-api-strict device) and `xp` (a namespace, or a name: "n
 "cupy", "strict").
 
 The package is one module per concern: `activations`, `init` (initialisers), `layers` (the
-`Layer` base, `Dense`, `Chain`, ...), `conv` (`Conv` and the pools), `primitives` (`linear`,
+`Layer` base, `Dense`, `Chain`, ...), `conv` (`Conv`, `ConvTranspose`), `pool` (the pools),
+`geometry` (their sizes and padding), `padding` (padding modes), `primitives` (`linear`,
 `im2col`, `col2im`), `losses` (Flux's names, PyTorch's options), `placement` (`asarray`,
 `place`, `to_numpy`) and `io` (`save`, `load`); every name is re-exported here.
 
@@ -33,7 +35,7 @@ from ..files import BadFileError, SaveError
 from . import activations, losses
 from .activations import *  # noqa: F403 (its __all__ is part of ours)
 from .attention import MultiHeadAttention, TransformerBlock
-from .conv import Conv, ConvTranspose, MaxPool, MeanPool
+from .conv import Conv, ConvTranspose
 from .init import SQRT2 as SQRT2
 from .init import glorot_normal, glorot_uniform, kaiming_normal, kaiming_uniform, randn
 from .io import _parameters as _parameters
@@ -41,9 +43,17 @@ from .io import load, save
 from .layers import Chain, Dense, Dropout, Embedding, Flatten, testmode, trainmode
 from .layers import Layer as Layer
 from .losses import *  # noqa: F403 (its __all__ is part of ours)
-from .normalise import BatchNorm, GroupNorm, LayerNorm, normalise
+from .normalise import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, normalise
 from .placement import LIBRARIES as LIBRARIES
 from .placement import asarray, place, to_numpy
+from .pool import (
+    AdaptiveMaxPool,
+    AdaptiveMeanPool,
+    GlobalMaxPool,
+    GlobalMeanPool,
+    MaxPool,
+    MeanPool,
+)
 from .primitives import col2im, im2col, linear
 from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, Recurrence, RNNCell
 
@@ -55,12 +65,17 @@ __all__ = [
     "ConvTranspose",
     "MaxPool",
     "MeanPool",
+    "AdaptiveMaxPool",
+    "AdaptiveMeanPool",
+    "GlobalMaxPool",
+    "GlobalMeanPool",
     "Flatten",
     "Dropout",
     "Embedding",
     "LayerNorm",
     "GroupNorm",
     "BatchNorm",
+    "InstanceNorm",
     "RNNCell",
     "LSTMCell",
     "GRUCell",

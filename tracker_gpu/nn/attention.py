@@ -1,11 +1,12 @@
-"""Attention: `MultiHeadAttention` (Vaswani et al. 2017, Flux's layer) and a small pre-norm
-`TransformerBlock`.
+"""Attention: `MultiHeadAttention` (Vaswani et al. 2017, Flux's layer) and a small
+`TransformerBlock`, pre-norm by default (post-norm with `norm_first=False`).
 
 Sequences are batch-first, `(batch, length, dim)`. `mha(q, k=q, v=k, mask=None)` returns the
 attended values `(batch, length_q, dim)` and the attention scores `(batch, heads, length_q,
-length_k)`, as Flux's does; `mask` is boolean, True where a query may attend to a key, of a
-shape that broadcasts to the scores, and `causal=True` lets query `i` attend to keys `j <= i`
-only. A row with no key to attend to has nan scores.
+length_k)`, as Flux's does (`average_attn_weights=True`: averaged over the heads, `(batch,
+length_q, length_k)`, PyTorch's default); `mask` is boolean, True where a query may attend to a
+key, of a shape that broadcasts to the scores, and `causal=True` lets query `i` attend to keys
+`j <= i` only. A row with no key to attend to has nan scores.
 
 >>> import numpy as np
 >>> from tracker_gpu import nn
@@ -26,6 +27,7 @@ from ..backend import device_of, namespace_of
 from ..rules.elementwise import add, multiply, where
 from ..rules.linalg import matmul, matrix_transpose
 from ..rules.nn import softmax
+from ..rules.reductions import mean
 from ..rules.shape import permute_dims, reshape
 from ..tracked import data
 from .activations import gelu
@@ -39,10 +41,29 @@ __all__ = ["MultiHeadAttention", "TransformerBlock"]
 @dataclass(init=False, repr=False)
 class MultiHeadAttention(Layer):
     """`nheads` heads of scaled dot-product attention over `dim` features: queries, keys and
-    values projected by `q_proj`, `k_proj`, `v_proj` (Dense `dim => dim`, split into heads of
-    `dim // nheads`), `softmax(q @ k.T / sqrt(dim // nheads))` per head, the heads' values
-    joined and projected by `out_proj`. `bias=False` (Flux's default) makes the projections
-    without biases."""
+    values projected by `q_proj`, `k_proj`, `v_proj` (Dense `dim => dim`, `kdim => dim` and
+    `vdim => dim`, split into heads of `dim // nheads`), `softmax(q @ k.T / sqrt(dim //
+    nheads))` per head, the heads' values joined and projected by `out_proj`. `bias=False`
+    (Flux's default) makes the projections without biases. `dropout_prob=p` (Flux's name; 0 by
+    default) drops out attention weights in training mode, drawing from `rng`, and the scores
+    returned are the dropped ones, as Flux and PyTorch return them; the field `attn_drop`
+    holds its `Dropout` (None without one), which `trainmode`/`testmode` switch.
+
+    PyTorch's `MultiheadAttention(dim, nheads, dropout, bias, kdim=kdim, vdim=vdim,
+    batch_first=True)` with its `in_proj_weight` split in three; PyTorch's defaults differ:
+    `bias=True`, and scores averaged over the heads (`average_attn_weights=True` when calling
+    ours gives them).
+
+    >>> import numpy as np
+    >>> from tracker_gpu import nn
+    >>> mha = nn.MultiHeadAttention(4, nheads=2, kdim=3, vdim=5, dropout_prob=0.1)
+    >>> mha
+    MultiHeadAttention(4, nheads=2, kdim=3, vdim=5, dropout_prob=0.1)
+    >>> q, k, v = np.ones((2, 6, 4)), np.ones((2, 7, 3)), np.ones((2, 7, 5))
+    >>> y, scores = mha(q, k, v, average_attn_weights=True)
+    >>> y.shape, scores.shape
+    ((2, 6, 4), (2, 6, 7))
+    """
 
     q_proj: Any
     k_proj: Any
@@ -50,6 +71,7 @@ class MultiHeadAttention(Layer):
     out_proj: Any
     nheads: int
     causal: bool
+    attn_drop: Any = None
 
     def __init__(
         self,
@@ -58,6 +80,9 @@ class MultiHeadAttention(Layer):
         *,
         bias=False,
         causal=False,
+        kdim=None,
+        vdim=None,
+        dropout_prob=0.0,
         init=glorot_uniform,
         rng=None,
         dtype="float32",
@@ -67,7 +92,9 @@ class MultiHeadAttention(Layer):
         k_proj=None,
         v_proj=None,
         out_proj=None,
+        attn_drop=None,
     ):
+        rng = _rng(rng) if q_proj is None or dropout_prob else rng
         if q_proj is None:
             if dim is None:
                 raise TypeError("MultiHeadAttention needs its dimension, MultiHeadAttention(dim)")
@@ -76,37 +103,41 @@ class MultiHeadAttention(Layer):
                     f"MultiHeadAttention: nheads={nheads!r} must divide the dimension {dim}; "
                     "choose a divisor of dim"
                 )
-            rng = _rng(rng)
-            make = lambda: Dense(
-                dim, dim, bias=bias, init=init, rng=rng, dtype=dtype, device=device, xp=xp
+            make = lambda n_in: Dense(
+                n_in, dim, bias=bias, init=init, rng=rng, dtype=dtype, device=device, xp=xp
             )
-            q_proj, k_proj, v_proj, out_proj = make(), make(), make(), make()
+            kdim, vdim = kdim or dim, vdim or dim
+            q_proj, k_proj, v_proj, out_proj = make(dim), make(kdim), make(vdim), make(dim)
+        if dropout_prob:
+            attn_drop = Dropout(dropout_prob, rng=rng)
         self.q_proj, self.k_proj, self.v_proj, self.out_proj = q_proj, k_proj, v_proj, out_proj
-        self.nheads, self.causal = nheads, causal
+        self.nheads, self.causal, self.attn_drop = nheads, causal, attn_drop
 
     @property
     def dim(self):
         return self.q_proj.weight.shape[0]
 
-    def __call__(self, q, k=None, v=None, *, mask=None):
+    def __call__(self, q, k=None, v=None, *, mask=None, average_attn_weights=False):
         k = q if k is None else k
         v = k if v is None else v
-        for x in (q, k, v):
+        pairs = ((self.q_proj, q), (self.k_proj, k), (self.v_proj, v))
+        for projection, x in pairs:
+            size = projection.weight.shape[1]
             self._expect(
-                len(_shape(x)) == 3 and _shape(x)[2] == self.dim, x, f"(batch, length, {self.dim})"
+                len(_shape(x)) == 3 and _shape(x)[2] == size, x, f"(batch, length, {size})"
             )
-        heads = [
-            self._heads(p, x) for p, x in ((self.q_proj, q), (self.k_proj, k), (self.v_proj, v))
-        ]
-        query, key, value = heads
+        query, key, value = (self._heads(p, x) for p, x in pairs)
         scale = 1.0 / math.sqrt(self.dim // self.nheads)
         scores = multiply(matmul(query, matrix_transpose(key)), scale)  # (b, h, lq, lk)
         allowed = self._allowed(mask, q.shape[1], k.shape[1], data(scores))
         if allowed is not None:
             scores = where(allowed, scores, -math.inf)
         scores = softmax(scores, axis=-1)
+        if self.attn_drop is not None:
+            scores = self.attn_drop(scores)
         joined = permute_dims(matmul(scores, value), (0, 2, 1, 3))  # (b, lq, h, d)
-        return self.out_proj(reshape(joined, (q.shape[0], q.shape[1], self.dim))), scores
+        y = self.out_proj(reshape(joined, (q.shape[0], q.shape[1], self.dim)))
+        return y, mean(scores, axis=1) if average_attn_weights else scores
 
     def _heads(self, projection, x):
         b, length, _ = x.shape
@@ -125,23 +156,39 @@ class MultiHeadAttention(Layer):
             return self._fields_repr()
         extra = "" if self.q_proj.bias is None else ", bias=True"
         extra += ", causal=True" if self.causal is True else ""
+        for name, projection in (("kdim", self.k_proj), ("vdim", self.v_proj)):
+            size = projection.weight.shape[1]
+            extra += "" if size == self.dim else f", {name}={size}"
+        if isinstance(self.attn_drop, Dropout) and isinstance(self.attn_drop.p, (int, float)):
+            extra += f", dropout_prob={self.attn_drop.p}"
         return f"MultiHeadAttention({self.dim}, nheads={self.nheads}{extra})"
 
 
 @dataclass(init=False, repr=False)
 class TransformerBlock(Layer):
-    """A pre-norm transformer block: `x + attention(norm1(x))`, then `x + mlp(norm2(x))`, the
-    MLP `dim => hidden => dim` with `activation` in between (GELU, tanh form). PyTorch's
-    `TransformerEncoderLayer` with `norm_first=True`, `batch_first=True` and no dropout.
-    `TransformerBlock(dim, nheads, hidden=4 * dim, causal=False)`; the projections have biases.
-    `dropout=p` (0 by default: none) drops out the output of each branch before it is added
-    (GPT-2's residual dropout), drawing from `rng`; the field `dropout` holds the `Dropout` layer
-    (None without one), so `trainmode`/`testmode` switch it.
+    """A transformer block, pre-norm by default: `x + attention(norm1(x))`, then `x +
+    mlp(norm2(x))`; post-norm with `norm_first=False` (the original transformer's):
+    `norm1(x + attention(x))`, then `norm2(x + mlp(x))`. The MLP is `dim => hidden => dim`
+    with `activation` in between (GELU, tanh form). `TransformerBlock(dim, nheads, hidden=4 *
+    dim, causal=False)`; the projections have biases. `dropout=p` (0 by default: none) drops
+    out the output of each branch before it is added (GPT-2's residual dropout), drawing from
+    `rng`; the field `dropout` holds the `Dropout` layer (None without one), so
+    `trainmode`/`testmode` switch it.
+
+    PyTorch's `TransformerEncoderLayer(dim, nheads, hidden, activation, norm_first=True,
+    batch_first=True)` with no dropout. PyTorch's defaults differ: post-norm
+    (`norm_first=False` gives it), ReLU, `dim_feedforward=2048`, and `dropout=0.1` on the
+    attention weights, the MLP's hidden layer and both branches (the branches' is ours;
+    `dataclasses.replace(block, attention=MultiHeadAttention(dim, nheads, bias=True,
+    dropout_prob=p), mlp=Chain(Dense(dim, hidden, activation), Dropout(p), Dense(hidden, dim)))`
+    adds the others).
 
     >>> import numpy as np
     >>> from tracker_gpu import nn
     >>> nn.TransformerBlock(8, 2, causal=True, dropout=0.1, rng=np.random.default_rng(0))
     TransformerBlock(8, nheads=2, hidden=32, gelu, causal=True, dropout=0.1)
+    >>> nn.TransformerBlock(8, 2, norm_first=False)
+    TransformerBlock(8, nheads=2, hidden=32, gelu, norm_first=False)
     """
 
     norm1: Any
@@ -149,6 +196,7 @@ class TransformerBlock(Layer):
     norm2: Any
     mlp: Any
     dropout: Any
+    norm_first: bool = True
 
     def __init__(
         self,
@@ -158,6 +206,7 @@ class TransformerBlock(Layer):
         activation: Callable = gelu,
         *,
         causal=False,
+        norm_first=True,
         eps=1e-5,
         init=glorot_uniform,
         rng=None,
@@ -187,11 +236,16 @@ class TransformerBlock(Layer):
         if isinstance(dropout, (int, float)):
             dropout = Dropout(dropout, rng=rng) if dropout else None
         self.norm1, self.attention, self.norm2, self.mlp = norm1, attention, norm2, mlp
-        self.dropout = dropout
+        self.dropout, self.norm_first = dropout, norm_first
 
     def __call__(self, x, *, mask=None):
-        x = add(x, self._dropped(self.attention(self.norm1(x), mask=mask)[0]))
-        return add(x, self._dropped(self.mlp(self.norm2(x))))
+        attend = lambda x: self._dropped(self.attention(x, mask=mask)[0])
+        feed = lambda x: self._dropped(self.mlp(x))
+        if not self.norm_first:
+            x = self.norm1(add(x, attend(x)))
+            return self.norm2(add(x, feed(x)))
+        x = add(x, attend(self.norm1(x)))
+        return add(x, feed(self.norm2(x)))
 
     def _dropped(self, x):
         return x if self.dropout is None else self.dropout(x)
@@ -204,6 +258,7 @@ class TransformerBlock(Layer):
         causal = ", causal=True" if self.attention.causal is True else ""
         if isinstance(self.dropout, Dropout) and isinstance(self.dropout.p, (int, float)):
             causal += f", dropout={self.dropout.p}"
+        causal += ", norm_first=False" if self.norm_first is False else ""
         return (
             f"TransformerBlock({self.attention.dim}, nheads={self.attention.nheads}, "
             f"hidden={hidden}, {act}{causal})"

@@ -17,8 +17,8 @@ from .. import draws, recording
 from ..backend import device_of, is_array, namespace_of
 from ..checks import checking
 from ..optim.tree import tree_map_with_path
-from ..primitive import no_gradient
-from ..rules.elementwise import astype, multiply
+from ..primitive import Primitive, no_gradient
+from ..rules.elementwise import astype, mask, multiply
 from ..rules.linalg import matmul
 from ..rules.manipulation import take
 from ..rules.shape import reshape
@@ -212,9 +212,32 @@ class Dropout(Layer):
 class Embedding(Layer):
     """A lookup table: integer indices of any shape to vectors, `weight[indices]`, of shape
     `indices.shape + (dim,)`; one-hot inputs (`(..., vocab)`, floating or boolean) give
-    `onehot @ weight`. `weight` is `(vocab, dim)`, drawn from the standard normal by default."""
+    `onehot @ weight`. `weight` is `(vocab, dim)`, drawn from the standard normal by default.
+
+    PyTorch's `Embedding(vocab, dim, padding_idx, max_norm, norm_type)`. `padding_idx` names a
+    row that gets no gradient (a padding token's; drawn as zeros, as PyTorch does, unless
+    `weight` is given). `max_norm` renormalises each row looked up whose `norm_type`-norm
+    exceeds it to norm `max_norm` (scaled by `max_norm / (norm + 1e-7)`, PyTorch's arithmetic),
+    and the gradient of each row is PyTorch's (the scaling is not differentiated). PyTorch also
+    writes the renormalised rows into its weight; here a call never writes the model's arrays:
+    the lookup uses the renormalised rows, the weight keeps its values, so an optimiser steps
+    from the stored row, not from the renormalised one (the same step where no looked-up row's
+    norm exceeds `max_norm`). One-hot inputs look every row up: every row is renormalised.
+
+    >>> import numpy as np
+    >>> from tracker_gpu import nn
+    >>> emb = nn.Embedding(weight=np.array([[3.0, 4.0], [0.3, 0.4]]), padding_idx=1, max_norm=1.0)
+    >>> emb
+    Embedding(2 => 2, padding_idx=1, max_norm=1.0)
+    >>> emb(np.array([0, 1])).round(6)
+    array([[0.6, 0.8],
+           [0.3, 0.4]])
+    """
 
     weight: Any
+    padding_idx: int | None
+    max_norm: float | None
+    norm_type: float
 
     def __init__(
         self,
@@ -222,6 +245,9 @@ class Embedding(Layer):
         dim=None,
         *,
         weight=None,
+        padding_idx=None,
+        max_norm=None,
+        norm_type=2.0,
         init=randn,
         rng=None,
         dtype="float32",
@@ -231,8 +257,17 @@ class Embedding(Layer):
         if weight is None:
             if vocab is None or dim is None:
                 raise TypeError("Embedding needs Embedding(vocab, dim) or weight=")
-            weight = asarray(init(_rng(rng), (vocab, dim)), xp=xp, device=device, dtype=dtype)
-        self.weight = weight
+            values = init(_rng(rng), (vocab, dim))
+            if padding_idx is not None:
+                values[_padding_row(padding_idx, vocab)] = 0
+            weight = asarray(values, xp=xp, device=device, dtype=dtype)
+        padding_idx = _padding_row(padding_idx, weight.shape[0])
+        if max_norm is not None and not max_norm > 0:
+            raise ValueError(
+                f"Embedding: max_norm must be a positive number or None, got {max_norm!r}"
+            )
+        self.weight, self.padding_idx = weight, padding_idx
+        self.max_norm, self.norm_type = max_norm, norm_type
 
     def __call__(self, indices):
         vocab, dim = self.weight.shape
@@ -240,7 +275,10 @@ class Embedding(Layer):
         xp = namespace_of(data(self.weight))
         if not is_array(plain) or not namespace_of(plain).isdtype(plain.dtype, "integral"):
             self._expect(_shape(indices)[-1:] == (vocab,), indices, "integer indices or one-hot")
-            return matmul(_match_dtype(indices, self.weight), self.weight)
+            weight = self._options(
+                self.weight, xp.arange(vocab, device=device_of(data(self.weight)))
+            )
+            return matmul(_match_dtype(indices, self.weight), weight)
         traced = istraced(indices)  # while tg.compile records: the replay reads new indices
         if namespace_of(plain) is not xp:
             if traced:
@@ -252,14 +290,61 @@ class Embedding(Layer):
         _check_range(xp, plain, vocab, repr(self))
         if traced:  # and checked again by every replay (where that costs no sync)
             indices = _checked_indices(indices, vocab=vocab, layer=repr(self))
-        rows = take(self.weight, reshape(indices if traced else plain, (-1,)), axis=0)
+        flat = reshape(indices if traced else plain, (-1,))
+        rows = self._options(take(self.weight, flat, axis=0), flat)
         return reshape(rows, tuple(plain.shape) + (dim,))
+
+    def _options(self, rows, indices):
+        """`rows` (of the weight, at `indices`) renormalised (`max_norm`), the padding row's
+        gradient dropped (`padding_idx`); unchanged without either option."""
+        if self.padding_idx is None and self.max_norm is None:
+            return rows
+        options = dict(padding_idx=self.padding_idx, max_norm=self.max_norm,
+                       norm_type=self.norm_type)  # fmt: skip
+        return _embedding_rows(rows, indices, **options)
 
     def __repr__(self):
         if not _is_layer_field(self.weight):
             return self._fields_repr()
         vocab, dim = self.weight.shape
-        return f"Embedding({vocab} => {dim})"
+        extra = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        if self.max_norm is not None:
+            extra += f", max_norm={self.max_norm}"
+            extra += "" if self.norm_type == 2.0 else f", norm_type={self.norm_type}"
+        return f"Embedding({vocab} => {dim}{extra})"
+
+
+def _padding_row(padding_idx, vocab):
+    """`padding_idx` as a row of the table (PyTorch's: negative counts from the end), or None."""
+    if padding_idx is None:
+        return None
+    if not isinstance(padding_idx, int) or not -vocab <= padding_idx < vocab:
+        raise ValueError(
+            f"Embedding: padding_idx must be an int in [{-vocab}, {vocab - 1}] (a row of the "
+            f"table) or None, got {padding_idx!r}"
+        )
+    return padding_idx % vocab
+
+
+def _rows_forward(xp, rows, indices, *, padding_idx, max_norm, norm_type):
+    """Each row whose norm exceeds `max_norm` scaled by `max_norm / (norm + 1e-7)` (PyTorch's
+    `embedding_renorm_`); a new array, the rows as they are without `max_norm`."""
+    if max_norm is None:
+        return rows * 1
+    norm = xp.linalg.vector_norm(rows, axis=-1, keepdims=True, ord=norm_type)
+    scale = xp.where(norm > max_norm, max_norm / (norm + 1e-7), xp.ones_like(norm))
+    return rows * scale
+
+
+def _rows_vjp(g, ans, rows, indices, *, padding_idx, max_norm, norm_type):
+    """`g` as it is (the renormalisation is not differentiated, as in PyTorch), but none for the
+    rows looked up at `padding_idx`."""
+    if padding_idx is None:
+        return g
+    return mask(reshape(indices != padding_idx, (-1, 1)), g)
+
+
+_embedding_rows = Primitive("embedding_rows", _rows_forward, (_rows_vjp, None), saves="indices")
 
 
 @dataclass(init=False, repr=False)

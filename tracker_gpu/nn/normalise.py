@@ -1,16 +1,18 @@
-"""Normalisation layers: `LayerNorm`, `GroupNorm` and `BatchNorm`, and `normalise`.
+"""Normalisation layers: `LayerNorm`, `GroupNorm`, `BatchNorm` and `InstanceNorm`, and
+`normalise`.
 
 Each normalises its input to zero mean and unit variance over some axes with the `normalise`
 primitive (one tape node, one fused kernel each way on the GPU), then scales and shifts it per
 feature or channel (`affine=True`: `scale` ones, `bias` zeros). Images are NCHW: channels on
 axis 1.
 
-`BatchNorm` keeps running estimates of each channel's mean and variance, updated (in place, as
-Flux does) when it runs in training mode and used in test mode. It is in training mode inside
-`gradient` (when its input or its own scale is tracked) and in test mode otherwise, unless
-`active` or `trainmode`/`testmode` say otherwise. The running statistics are fields of the
-model (so `save`, `place` and checkpoints carry them), declared not trainable: they never enter
-the gradient and `optim.setup` gives them no state.
+`BatchNorm` (and `InstanceNorm` with `track_stats=True`) keeps running estimates of each
+channel's mean and variance, updated (in place, as Flux does) when it runs in training mode and
+used in test mode. It is in training mode inside `gradient` (when its input or its own scale
+is tracked) and in test mode otherwise, unless `active` or `trainmode`/`testmode` say
+otherwise. The running statistics are fields of the model (so `save`, `place` and checkpoints
+carry them), declared not trainable: they never enter the gradient and `optim.setup` gives
+them no state.
 
 >>> import numpy as np, tracker_gpu as tg
 >>> from tracker_gpu import nn
@@ -42,7 +44,7 @@ from .activations import _activate
 from .layers import Layer, _describe, _match_dtype, _shape
 from .placement import asarray
 
-__all__ = ["LayerNorm", "GroupNorm", "BatchNorm", "normalise"]
+__all__ = ["LayerNorm", "GroupNorm", "BatchNorm", "InstanceNorm", "normalise"]
 
 _NOT_TRAINABLE = {"trainable": False}
 
@@ -66,15 +68,29 @@ def _channel_shape(x):
     return (1, -1) + (1,) * (len(_shape(x)) - 2)
 
 
+def _given_bias(bias):
+    """A bias as given: an array, or None for `bias=False` (no shift)."""
+    return None if bias is False else bias
+
+
 def _extra(layer):
     extra = "" if layer.activation is None else f", {_describe(layer.activation)}"
-    return extra + ("" if layer.scale is not None else ", affine=False")
+    if layer.scale is None:
+        return extra + ", affine=False"
+    return extra + ("" if layer.bias is not None else ", bias=False")
 
 
 @dataclass(init=False, repr=False)
 class LayerNorm(Layer):
     """Normalise the last `len(size)` axes to zero mean and unit variance, then scale and shift
-    (`affine=True`, the default: `scale` ones and `bias` zeros, of shape `size`)."""
+    (`affine=True`, the default: `scale` ones and `bias` zeros, of shape `size`; `bias=False`
+    scales without a shift). PyTorch's `LayerNorm(size, eps, elementwise_affine=affine,
+    bias=bias)`, the same defaults.
+
+    >>> from tracker_gpu import nn
+    >>> nn.LayerNorm(4, bias=False)
+    LayerNorm(4, bias=False)
+    """
 
     scale: Any
     bias: Any
@@ -101,8 +117,11 @@ class LayerNorm(Layer):
             raise TypeError("LayerNorm needs its size (an int or a tuple) or scale=")
         size = (size,) if isinstance(size, int) else tuple(size)
         if scale is None:
-            scale, bias = _affine(size, affine, dtype, device, xp)
-        self.scale, self.bias, self.activation = scale, bias, activation
+            scale, made = _affine(size, affine, dtype, device, xp)
+            bias = made if bias is None or bias is True else bias
+        elif bias is True:
+            bias = namespace_of(data(scale)).zeros_like(data(scale))
+        self.scale, self.bias, self.activation = scale, _given_bias(bias), activation
         self.eps, self.size = eps, size
 
     def __call__(self, x):
@@ -110,7 +129,9 @@ class LayerNorm(Layer):
         self._expect(_shape(x)[n - k :] == self.size, x, f"trailing axes {self.size}")
         y = normalise(x, axes=tuple(range(n - k, n)), eps=self.eps)
         if self.scale is not None:
-            y = add(multiply(y, self.scale), self.bias)
+            y = multiply(y, self.scale)
+        if self.bias is not None:
+            y = add(y, self.bias)
         return _activate(self.activation, y)
 
     def __repr__(self):
@@ -180,7 +201,91 @@ class BatchNorm(Layer):
     2015), then scale and shift it. In training mode the batch's statistics are used and the
     running ones updated, `running = (1 - momentum) * running + momentum * batch` (the variance
     unbiased, as Flux and PyTorch); in test mode the running ones are used. `active` None
-    (automatic: training inside `gradient`), True or False."""
+    (automatic: training inside `gradient`), True or False.
+
+    PyTorch's `BatchNorm1d/2d/3d(channels, eps, momentum, affine, track_running_stats=
+    track_stats)`, the same defaults; its training mode is `module.train()`, ours automatic.
+    `momentum=None` is PyTorch's cumulative average: the running statistics are the mean of
+    every batch's so far, `momentum = 1 / count`, `count` (PyTorch's `num_batches_tracked`) an
+    array of the layer, counted in its dtype (exact to 2**24 batches in float32).
+
+    >>> import numpy as np
+    >>> from tracker_gpu import nn
+    >>> bn = nn.trainmode(nn.BatchNorm(1, momentum=None, dtype="float64"))
+    >>> for batch in ([[1.0], [3.0]], [[5.0], [7.0]]):
+    ...     _ = bn(np.array(batch))
+    >>> bn.running_mean, bn.count
+    (array([4.]), array(2.))
+    """
+
+    scale: Any
+    bias: Any
+    running_mean: Any = dataclasses.field(metadata=_NOT_TRAINABLE)
+    running_var: Any = dataclasses.field(metadata=_NOT_TRAINABLE)
+    activation: Callable | None = None
+    channels: int = 0
+    eps: float = 1e-5
+    momentum: float | None = 0.1
+    active: bool | None = None
+    count: Any = dataclasses.field(default=None, metadata=_NOT_TRAINABLE)
+
+    def __init__(
+        self,
+        channels=None,
+        activation=None,
+        *,
+        affine=True,
+        track_stats=True,
+        eps=1e-5,
+        momentum=0.1,
+        active=None,
+        scale=None,
+        bias=None,
+        running_mean=None,
+        running_var=None,
+        count=None,
+        dtype="float32",
+        device=None,
+        xp=None,
+    ):
+        if channels is None:
+            raise TypeError("BatchNorm needs its number of channels, BatchNorm(channels)")
+        _init_running(self, locals(), cumulative=momentum is None)
+
+    def __call__(self, x):
+        c = self.channels
+        self._expect(len(_shape(x)) >= 2 and _shape(x)[1] == c, x, f"(batch, {c}, ...)")
+        axes = (0,) + tuple(range(2, len(_shape(x))))
+        return _run(self, x, axes, per_sample=False)
+
+    def __repr__(self):
+        if not isinstance(self.channels, int):
+            return self._fields_repr()
+        return f"BatchNorm({self.channels}{_running_extra(self, True)})"
+
+
+@dataclass(init=False, repr=False)
+class InstanceNorm(Layer):
+    """Normalise each channel of each sample over its positions (Ulyanov et al. 2016): the
+    input is `(batch, channels, positions...)`, one or more position axes. `affine=False` and
+    `track_stats=False` by default (Flux's and PyTorch's): no scale nor shift, and the sample's
+    own statistics in every mode. With `track_stats=True` it keeps running statistics as
+    `BatchNorm` does, the mean over the batch of each sample's mean and unbiased variance,
+    updated in training mode and used in test mode.
+
+    PyTorch's `InstanceNorm1d/2d/3d(channels, eps, momentum, affine, track_running_stats=
+    track_stats)` on batched input, the same defaults (PyTorch's `momentum=None` never updates
+    the running statistics: `momentum=0.0` here).
+
+    >>> import numpy as np
+    >>> from tracker_gpu import nn
+    >>> norm = nn.InstanceNorm(2, dtype="float64")
+    >>> norm
+    InstanceNorm(2)
+    >>> y = norm(np.arange(12.0).reshape(1, 2, 6))
+    >>> y.mean(axis=2).round(12), y.var(axis=2).round(4)
+    (array([[0., 0.]]), array([[1., 1.]]))
+    """
 
     scale: Any
     bias: Any
@@ -197,8 +302,8 @@ class BatchNorm(Layer):
         channels=None,
         activation=None,
         *,
-        affine=True,
-        track_stats=True,
+        affine=False,
+        track_stats=False,
         eps=1e-5,
         momentum=0.1,
         active=None,
@@ -211,81 +316,123 @@ class BatchNorm(Layer):
         xp=None,
     ):
         if channels is None:
-            raise TypeError("BatchNorm needs its number of channels, BatchNorm(channels)")
-        given = [a for a in (scale, running_mean) if a is not None]
-        if given:  # arrays given (dataclasses.replace): place the others like them
-            xp, device, dtype = namespace_of(data(given[0])), _device(given[0]), given[0].dtype
-        if scale is None and bias is None:
-            scale, bias = _affine((channels,), affine, dtype, device, xp)
-        if running_mean is None and running_var is None and track_stats:
-            running_mean, running_var = (
-                asarray(s, xp=xp, device=device, dtype=dtype)
-                for s in (np.zeros(channels), np.ones(channels))
+            raise TypeError("InstanceNorm needs its number of channels, InstanceNorm(channels)")
+        if momentum is None:
+            raise ValueError(
+                "InstanceNorm: momentum=None (a cumulative average) is BatchNorm's only; "
+                "PyTorch's InstanceNorm with momentum=None never updates its running "
+                "statistics, which momentum=0.0 does here"
             )
-        self.scale, self.bias, self.running_mean, self.running_var = (
-            scale,
-            bias,
-            running_mean,
-            running_var,
-        )
-        self.activation, self.channels = activation, channels
-        self.eps, self.momentum, self.active = eps, momentum, active
+        _init_running(self, locals(), cumulative=False)
 
     def __call__(self, x):
         c = self.channels
-        self._expect(len(_shape(x)) >= 2 and _shape(x)[1] == c, x, f"(batch, {c}, ...)")
-        like = self.scale if self.scale is not None else self.running_mean
-        if like is not None:  # else (affine=False, track_stats=False) the input's own dtype
-            x = _match_dtype(x, like)
-        axes = (0,) + tuple(range(2, len(x.shape)))
-        training = self.active
-        if training is None:  # inside gradient: the input or the layer's scale is tracked
-            training = recording.tracks(x) or recording.tracks(self.scale)
-        if training or self.running_mean is None:
-            y = normalise(x, axes=axes, eps=self.eps)
-            if training and self.running_mean is not None:
-                self._track(detached(x), axes)
-        else:
-            shape = _channel_shape(x)
-            # no gradient, and read anew by every replay of tg.compile
-            mean, var = _read(self.running_mean), _read(self.running_var)
-            centred = subtract(x, reshape(mean, shape))
-            y = divide(centred, reshape(sqrt(add(var, self.eps)), shape))
-        return _activate(self.activation, _scale_shift(y, self.scale, self.bias, _channel_shape(x)))
-
-    def _track(self, x, axes):
-        """Update the running statistics in place from the batch `x` (no gradient); while
-        tg.compile records, the update is part of the program: every replay writes it."""
-        count = math.prod(x.shape) // x.shape[1]
-        if count < 2:
-            raise ValueError(
-                f"{self!r} in training mode needs more than one value per channel to estimate a "
-                f"variance, got an input of shape {tuple(x.shape)}; use a larger batch, or "
-                "testmode(model) to use the running statistics"
-            )
-        for running, correction in ((self.running_mean, None), (self.running_var, 1)):
-            new = _running(_read(running), x, axes=axes, momentum=self.momentum,
-                           correction=correction)  # fmt: skip
-            recording.write(data(running), new)
+        expected = f"(batch, {c}, positions...) with at least one position axis"
+        self._expect(len(_shape(x)) >= 3 and _shape(x)[1] == c, x, expected)
+        return _run(self, x, tuple(range(2, len(_shape(x)))), per_sample=True)
 
     def __repr__(self):
-        if not isinstance(self.momentum, float | int):
+        if not isinstance(self.channels, int):
             return self._fields_repr()
-        extra = _extra(self) + ("" if self.active is None else f", active={self.active}")
-        return f"BatchNorm({self.channels}{extra})"
+        return f"InstanceNorm({self.channels}{_running_extra(self, False)})"
 
 
-def _running_forward(xp, running, x, *, axes, momentum, correction):
+def _init_running(layer, given, cumulative):
+    """Set the fields of a BatchNorm or an InstanceNorm from its constructor's arguments
+    `given`: the arrays given (by dataclasses.replace, say), the others made like them."""
+    scale, bias, mean, var = (given[k] for k in ("scale", "bias", "running_mean", "running_var"))
+    xp, device, dtype, channels = given["xp"], given["device"], given["dtype"], given["channels"]
+    placed = [a for a in (scale, mean) if a is not None]
+    if placed:  # place the others like them
+        xp, device, dtype = namespace_of(data(placed[0])), _device(placed[0]), placed[0].dtype
+    if scale is None and bias is None:
+        scale, bias = _affine((channels,), given["affine"], dtype, device, xp)
+    if mean is None and var is None and given["track_stats"]:
+        mean, var = (asarray(s, xp=xp, device=device, dtype=dtype)
+                     for s in (np.zeros(channels), np.ones(channels)))  # fmt: skip
+    count = given.get("count")
+    if count is None and cumulative and mean is not None:
+        count = asarray(np.zeros(()), xp=xp, device=device, dtype=dtype)
+    layer.scale, layer.bias, layer.running_mean, layer.running_var = scale, bias, mean, var
+    layer.activation, layer.channels, layer.eps = given["activation"], channels, given["eps"]
+    layer.momentum, layer.active = given["momentum"], given["active"]
+    if "count" in given:
+        layer.count = count
+
+
+def _run(layer, x, axes, per_sample):
+    """A BatchNorm's or InstanceNorm's forward: `x` normalised over `axes` by its own
+    statistics (in training mode, or without running ones; then the running ones updated) or
+    by the running ones, then scaled, shifted and activated."""
+    like = layer.scale if layer.scale is not None else layer.running_mean
+    if like is not None:  # else (affine=False, track_stats=False) the input's own dtype
+        x = _match_dtype(x, like)
+    training = layer.active
+    if training is None:  # inside gradient: the input or the layer's scale is tracked
+        training = recording.tracks(x) or recording.tracks(layer.scale)
+    if training or layer.running_mean is None:
+        y = normalise(x, axes=axes, eps=layer.eps)
+        if training and layer.running_mean is not None:
+            _track(layer, detached(x), axes, per_sample)
+    else:
+        shape = _channel_shape(x)
+        # no gradient, and read anew by every replay of tg.compile
+        mean, var = _read(layer.running_mean), _read(layer.running_var)
+        centred = subtract(x, reshape(mean, shape))
+        y = divide(centred, reshape(sqrt(add(var, layer.eps)), shape))
+    y = _scale_shift(y, layer.scale, layer.bias, _channel_shape(x))
+    return _activate(layer.activation, y)
+
+
+def _track(layer, x, axes, per_sample):
+    """Update the running statistics in place from the batch `x` (no gradient); while
+    tg.compile records, the update is part of the program: every replay writes it."""
+    if math.prod(x.shape[a] for a in axes) < 2:
+        per, fix = ("position", "more positions") if per_sample else ("value", "a larger batch")
+        raise ValueError(
+            f"{layer!r} in training mode needs more than one {per} per channel to estimate a "
+            f"variance, got an input of shape {tuple(x.shape)}; use {fix}, or "
+            "testmode(model) to use the running statistics"
+        )
+    counts = ()
+    if layer.momentum is None:  # the cumulative average: momentum 1 / count
+        counts = (_counted(_read(layer.count)),)
+    for running, correction in ((layer.running_mean, None), (layer.running_var, 1)):
+        new = _running(_read(running), x, *counts, axes=axes, momentum=layer.momentum,
+                       correction=correction, per_sample=per_sample)  # fmt: skip
+        recording.write(data(running), new)
+    if counts:
+        recording.write(data(layer.count), counts[0])
+
+
+def _running_extra(layer, default):
+    """The repr's options of a BatchNorm (`default` True: affine, with running statistics) or
+    an InstanceNorm (`default` False)."""
+    extra = "" if layer.activation is None else f", {_describe(layer.activation)}"
+    for name, value in (("affine", layer.scale), ("track_stats", layer.running_mean)):
+        if (value is not None) != default:
+            extra += f", {name}={not default}"
+    extra += ", momentum=None" if layer.momentum is None else ""
+    return extra + ("" if layer.active is None else f", active={layer.active}")
+
+
+def _running_forward(xp, running, x, *count, axes, momentum, correction, per_sample=False):
     """`running * (1 - momentum) + batch * momentum`, the batch's mean (`correction` None) or
-    variance."""
+    variance over `axes` (of each sample, then averaged over the batch, `per_sample`);
+    `momentum` None: `1 / count`, the batches counted so far, this one included."""
     if correction is None:
         batch = xp.mean(x, axis=axes)
     else:
         batch = xp.var(x, axis=axes, correction=correction)
+    if per_sample:
+        batch = xp.mean(batch, axis=0)
+    if momentum is None:
+        momentum = 1 / count[0]
     return running * (1 - momentum) + batch * momentum
 
 
 _running = no_gradient("batchnorm_running_statistic", _running_forward)
+_counted = no_gradient("batchnorm_count", lambda xp, count: count + 1)
 
 
 def _read(buffer):

@@ -1,11 +1,13 @@
 """The primitives the layers are made of: `linear`, `gelu_tanh`, `im2col` and `col2im`.
 
 `linear` is the affine map of `Dense` and `Conv` as one tape node, whose weight gradient comes
-out laid out like the weight. `im2col` turns the windows of an NCHW image into the rows of a
+out laid out like the weight. `im2col` turns the windows of an image with any number of
+spatial axes (`(n, c, length)`, NCHW, `(n, c, depth, height, width)`) into the rows of a
 matrix, so that convolutions and pools are matmuls and reductions, and `col2im` is its adjoint
 (each one's vjp is the other).
 """
 
+import itertools
 import math
 
 from ..backend import device_of, namespace_of
@@ -20,80 +22,102 @@ __all__ = ["linear", "gelu_tanh", "im2col", "col2im"]
 
 
 # --- im2col and col2im: adjoint primitives, so convolutions and pools are matmuls
+def _sides(pad):
+    """One axis's padding as `(before, after)`: an int pads both sides alike."""
+    return (pad, pad) if isinstance(pad, int) else tuple(pad)
+
+
 def _output_size(size, kernel, stride, pad, dilation=1):
-    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+    before, after = _sides(pad)
+    return (size + before + after - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _geometry(shape, kernel, stride, pad, dilation):
+    """Every argument as one tuple per spatial axis: sizes, kernel, stride, (before, after)
+    padding, dilation; and the output's spatial size."""
+    size, rank = tuple(shape[2:]), len(kernel)
+    dilation = (1,) * rank if dilation is None else tuple(dilation)
+    sides = tuple(_sides(p) for p in pad)
+    out = tuple(map(_output_size, size, kernel, stride, sides, dilation))
+    return size, sides, dilation, out
 
 
 def _windows(kernel, stride, out, dilation):
-    """The slices of a padded image that each kernel offset `(i, j)` sees, in order."""
-    (kh, kw), (sh, sw), (oh, ow), (dh, dw) = kernel, stride, out, dilation
-    for i in range(kh):
-        for j in range(kw):
-            yield (
-                slice(None),
-                slice(None),
-                slice(i * dh, i * dh + sh * (oh - 1) + 1, sh),
-                slice(j * dw, j * dw + sw * (ow - 1) + 1, sw),
-            )
+    """The slices of a padded image that each kernel offset sees, offsets in row-major order."""
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        yield (slice(None), slice(None)) + tuple(
+            slice(i * d, i * d + s * (o - 1) + 1, s)
+            for i, d, s, o in zip(offset, dilation, stride, out)
+        )
 
 
-def _out(shape, kernel, stride, pad, dilation):
-    return tuple(
-        _output_size(shape[2 + a], kernel[a], stride[a], pad[a], dilation[a]) for a in (0, 1)
+def _inner(size, sides):
+    """The key of the unpadded image inside the padded one."""
+    return (slice(None), slice(None)) + tuple(
+        slice(before, before + n) for n, (before, _) in zip(size, sides)
     )
 
 
-def _im2col_forward(xp, x, *, kernel, stride, pad, fill=0.0, dilation=(1, 1)):
-    n, c, h, w = x.shape
-    (ph, pw) = pad
-    out = _out(x.shape, kernel, stride, pad, dilation)
-    if ph or pw:
-        shape = (n, c, h + 2 * ph, w + 2 * pw)
+def _im2col_forward(xp, x, *, kernel, stride, pad, fill=0.0, dilation=None):
+    size, sides, dilation, out = _geometry(x.shape, kernel, stride, pad, dilation)
+    n, c = x.shape[:2]
+    if any(before or after for before, after in sides):
+        shape = (n, c, *(m + before + after for m, (before, after) in zip(size, sides)))
         padded = xp.full(shape, fill, dtype=x.dtype, device=device_of(x))
-        padded[:, :, ph : ph + h, pw : pw + w] = x
+        padded[_inner(size, sides)] = x
         x = padded
     patches = xp.stack([x[key] for key in _windows(kernel, stride, out, dilation)], axis=-1)
-    patches = xp.permute_dims(patches, (0, 2, 3, 1, 4))  # (n, oh, ow, c, kh * kw)
-    return xp.reshape(patches, (n * out[0] * out[1], c * kernel[0] * kernel[1]))
+    rank = len(size)  # (n, c, *out, k) to (n, *out, c, k)
+    patches = xp.permute_dims(patches, (0, *range(2, 2 + rank), 1, 2 + rank))
+    return xp.reshape(patches, (n * math.prod(out), c * math.prod(kernel)))
 
 
-def _col2im_forward(xp, cols, *, shape, kernel, stride, pad, dilation=(1, 1)):
-    n, c, h, w = shape
-    (ph, pw) = pad
-    out = _out(shape, kernel, stride, pad, dilation)
-    cols = xp.reshape(cols, (n, out[0], out[1], c, kernel[0] * kernel[1]))
-    cols = xp.permute_dims(cols, (0, 3, 1, 2, 4))  # (n, c, oh, ow, kh * kw)
-    z = xp.zeros((n, c, h + 2 * ph, w + 2 * pw), dtype=cols.dtype, device=device_of(cols))
+def _col2im_forward(xp, cols, *, shape, kernel, stride, pad, dilation=None):
+    size, sides, dilation, out = _geometry(shape, kernel, stride, pad, dilation)
+    n, c, rank = shape[0], shape[1], len(size)
+    cols = xp.reshape(cols, (n, *out, c, math.prod(kernel)))
+    cols = xp.permute_dims(cols, (0, rank + 1, *range(1, rank + 1), rank + 2))  # (n, c, *out, k)
+    padded = (n, c, *(m + before + after for m, (before, after) in zip(size, sides)))
+    z = xp.zeros(padded, dtype=cols.dtype, device=device_of(cols))
     for k, key in enumerate(_windows(kernel, stride, out, dilation)):
         z[key] = z[key] + cols[..., k]
-    return z[:, :, ph : ph + h, pw : pw + w] if ph or pw else z
+    return z[_inner(size, sides)] if padded != tuple(shape) else z
 
 
 im2col = Primitive(
     "im2col",
     _im2col_forward,
     (
-        lambda g, ans, x, *, kernel, stride, pad, fill=0.0, dilation=(1, 1): col2im(
+        lambda g, ans, x, *, kernel, stride, pad, fill=0.0, dilation=None: col2im(
             g, shape=tuple(x.shape), kernel=kernel, stride=stride, pad=pad, dilation=dilation
         ),
     ),
     saves="",
-    doc="""Patches of an NCHW image as rows: `(n * oh * ow, c * kh * kw)`.
+    doc="""Patches of an `(n, c, *spatial)` image (any number of spatial axes) as rows:
+    `(n * prod(out), c * prod(kernel))`, the rows in the order of `(n, *out)`.
 
     `kernel`, `stride`, `pad` and `dilation` (the spacing of the kernel's taps, 1 by default)
-    are pairs; padding is filled with `fill`. Its vjp is `col2im`.
+    hold one entry per spatial axis; an entry of `pad` is an int (both sides) or a pair
+    `(before, after)`, filled with `fill`. Its vjp is `col2im`.
+
+    >>> import numpy as np
+    >>> x = np.arange(5.0).reshape(1, 1, 5)
+    >>> im2col(x, kernel=(2,), stride=(2,), pad=((0, 1),))
+    array([[0., 1.],
+           [2., 3.],
+           [4., 0.]])
     """,
 )
 col2im = Primitive(
     "col2im",
     _col2im_forward,
     (
-        lambda g, ans, cols, *, shape, kernel, stride, pad, dilation=(1, 1): im2col(
+        lambda g, ans, cols, *, shape, kernel, stride, pad, dilation=None: im2col(
             g, kernel=kernel, stride=stride, pad=pad, dilation=dilation
         ),
     ),
     saves="",
-    doc="The adjoint of `im2col`: patch rows summed back into an NCHW image of `shape`.",
+    doc="The adjoint of `im2col`: patch rows summed back into an image of `shape`.",
 )
 
 

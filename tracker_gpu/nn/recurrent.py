@@ -1,18 +1,21 @@
 """Recurrent layers, Flux's way with the state explicit: the cells `RNNCell`, `LSTMCell` and
-`GRUCell`, and `Recurrence` (with `RNN`, `LSTM` and `GRU`), which runs a cell over a sequence.
+`GRUCell`, and `Recurrence` (with `RNN`, `LSTM` and `GRU`), which runs cells over a sequence.
 
 A cell maps an input `x` (batch, in) and a state to `(output, new state)`; the state is the
 hidden state `h` (batch, out), or `(h, c)` for the LSTM, zeros when not given
 (`cell.initialstates(batch)`). Weights are Flux's: `Wi` (gates * out, in), `Wh`
 (gates * out, out) and one `bias` (gates * out), the gates in PyTorch's order (LSTM: input,
 forget, cell, output; GRU: reset, update, candidate), so PyTorch's `weight_ih_l0` and
-`weight_hh_l0` are `Wi` and `Wh`, its `bias_ih_l0 + bias_hh_l0` the bias (the GRU's candidate
-takes its hidden bias inside the reset gate, so there `bias_hh_l0` must be zero).
+`weight_hh_l0` are `Wi` and `Wh`; `bias_h=True` adds PyTorch's second bias `bias_hh_l0` (none
+by default, as Flux: then `bias_ih_l0 + bias_hh_l0` is the bias, except in the GRU, whose
+candidate takes its hidden bias inside the reset gate, so that PyTorch's GRU needs `bias_h`).
 
-Sequences are batch-first, `(batch, time, features)` (PyTorch's `batch_first=True`): a
-`Recurrence` returns the outputs of every step, `(batch, time, out)`, and with
-`return_state=True` also the last state. The LSTM cell's gates are one primitive
-(`lstm_cell`), one fused kernel each way on the GPU.
+Sequences are batch-first, `(batch, time, features)` (PyTorch's `batch_first=True`;
+`batch_first=False` for time-major): a `Recurrence` returns the outputs of every step,
+`(batch, time, out)`, and with `return_state=True` also the last state. PyTorch's options
+`num_layers`, `bidirectional` and `dropout` stack cells, and `lengths=` (or `mask=`) runs
+sequences of their own lengths. The LSTM cell's gates are one primitive (`lstm_cell`), one
+fused kernel each way on the GPU.
 
 >>> import numpy as np
 >>> from tracker_gpu import nn
@@ -25,6 +28,7 @@ LSTM(3 => 5)
 ((2, 4, 5), (2, 5), True)
 """
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,13 +36,22 @@ from typing import Any
 from ..backend import device_of, namespace_of
 from ..rules.elementwise import add, multiply, subtract, tanh
 from ..rules.nn import lstm_cell, sigmoid
-from ..rules.shape import getitem, stack
+from ..rules.shape import concat, getitem, stack
 from ..tracked import data
 from .activations import _activate
 from .init import _rng, glorot_uniform
-from .layers import Layer, _bias, _describe, _is_layer_field, _match_dtype, _shape
+from .layers import (
+    Dropout,
+    Layer,
+    _bias,
+    _describe,
+    _is_layer_field,
+    _match_dtype,
+    _shape,
+)
 from .placement import asarray
 from .primitives import linear
+from .steps import at, join, run, split, step_masks
 
 __all__ = ["RNNCell", "LSTMCell", "GRUCell", "Recurrence", "RNN", "LSTM", "GRU"]
 
@@ -59,9 +72,11 @@ def _slice(z, k, n):
 class _Cell(Layer):
     """What the cells share: their sizes, zero states and the checks of an input and a state."""
 
-    GATES = 1
+    GATES = 1  # blocks of `n_out` rows in `Wi` and `Wh`
+    PARTS = 1  # arrays in the state: h, or (h, c)
+    bias_h = None  # the hidden bias, absent by default (and in cells pickled before it was)
 
-    def _make(self, n_in, n_out, Wi, Wh, bias, init, rng, dtype, device, xp):
+    def _make(self, n_in, n_out, Wi, Wh, bias, bias_h, init, rng, dtype, device, xp):
         name = type(self).__name__
         if Wi is None:
             if n_in is None or n_out is None:
@@ -69,6 +84,11 @@ class _Cell(Layer):
             Wi, Wh = _weights(self.GATES, n_in, n_out, init, rng, dtype, device, xp)
         self.Wi, self.Wh = Wi, Wh
         self.bias = _bias(bias, Wi, Wi.shape[0])
+        self.bias_h = _bias(bias_h, Wi, Wi.shape[0])
+
+    def _gates(self, x, h):
+        """`x @ Wi.T + bias` and `h @ Wh.T + bias_h`, the gates' two halves."""
+        return linear(x, self.Wi, self.bias), linear(h, self.Wh, self.bias_h)
 
     @property
     def size(self):
@@ -78,10 +98,10 @@ class _Cell(Layer):
         """The zero state for a batch of `batch` inputs (on the weights' library and device)."""
         w = data(self.Wi)
         zeros = namespace_of(w).zeros((batch, self.size[1]), dtype=w.dtype, device=device_of(w))
-        return (zeros, zeros) if self.GATES == 4 else zeros
+        return (zeros, zeros) if self.PARTS == 2 else zeros
 
-    def _inputs(self, x, state, parts=1):
-        n_in, n_out = self.size
+    def _inputs(self, x, state):
+        n_in, n_out, parts = *self.size, self.PARTS
         self._expect(len(_shape(x)) == 2 and _shape(x)[1] == n_in, x, f"(batch, {n_in})")
         if state is None:
             return _match_dtype(x, self.Wi), self.initialstates(x.shape[0])
@@ -108,6 +128,7 @@ class _Cell(Layer):
             if getattr(self, "activation", None) in (None, tanh)
             else (f", {_describe(self.activation)}")
         )
+        extra += "" if self.bias_h is None else ", bias_h=True"
         return f"{type(self).__name__}({n_in} => {n_out}{extra})"
 
 
@@ -115,7 +136,17 @@ _CELL_DOC = """
 
     `{name}(n_in, n_out{act})` draws `Wi` and `Wh` with `init` (Glorot uniform, Flux's default)
     and makes a zero bias (`bias=False` for none); `{name}(Wi=..., Wh=..., bias=...)` wraps
-    given arrays.
+    given arrays. `bias_h=True` (or an array) adds a second bias to `h @ Wh.T`, PyTorch's
+    `bias_hh` (none by default, as Flux).
+
+    PyTorch's `torch.nn.{torch}`: its `weight_ih`, `weight_hh`, `bias_ih` and `bias_hh` are
+    `Wi`, `Wh`, `bias` and `bias_h`{differs}.
+
+    >>> import numpy as np
+    >>> from tracker_gpu import nn
+    >>> y, state = nn.{name}(3, 4)(np.ones((2, 3), dtype=np.float32))
+    >>> y.shape
+    (2, 4)
     """
 
 
@@ -127,6 +158,7 @@ class RNNCell(_Cell):
     Wh: Any
     bias: Any
     activation: Callable | None
+    bias_h: Any = None
 
     def __init__(
         self,
@@ -137,18 +169,19 @@ class RNNCell(_Cell):
         Wi=None,
         Wh=None,
         bias=True,
+        bias_h=False,
         init=glorot_uniform,
         rng=None,
         dtype="float32",
         device=None,
         xp=None,
     ):
-        self._make(n_in, n_out, Wi, Wh, bias, init, rng, dtype, device, xp)
+        self._make(n_in, n_out, Wi, Wh, bias, bias_h, init, rng, dtype, device, xp)
         self.activation = activation
 
     def __call__(self, x, state=None):
         x, h = self._inputs(x, state)
-        h = _activate(self.activation, add(linear(x, self.Wi, self.bias), linear(h, self.Wh, None)))
+        h = _activate(self.activation, add(*self._gates(x, h)))
         return h, h
 
 
@@ -159,9 +192,11 @@ class LSTMCell(_Cell):
     `h' = sigmoid(o) * tanh(c')`; the state is `(h, c)`, the output `h'`."""
 
     GATES = 4
+    PARTS = 2
     Wi: Any
     Wh: Any
     bias: Any
+    bias_h: Any = None
 
     def __init__(
         self,
@@ -171,17 +206,18 @@ class LSTMCell(_Cell):
         Wi=None,
         Wh=None,
         bias=True,
+        bias_h=False,
         init=glorot_uniform,
         rng=None,
         dtype="float32",
         device=None,
         xp=None,
     ):
-        self._make(n_in, n_out, Wi, Wh, bias, init, rng, dtype, device, xp)
+        self._make(n_in, n_out, Wi, Wh, bias, bias_h, init, rng, dtype, device, xp)
 
     def __call__(self, x, state=None):
-        x, (h, c) = self._inputs(x, state, parts=2)
-        z = add(linear(x, self.Wi, self.bias), linear(h, self.Wh, None))
+        x, (h, c) = self._inputs(x, state)
+        z = add(*self._gates(x, h))
         hc = lstm_cell(z, c)
         n = self.size[1]
         h = _slice(hc, 0, n)
@@ -198,6 +234,7 @@ class GRUCell(_Cell):
     Wi: Any
     Wh: Any
     bias: Any
+    bias_h: Any = None
 
     def __init__(
         self,
@@ -207,18 +244,19 @@ class GRUCell(_Cell):
         Wi=None,
         Wh=None,
         bias=True,
+        bias_h=False,
         init=glorot_uniform,
         rng=None,
         dtype="float32",
         device=None,
         xp=None,
     ):
-        self._make(n_in, n_out, Wi, Wh, bias, init, rng, dtype, device, xp)
+        self._make(n_in, n_out, Wi, Wh, bias, bias_h, init, rng, dtype, device, xp)
 
     def __call__(self, x, state=None):
         x, h = self._inputs(x, state)
         n = self.size[1]
-        a, b = linear(x, self.Wi, self.bias), linear(h, self.Wh, None)
+        a, b = self._gates(x, h)
         r = sigmoid(add(_slice(a, 0, n), _slice(b, 0, n)))
         z = sigmoid(add(_slice(a, 1, n), _slice(b, 1, n)))
         candidate = tanh(add(_slice(a, 2, n), multiply(r, _slice(b, 2, n))))
@@ -226,58 +264,222 @@ class GRUCell(_Cell):
         return h, h
 
 
-for _cls, _act in ((RNNCell, ", activation=tanh"), (LSTMCell, ""), (GRUCell, "")):
-    _cls.__doc__ += _CELL_DOC.format(name=_cls.__name__, act=_act)
+_DIFFERS = {
+    RNNCell: '; its `nonlinearity="relu"` is `activation=relu`',
+    LSTMCell: " (with `bias_h=False`, pass `bias_ih + bias_hh` as the bias)",
+    GRUCell: " (`bias_h` holds the candidate's hidden bias `b_hn` inside the reset gate: "
+    "PyTorch's GRU weights load exactly with `bias_h=True`)",
+}
+for _cls, _act, _torch in (
+    (RNNCell, ", activation=tanh", "RNNCell"),
+    (LSTMCell, "", "LSTMCell"),
+    (GRUCell, "", "GRUCell"),
+):
+    _cls.__doc__ += _CELL_DOC.format(
+        name=_cls.__name__, act=_act, torch=_torch, differs=_DIFFERS[_cls]
+    )
 
 
 @dataclass(init=False, repr=False)
 class Recurrence(Layer):
-    """A cell run over a batch-first sequence `(batch, time, features)`: `layer(x, state=None)`
-    returns the outputs of every step `(batch, time, out)`, and with `return_state=True`
-    `(outputs, last state)`. Flux's `Recurrence`."""
+    """Cells run over a sequence: `layer(x, state=None, *, lengths=None, mask=None)` returns the
+    outputs of every step, `(batch, time, out)`, and with `return_state=True`
+    `(outputs, last state)`. Flux's `Recurrence`, with PyTorch's options.
+
+    `Recurrence(cell)` runs one cell; `Recurrence(*cells, bidirectional=True)` and more cells
+    stack layers, the cells in PyTorch's order (layer 0, layer 0 reversed, layer 1, ...):
+    - `bidirectional=True`: each layer runs one cell forward and one backward in time, and
+      their outputs are joined on the last axis (forward first), `(batch, time, 2 * out)`;
+    - several layers: each reads the outputs of the one below; `dropout=p` drops them out
+      between layers (not after the last), in training only, drawing from `rng` as `Dropout`;
+    - `batch_first=False`: sequences are time-major, `(time, batch, features)`, and so are the
+      outputs (the states are not);
+    - `lengths` (integers, one a sequence) or `mask` (booleans shaped as `x` without its last
+      axis, True for a real step): a sequence's state stops at its own length and its outputs
+      past it are zero, as PyTorch's packed sequences (the backward cell starts at each
+      sequence's last real step); a mask with holes skips the steps it masks.
+    With one cell the state is the cell's (`h`, or `(h, c)` for the LSTM), each `(batch, out)`;
+    with several it is PyTorch's `h_n`, `(cells, batch, out)` (and `c_n` for the LSTM).
+    PyTorch's counterparts are `torch.nn.RNN`, `LSTM` and `GRU`: here `RNN`, `LSTM` and `GRU`.
+
+    >>> import numpy as np
+    >>> from tracker_gpu import nn
+    >>> gru = nn.GRU(3, 4, num_layers=2, bidirectional=True, return_state=True)
+    >>> y, h = gru(np.ones((2, 5, 3), dtype=np.float32), lengths=[5, 3])
+    >>> y.shape, h.shape, bool((y[1, 3:] == 0).all())
+    ((2, 5, 8), (4, 2, 4), True)
+    """
 
     cell: Any
     return_state: bool
+    cells: tuple = ()  # the cells after the first (none by default, and in older pickles)
+    bidirectional: bool = False
+    dropout: Any = None  # a Dropout between layers, or None
+    batch_first: bool = True
 
-    def __init__(self, cell=None, *, return_state=False):
-        if not isinstance(cell, _Cell):
-            raise TypeError(
-                f"Recurrence runs a recurrent cell (RNNCell, LSTMCell, GRUCell), got {cell!r}"
-            )
-        self.cell, self.return_state = cell, return_state
+    def __init__(
+        self,
+        cell=None,
+        *cells,
+        return_state=False,
+        bidirectional=False,
+        dropout=0.0,
+        batch_first=True,
+        rng=None,
+    ):
+        for c in (cell, *cells):
+            if not isinstance(c, _Cell):
+                raise TypeError(
+                    f"Recurrence runs recurrent cells (RNNCell, LSTMCell, GRUCell), got {c!r}"
+                )
+        self.cell, self.cells, self.return_state = cell, tuple(cells), return_state
+        self.bidirectional, self.batch_first = bool(bidirectional), bool(batch_first)
+        _check_stack(self)
+        self.dropout = _between(dropout, self.num_layers, rng)
 
-    def __call__(self, x, state=None):
+    @property
+    def num_layers(self):
+        return (1 + len(self.cells)) // (2 if self.bidirectional else 1)
+
+    def __call__(self, x, state=None, *, lengths=None, mask=None):
+        time = 1 if self.batch_first else 0
         n_in = self.cell.size[0]
-        self._expect(len(_shape(x)) == 3 and _shape(x)[2] == n_in, x, f"(batch, time, {n_in})")
-        outputs = []
-        for t in range(x.shape[1]):
-            y, state = self.cell(getitem(x, (slice(None), t, slice(None))), state)
-            outputs.append(y)
-        y = stack(outputs, axis=1)
-        return (y, state) if self.return_state else y
+        axes = "batch, time" if self.batch_first else "time, batch"
+        self._expect(len(_shape(x)) == 3 and _shape(x)[2] == n_in, x, f"({axes}, {n_in})")
+        steps = [getitem(x, at(time, t)) for t in range(x.shape[time])]
+        masks = step_masks(self, x, lengths, mask)
+        states, finals = split(self, state, x.shape[1 - time]), []
+        cells, directions = (self.cell, *self.cells), 2 if self.bidirectional else 1
+        for k in range(0, len(cells), directions):
+            if k and self.dropout is not None:
+                steps = [self.dropout(s) for s in steps]
+            outputs = []
+            for d in range(directions):
+                ys, last = run(cells[k + d], steps, states[k + d], masks, reverse=d == 1)
+                outputs.append(ys)
+                finals.append(last)
+            steps = outputs[0] if directions == 1 else [concat(s, axis=-1) for s in zip(*outputs)]
+        y = stack(steps, axis=time)
+        return (y, join(self, finals)) if self.return_state else y
 
     def __repr__(self):
         if not isinstance(self.cell, _Cell):
             return self._fields_repr()
+        options = _options(self) if isinstance(self.batch_first, bool) else ""  # a gradient
+        if type(self) is Recurrence:
+            inner = ", ".join(repr(c) for c in (self.cell, *self.cells))
+            extra = ", return_state=True" if self.return_state is True else ""
+            return f"Recurrence({inner}{options}{extra})"
         inner = repr(self.cell)
-        if type(self) is not Recurrence:
-            inner = type(self).__name__ + inner[inner.index("(") :]
-        extra = ", return_state=True" if self.return_state is True else ""
-        return inner if type(self) is not Recurrence else f"Recurrence({inner}{extra})"
+        return f"{type(self).__name__}{inner[inner.index('(') : -1]}{options})"
 
 
-def _sequence_layer(name, cell_type):
-    def __init__(self, n_in=None, n_out=None, *args, return_state=False, cell=None, **kw):
-        cell = cell if cell is not None else cell_type(n_in, n_out, *args, **kw)
-        Recurrence.__init__(self, cell, return_state=return_state)
-
-    doc = (
-        f"`Recurrence({cell_type.__name__}(...))`: `{name}(n_in, n_out, ...)` takes the "
-        f"cell's arguments and `return_state`."
+def _options(layer):
+    """The options of `layer` that are not the defaults, as `, name=value`."""
+    dropout = getattr(layer.dropout, "p", 0)
+    named = (
+        ("num_layers", layer.num_layers, 1, type(layer) is not Recurrence),
+        ("bidirectional", layer.bidirectional, False, True),
+        ("dropout", dropout, 0, True),
+        ("batch_first", layer.batch_first, True, True),
     )
+    return "".join(f", {n}={v}" for n, v, default, shown in named if shown and v != default)
+
+
+def _check_stack(layer):
+    """Refuse cells that do not stack: a count that is not one or two per layer, a kind or a
+    size that changes, or an input size other than the outputs of the layer below."""
+    cells, directions = (layer.cell, *layer.cells), 2 if layer.bidirectional else 1
+    n_out = layer.cell.size[1]
+    problem = None
+    if len(cells) % directions:
+        problem = f"{len(cells)} cells do not make layers of two (forward and backward)"
+    elif any(type(c) is not type(layer.cell) or c.size[1] != n_out for c in cells):
+        problem = "the cells differ in kind or in output size"
+    elif any(c.size[0] != directions * n_out for c in cells[directions:]):
+        problem = f"a layer above the first must take {directions * n_out} inputs"
+    elif any(c.size[0] != layer.cell.size[0] for c in cells[:directions]):
+        problem = "the first layer's cells take different input sizes"
+    if problem is not None:
+        raise ValueError(
+            f"Recurrence: {problem}; give the cells in PyTorch's order (layer 0, layer 0 "
+            "reversed if bidirectional, layer 1, ...), or build it as LSTM(n_in, n_out, "
+            "num_layers=..., bidirectional=...)"
+        )
+
+
+def _between(p, num_layers, rng):
+    """The Dropout between layers (None when there is nothing to drop out)."""
+    if p != 0 and num_layers == 1:
+        warnings.warn(
+            f"dropout={p} applies between the layers of a recurrent layer, and this one has one "
+            "layer: it does nothing (as PyTorch's); put nn.Dropout after it instead",
+            stacklevel=4,
+        )
+    return Dropout(p, rng=rng) if p != 0 and num_layers > 1 else None
+
+
+def _sequence_layer(name, cell_type, example):
+    def __init__(
+        self,
+        n_in=None,
+        n_out=None,
+        *args,
+        num_layers=1,
+        bidirectional=False,
+        dropout=0.0,
+        batch_first=True,
+        return_state=False,
+        cell=None,
+        rng=None,
+        **kw,
+    ):
+        if not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"{name}: num_layers must be a whole number >= 1, got {num_layers}")
+        rng, directions = _rng(rng), 2 if bidirectional else 1
+        cells = (cell,) if cell is not None else ()
+        if cell is not None and num_layers * directions > 1:
+            raise TypeError(f"{name}: cell= builds one layer; use Recurrence(*cells, ...)")
+        if cell is None:
+            sizes = [n_in] + [directions * n_out] * (num_layers - 1)
+            cells = [
+                cell_type(n, n_out, *args, rng=rng, **kw) for n in sizes for _ in "fb"[:directions]
+            ]
+        Recurrence.__init__(
+            self,
+            *cells,
+            return_state=return_state,
+            bidirectional=bidirectional,
+            dropout=dropout,
+            batch_first=batch_first,
+            rng=rng,
+        )
+
+    doc = _LAYER_DOC.format(name=name, cell=cell_type.__name__, example=example)
     return type(name, (Recurrence,), {"__init__": __init__, "__doc__": doc, "__module__": __name__})
 
 
-RNN = _sequence_layer("RNN", RNNCell)
-LSTM = _sequence_layer("LSTM", LSTMCell)
-GRU = _sequence_layer("GRU", GRUCell)
+_LAYER_DOC = """`Recurrence` of `{cell}`s: `{name}(n_in, n_out, ...)` takes the cell's arguments
+    (`bias_h=True` for PyTorch's second bias) and `Recurrence`'s options, `num_layers`,
+    `bidirectional`, `dropout`, `batch_first` and `return_state`; `layer(x, state, lengths=...)`.
+
+    PyTorch's `torch.nn.{name}`: the same options (`dropout` drops out in training, here when
+    the input is tracked, or as `trainmode` says). Ours is batch-first by default
+    (`batch_first=False` for PyTorch's default), has no second bias by default (`bias_h=True`
+    to load PyTorch's weights exactly: cell `k` of `layer.cell, *layer.cells` holds
+    `weight_ih_l*` as `Wi`, `weight_hh_l*` as `Wh`, `bias_ih_l*` as `bias`, `bias_hh_l*` as
+    `bias_h`), takes `lengths=` for a packed sequence and returns zeros past each length (as
+    `pad_packed_sequence`), returns the last state only with `return_state=True`, and draws
+    the weights with Glorot (Flux's; PyTorch's are uniform in `±k`, `k = 1 / sqrt(n_out)`:
+    `init=lambda rng, shape: rng.uniform(-k, k, shape)`, and set the biases likewise).
+
+    >>> import numpy as np
+    >>> from tracker_gpu import nn
+    >>> layer = {example}
+    >>> layer(np.ones((2, 5, 3), dtype=np.float32)).shape
+    (2, 5, 4)
+    """
+
+RNN = _sequence_layer("RNN", RNNCell, "nn.RNN(3, 4, nn.relu)")
+LSTM = _sequence_layer("LSTM", LSTMCell, "nn.LSTM(3, 2, bidirectional=True)")
+GRU = _sequence_layer("GRU", GRUCell, "nn.GRU(3, 4, num_layers=2, dropout=0.1, bias_h=True)")
