@@ -24,3 +24,14 @@ def test_every_subpackage_is_packaged():
 def test_the_kernel_sources_are_found():
     assert set(families()) == {p.stem for p in (ROOT / "kernels").glob("*.cu")}
     assert len(kernels()) >= 20
+
+
+def test_every_file_of_the_kernels_directory_is_package_data():
+    """A header the generated sources include (special.cuh) ships with the sources."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    patterns = config["package-data"]["tracker_gpu.kernels"]
+    files = [p.name for p in (ROOT / "kernels").iterdir() if p.is_file()]
+    assert files and all(any(fnmatch.fnmatch(f, pat) for pat in patterns) for f in files), files

@@ -21,8 +21,9 @@ import numpy as np
 
 from .backend import SCALARS, device_of, is_floating_dtype, namespace_of
 from .cuda import codegen
-from .expr import ONE, RULES, ZERO, Expr, const, partials, topological
+from .expr import ONE, RULES, SPECIAL, ZERO, Expr, const, partials, topological
 from .primitive import ByPosition, Primitive
+from .rules import special, special_julia
 from .rules.elementwise import conjugate_derivative, is_complex, real_dtype
 from .tracked import TrackedArray, data
 
@@ -121,6 +122,18 @@ class _SymbolicNamespace:
             return lambda *args: _op(_COMPARISONS[name], *args)
         raise TypeError(f"broadcast: {name!r} is not an elementwise function broadcast can fuse")
 
+    def special_function(self, name):
+        """`tg.special`'s function `name` on traced values (`special_libraries` asks for it):
+        an operation of the generated kernels, or a TypeError naming what is not one."""
+        if name == "polygamma":
+            return _polygamma
+        if name not in SPECIAL:
+            raise TypeError(
+                f"broadcast: tg.special.{name} is not a function broadcast can fuse (it fuses "
+                f"{', '.join(sorted(SPECIAL))}); call it on the arrays outside f"
+            )
+        return lambda *args: _op(name, *args)
+
     def zeros_like(self, x, **kw):
         return Symbol(ZERO)
 
@@ -129,6 +142,18 @@ class _SymbolicNamespace:
 
     def asarray(self, value, **kw):
         return Symbol(const(value))
+
+
+POLYGAMMA_MAX_ORDER = 16  # kernels/special.cuh computes up to 24, for derivatives of these
+
+
+def _polygamma(n, x):
+    if not (type(n) is int and 0 <= n <= POLYGAMMA_MAX_ORDER):
+        raise TypeError(
+            f"broadcast: tg.special.polygamma fuses orders 0 to {POLYGAMMA_MAX_ORDER} given as a "
+            f"Python int, got {n!r}; call it on the arrays outside f"
+        )
+    return _op("digamma", x) if n == 0 else _op("polygamma", n, x)
 
 
 _COMPARISONS = {"greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": "le",
@@ -189,6 +214,8 @@ def _computing_dtype(xp, arrays):
 
 
 def _apply(xp, op, values, numbers):
+    if op in SPECIAL:
+        return _special(op, values, numbers)
     if op in _COMPARE:
         return _COMPARE[op](values[0], values[1])
     if op == "where":
@@ -202,6 +229,14 @@ def _apply(xp, op, values, numbers):
     if op in ("maximum", "minimum"):
         return getattr(xp, op)(*map(numbers, values))
     return getattr(xp, op)(values[0])
+
+
+def _special(op, values, numbers):
+    """tg.special's function `op` (its rule, so a nested pass stays differentiable)."""
+    if op == "polygamma":  # the order is a number, not an array
+        return special.polygamma(int(values[0]), numbers(values[1]))
+    function = getattr(special, op, None) or getattr(special_julia, op)
+    return function(*map(numbers, values))
 
 
 _COMPARE = {"gt": lambda a, b: a > b, "ge": lambda a, b: a >= b, "lt": lambda a, b: a < b,
@@ -275,8 +310,10 @@ _CACHE_SIZE = 512
 def broadcast(f, *args):
     """`f` applied elementwise to the broadcast arguments, as one differentiable operation.
 
-    `f` is a scalar function written with tracker_gpu's elementwise functions and operators; it
-    is traced once per function, argument count and dtypes. With complex arguments, `f` must
+    `f` is a scalar function written with tracker_gpu's elementwise functions and operators and
+    `tg.special`'s functions that the generated kernels know (`expr.SPECIAL`: erf, gammaln,
+    digamma, polygamma of orders 0 to 16, ndtr, xlogy, the Bessel functions, ...); it is traced
+    once per function, argument count and dtypes. With complex arguments, `f` must
     be holomorphic (arithmetic, exp, log, sqrt, the trigonometric and hyperbolic functions).
 
     The generated kernel and the generic path agree on the whole domain. Every argument

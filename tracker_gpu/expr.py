@@ -10,7 +10,9 @@ same thing, which is what generated kernels are keyed by.
 ('multiply(x0, exp(x0))', ['add(exp(x0), multiply(x0, exp(x0)))'])
 """
 
-__all__ = ["Expr", "const", "ZERO", "ONE", "RULES", "e", "partials", "topological"]
+import math
+
+__all__ = ["Expr", "const", "ZERO", "ONE", "RULES", "SPECIAL", "e", "partials", "topological"]
 
 
 class Expr:
@@ -99,6 +101,100 @@ RULES = {
     "eq": lambda a, out: (None, None),
     "ne": lambda a, out: (None, None),
 }
+
+
+# tg.special's functions (their names there), with derivatives written with functions of this
+# table, so that they are differentiable again; at the edges they follow `rules/special.py`.
+SPECIAL = frozenset(
+    "erf erfc erfinv erfcinv erfcx gammaln gamma digamma polygamma ndtr ndtri log_ndtr logit "
+    "expit xlogy xlog1py entr i0 i1 i0e i1e j0 j1 y0 y1 sinc cbrt exp2 sinpi cospi".split()
+)
+_SQRT_PI, _SQRT_2PI = math.sqrt(math.pi), math.sqrt(2 * math.pi)
+
+
+def _times(scale, a):
+    return e("multiply", const(scale), a)
+
+
+def _gauss(a, scale, half=False):
+    """`scale * exp(-a**2)` (`exp(-a**2 / 2)` with `half`)."""
+    square = e("multiply", a, a)
+    return _times(scale, e("exp", _times(-0.5 if half else -1.0, square)))
+
+
+def _at_zero(a, value, elsewhere):
+    """`value` where `a == 0`, else `elsewhere(a)` computed with a = 1 there (so that the branch
+    not taken, and its derivative, stay finite)."""
+    zero = e("eq", a, ZERO)
+    return e("where", zero, const(value), elsewhere(e("where", zero, ONE, a)))
+
+
+def _nonzero(a):
+    return e("where", e("ne", a, ZERO), ONE, ZERO)
+
+
+def _over(f, out):
+    """`f - out / a` for the Bessel functions whose derivative has that form."""
+    return lambda a: e("subtract", f(a), e("divide", out, a))
+
+
+def _log_ndtr(a, out):
+    """log_ndtr': as `rules/special.py` writes it (erfcx below 0, each branch kept finite)."""
+    below = e("lt", a, ZERO)
+    low, high = e("where", below, a, const(-1.0)), e("where", below, ZERO, a)
+    tail = e("divide", const(math.sqrt(2 / math.pi)), e("erfcx", _times(-math.sqrt(0.5), low)))
+    ans = e("where", below, const(-math.log(2.0)), out)
+    body = e("exp", e("subtract", _times(-0.5, e("multiply", high, high)), ans))
+    return e("where", below, tail, _times(1 / _SQRT_2PI, body))
+
+
+def _ie_pair(a, out, name):
+    return e("subtract", e(name, a), e("multiply", e("sign", a), out))
+
+
+RULES.update({
+    "erf": lambda a, out: (_gauss(a[0], 2 / _SQRT_PI),),
+    "erfc": lambda a, out: (_gauss(a[0], -2 / _SQRT_PI),),
+    "erfinv": lambda a, out: (_times(_SQRT_PI / 2, e("exp", e("multiply", out, out))),),
+    "erfcinv": lambda a, out: (_times(-_SQRT_PI / 2, e("exp", e("multiply", out, out))),),
+    "erfcx": lambda a, out: (
+        e("subtract", _times(2.0, e("multiply", a[0], out)), const(2 / _SQRT_PI)),
+    ),
+    "gammaln": lambda a, out: (e("digamma", a[0]),),
+    "gamma": lambda a, out: (e("multiply", out, e("digamma", a[0])),),
+    "digamma": lambda a, out: (e("polygamma", ONE, a[0]),),
+    "polygamma": lambda a, out: (None, e("polygamma", e("add", a[0], ONE), a[1])),
+    "ndtr": lambda a, out: (_gauss(a[0], 1 / _SQRT_2PI, half=True),),
+    "ndtri": lambda a, out: (_times(_SQRT_2PI, e("exp", _times(0.5, e("multiply", out, out)))),),
+    "log_ndtr": lambda a, out: (_log_ndtr(a[0], out),),
+    "logit": lambda a, out: (
+        e("divide", ONE, e("multiply", a[0], e("subtract", ONE, a[0]))),
+    ),
+    "expit": lambda a, out: (e("multiply", out, e("subtract", ONE, out)),),
+    "xlogy": lambda a, out: (e("xlogy", _nonzero(a[0]), a[1]), e("divide", a[0], a[1])),
+    "xlog1py": lambda a, out: (
+        e("xlog1py", _nonzero(a[0]), a[1]), e("divide", a[0], e("add", a[1], ONE))
+    ),
+    "entr": lambda a, out: (e("negative", e("add", e("log", a[0]), ONE)),),
+    "i0": lambda a, out: (e("i1", a[0]),),
+    "i1": lambda a, out: (_at_zero(a[0], 0.5, _over(lambda x: e("i0", x), out)),),
+    "i0e": lambda a, out: (_ie_pair(a[0], out, "i1e"),),
+    "i1e": lambda a, out: (
+        _at_zero(a[0], 0.5, _over(lambda x: _ie_pair(x, out, "i0e"), out)),
+    ),
+    "j0": lambda a, out: (e("negative", e("j1", a[0])),),
+    "j1": lambda a, out: (_at_zero(a[0], 0.5, _over(lambda x: e("j0", x), out)),),
+    "y0": lambda a, out: (e("negative", e("y1", a[0])),),
+    "y1": lambda a, out: (_over(lambda x: e("y0", x), out)(a[0]),),
+    "sinc": lambda a, out: (
+        _at_zero(a[0], 0.0, lambda x: e("divide", e("subtract", e("cos", _times(math.pi, x)),
+                                                       out), x)),
+    ),  # fmt: skip
+    "cbrt": lambda a, out: (e("divide", ONE, _times(3.0, e("multiply", out, out))),),
+    "exp2": lambda a, out: (_times(math.log(2.0), out),),
+    "sinpi": lambda a, out: (_times(math.pi, e("cospi", a[0])),),
+    "cospi": lambda a, out: (_times(-math.pi, e("sinpi", a[0])),),
+})  # fmt: skip
 
 
 def _sign(a):

@@ -18,11 +18,11 @@ import math
 import numpy as np
 
 from ..backend import SCALARS
-from ..expr import COMPARISONS, topological
+from ..expr import COMPARISONS, SPECIAL, topological
 from .dispatch import note, takes
 from .fused import FLOATS, merge_axes, tracked
 from .launch import device_int64, empty, grid_for, launch, library, on_device
-from .sources import Family
+from .sources import Family, header
 
 __all__ = ["C", "body", "family", "forward", "backward"]
 
@@ -58,6 +58,11 @@ C = {
     "eq": "({0} == {1})",
     "ne": "({0} != {1})",
 }
+# tg.special's functions: `tg_<name>` of kernels/special.cuh (CUDA's math library on the device,
+# the header's own definitions where CUDA has none and on the host), which a text using one of
+# them starts with.
+C.update({name: f"tg_{name}({{0}})" for name in SPECIAL})
+C.update({name: f"tg_{name}({{0}}, {{1}})" for name in ("polygamma", "xlogy", "xlog1py")})
 # inf and nan have no literal in C: they are written by their IEEE 754 bits (double), which
 # NVRTC and the host build both read.
 _SPECIAL = {math.inf: "0x7ff0000000000000LL", -math.inf: "0xfff0000000000000LL"}
@@ -110,8 +115,18 @@ def family(compiled, scalars, needed=None):
             if needed
             else _forward_text(compiled, scalars)
         )
-        cache[key] = Family.from_text("broadcast", text)
+        cache[key] = Family.from_text("broadcast", _headers(compiled, needed) + text)
     return cache[key]
+
+
+def _headers(compiled, needed):
+    """The header the text needs: kernels/special.cuh where it calls a special function."""
+    roots = [compiled.out]
+    if needed:
+        roots += [p for p, need in zip(compiled.partials, needed) if need]
+    if any(node.op in SPECIAL for node in topological(roots)):
+        return header("special") + "\n"
+    return ""
 
 
 def _inputs(scalars):

@@ -144,20 +144,32 @@ extern "C" int host_{kernel.name}_{ctype}(unsigned int grid, unsigned int block,
 """
 
 
-def compile_shared(text, tag):
-    """Build C++ `text` into a shared library (cached on disk by content) and load it."""
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+def compile_shared(text, tag, flags=()):
+    """Build C++ `text` into a shared library (cached on disk by content and `flags`, more
+    flags for the compiler) and load it."""
+    digest = hashlib.sha256("\0".join([text, *flags]).encode()).hexdigest()[:16]
     target = Path(tempfile.gettempdir()) / "tracker_gpu_host" / f"{tag}-{digest}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         scratch = target.with_suffix(f".{os.getpid()}.so")
         compiler = os.environ.get("CXX", "g++")
-        command = [compiler, "-O1", "-shared", "-fPIC", "-x", "c++", "-", "-o", str(scratch)]
+        command = [compiler, "-O1", "-shared", "-fPIC", *flags, "-x", "c++", "-", "-o",
+                   str(scratch)]  # fmt: skip
         done = subprocess.run(command, input=text.encode(), capture_output=True)
         if done.returncode:
             raise RuntimeError(f"the host build of {tag} failed:\n{done.stderr.decode()[-3000:]}")
         scratch.replace(target)
     return ctypes.CDLL(str(target))
+
+
+def host_flags(family):
+    """The C++ compiler's flags standing for the family's NVRTC options: `--fmad=false` (no
+    contraction) is `-ffp-contract=off`; `-std=c++17` the same standard."""
+    flags = []
+    if "--fmad=false" in family.options:
+        flags.append("-ffp-contract=off")
+    flags += [option for option in family.options if option.startswith("-std=")]
+    return tuple(flags)
 
 
 class HostLibrary:
@@ -171,7 +183,8 @@ class HostLibrary:
         wrappers = "".join(
             _wrapper(k, c, k.cooperative) for k in family.kernels.values() for c in C_TYPES.values()
         )
-        self.library = compile_shared(SHIM + family.text + wrappers, family.name)
+        self.library = compile_shared(SHIM + family.text + wrappers, family.name,
+                                      host_flags(family))  # fmt: skip
 
     @classmethod
     def get(cls, family):

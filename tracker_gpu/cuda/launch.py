@@ -7,6 +7,7 @@ Everything happens on the device that holds the arrays, not on CuPy's current de
 are cached per device, and launches and allocations run under the arrays' device.
 """
 
+import math
 import sys
 from collections import OrderedDict
 
@@ -91,7 +92,7 @@ def _function(text: Family, name, dtype, device):
     module = _modules.get(key)
     if module is None:
         module = cupy.RawModule(
-            code=text.text, options=("-std=c++14",), name_expressions=text.name_expressions()
+            code=text.text, options=text.nvrtc_options(), name_expressions=text.name_expressions()
         )
         _modules[key] = module
         while len(_modules) > _MODULE_CACHE_SIZE:
@@ -117,6 +118,7 @@ def library(x):
 def empty_like(x):
     """A new buffer shaped like `x` on its device (recorded, so tests can count allocations)."""
     note(("alloc", x.nbytes))
+    note(("buffer", x.nbytes))  # made without a launch (a launch count leaves it out)
     with on_device(x):
         return library(x).empty_like(x)
 
@@ -124,7 +126,9 @@ def empty_like(x):
 def empty(shape, like, dtype=None):
     """A new buffer of `shape` on the device of `like`, of its dtype or `dtype` (recorded)."""
     dtype = like.dtype if dtype is None else np.dtype(dtype)
-    note(("alloc", int(np.prod(shape)) * dtype.itemsize))
+    nbytes = math.prod(shape) * dtype.itemsize  # math's: np.prod would make an array
+    note(("alloc", nbytes))
+    note(("buffer", nbytes))
     with on_device(like):
         return library(like).empty(shape, dtype=dtype)
 

@@ -15,9 +15,23 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["Kernel", "Family", "family", "families", "kernels", "source", "C_TYPES"]
+__all__ = [
+    "Kernel",
+    "Family",
+    "family",
+    "families",
+    "header",
+    "kernels",
+    "source",
+    "C_TYPES",
+    "OPTIONS",
+    "EXACT_OPTIONS",
+]
 
 C_TYPES = {"float32": "float", "float64": "double"}
+OPTIONS = ("-std=c++14",)
+# Exact arithmetic (generated fusion kernels): no contraction of a * b + c into one rounding.
+EXACT_OPTIONS = ("-std=c++17", "--fmad=false")
 _KERNEL = re.compile(
     r"template\s*<\s*typename\s+T\s*>\s*__global__\s+void\s+(\w+)\s*\(([^)]*)\)", re.S
 )
@@ -44,12 +58,17 @@ class Family:
     text: str
     kernels: dict = field(repr=False)
     digest: str = field(repr=False)
+    options: tuple = ()  # NVRTC's options, where not the default (`OPTIONS`)
 
     @classmethod
-    def from_text(cls, name, text):
+    def from_text(cls, name, text, options=()):
         kernels = {k.name: k for k in _declared(name, text)}
-        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-        return cls(name, text, kernels, digest)
+        digest = hashlib.sha256("\0".join([text, *options]).encode()).hexdigest()[:16]
+        return cls(name, text, kernels, digest, tuple(options))
+
+    def nvrtc_options(self):
+        """What NVRTC is given besides the architecture: `options`, else `OPTIONS`."""
+        return self.options or OPTIONS
 
     def name_expressions(self):
         """The template instances to compile: every kernel for every float type."""
@@ -71,6 +90,13 @@ def families():
 def source(name):
     """The text of `kernels/<name>.cu`."""
     return (_directory() / f"{name}.cu").read_text()
+
+
+@cache
+def header(name):
+    """The text of `kernels/<name>.cuh`, a header that generated sources start with (written
+    out in them, so CuPy, NVRTC and the host build need no include path)."""
+    return (_directory() / f"{name}.cuh").read_text()
 
 
 @cache

@@ -130,10 +130,21 @@ ndtr = _unary(
     "ndtr", lambda g, ans, x: g * (exp(square(x) * -0.5) / SQRT_2PI), "x",
     "The standard normal distribution function.",
 )  # fmt: skip
+
+
+def _log_ndtr_vjp(g, ans, x):
+    """`g * ndtr'(x) / ndtr(x)`: below 0 as `sqrt(2/pi) / erfcx(-x / sqrt 2)`, where
+    `exp(-x**2 / 2 - ans)` would subtract two huge numbers; each branch is computed where it is
+    finite, so that a nested pass through the branch not taken stays finite too."""
+    below = _is("less", x, 0.0)
+    tail = math.sqrt(2 / math.pi) / erfcx(where(below, x, -1.0) * -math.sqrt(0.5))
+    body = exp(square(where(below, 0.0, x)) * -0.5 - where(below, -math.log(2), ans))
+    return g * where(below, tail, body / SQRT_2PI)
+
+
 log_ndtr = _unary(
-    "log_ndtr", lambda g, ans, x: g * (exp(square(x) * -0.5 - ans) / SQRT_2PI), "x ans",
-    "The log of `ndtr`, accurate far into the lower tail.",
-)  # fmt: skip
+    "log_ndtr", _log_ndtr_vjp, "x ans", "The log of `ndtr`, accurate far into the lower tail."
+)
 ndtri = _unary(
     "ndtri", lambda g, ans, x: g * (exp(square(ans) * 0.5) * SQRT_2PI), "ans",
     "The inverse of `ndtr` (the normal quantile function), on [0, 1].",
@@ -164,9 +175,14 @@ def _order(name, n):
     return n
 
 
+def _like(xp, value, x):
+    """`value` in `x`'s dtype (SciPy's polygamma and multigammaln answer float32 in float64)."""
+    return value if value.dtype == x.dtype else xp.astype(value, x.dtype)
+
+
 def _polygamma_forward(xp, n, x, /):
     (x,) = _as_arrays(xp, x)
-    return library_function("polygamma", x)(_order("polygamma", n), x)
+    return _like(xp, library_function("polygamma", x)(_order("polygamma", n), x), x)
 
 
 _polygamma = Primitive(
@@ -181,7 +197,7 @@ polygamma = _constant_in(_polygamma, 0)
 
 def _multigammaln_forward(xp, a, d, /):
     (a,) = _as_arrays(xp, a)
-    return library_function("multigammaln", a)(a, _order("multigammaln", d))
+    return _like(xp, library_function("multigammaln", a)(a, _order("multigammaln", d)), a)
 
 
 def _multigammaln_vjp(g, ans, a, d):

@@ -31,12 +31,25 @@ __all__ = (
 DEG = math.pi / 180
 
 
+def _traced(xp, name):
+    """`name` as an operation of `tg.broadcast`'s traced values (their namespace provides
+    `special_function`), or None for an array library."""
+    provider = getattr(xp, "special_function", None)
+    return None if provider is None else provider(name)
+
+
 def _sinpi(xp, x):
+    traced = _traced(xp, "sinpi")
+    if traced is not None:
+        return traced(x)
     r = x - xp.round(x * 0.5) * 2  # in [-1, 1], exactly
     return xp.where(xp.abs(r) == 1, xp.zeros_like(r), xp.sin(r * math.pi))
 
 
 def _cospi(xp, x):
+    traced = _traced(xp, "cospi")
+    if traced is not None:
+        return traced(x)
     r = xp.abs(x)
     r = r - xp.round(r * 0.5) * 2
     return xp.where(xp.abs(r) == 0.5, xp.zeros_like(r), xp.cos(r * math.pi))

@@ -69,10 +69,21 @@ def _resolve(name, x):
         return _scipy_function(name, "cupyx.scipy.special", "CuPy (cupyx.scipy.special)")
     if array_api_compat.is_dask_array(x):
         return _dask_function(name, x)
+    traced = _traced_function(name, x)
+    if traced is not None:
+        return traced
     raise NotImplementedError(
         f"tg.special.{name}: {library_name(x)} has no special functions; convert the array to "
         f"NumPy, PyTorch, CuPy or Dask first"
     )
+
+
+def _traced_function(name, x):
+    """The function of a namespace that provides its own (`tg.broadcast`'s traced values:
+    `special_function(name)`), or None."""
+    namespace = getattr(x, "__array_namespace__", None)
+    provider = getattr(namespace(), "special_function", None) if namespace else None
+    return provider(name) if provider is not None else None
 
 
 def _scipy_function(name, module, library):
