@@ -16,7 +16,8 @@ The package is one module per concern: `activations`, `init` (initialisers), `la
 `Layer` base, `Dense`, `Chain`, ...), `conv` (`Conv`, `ConvTranspose`), `pool` (the pools),
 `geometry` (their sizes and padding), `padding` (padding modes), `primitives` (`linear`,
 `im2col`, `col2im`), `losses` (Flux's names, PyTorch's options), `placement` (`asarray`,
-`place`, `to_numpy`) and `io` (`save`, `load`); every name is re-exported here.
+`place`, `to_numpy`), `io` (`save`, `load`) and `torch_io`, `torch_export` (`from_torch`,
+`to_torch`, `load_state_dict`: PyTorch's modules and weights); every name is re-exported here.
 
 >>> import numpy as np, tracker_gpu as tg
 >>> from tracker_gpu import nn
@@ -56,6 +57,8 @@ from .pool import (
 )
 from .primitives import col2im, im2col, linear
 from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, Recurrence, RNNCell
+from .torch_export import load_state_dict, to_torch
+from .torch_io import from_torch, gelu_exact
 
 __all__ = [
     # layers
@@ -101,6 +104,10 @@ __all__ = [
     "load",
     "BadFileError",
     "SaveError",
+    "from_torch",
+    "to_torch",
+    "load_state_dict",
+    "gelu_exact",
     "linear",
     "normalise",
     "im2col",
