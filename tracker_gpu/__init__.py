@@ -23,5 +23,7 @@ from .forward_mode import jacfwd, jvp
 from .compiler import RecordingError, compile
 from .tape import BackError, PullbackError
 from . import nn, optim
+from . import precision
+from .precision import LossScale, Policy
 
 __version__ = "0.1.0"

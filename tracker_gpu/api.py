@@ -93,7 +93,9 @@ def given_seed(y, dy):
     if type(dy) in SCALARS or isinstance(dy, (list, tuple)):
         dy = xp.asarray(dy, dtype=y.dtype, device=y.device)
     backend.check_same_library(xp, dy)
-    if xp.isdtype(dy.dtype, "complex floating") and not xp.isdtype(y.dtype, "complex floating"):
+    if backend.isdtype(xp, dy.dtype, "complex floating") and not backend.isdtype(
+        xp, y.dtype, "complex floating"
+    ):
         raise TypeError("a complex seed for a real value; pass a real seed of y's dtype")
     if tuple(dy.shape) != tuple(y.shape):
         raise ValueError(f"seed of shape {tuple(dy.shape)} for a value of shape {tuple(y.shape)}")
@@ -106,7 +108,7 @@ def given_seed(y, dy):
 
 
 def _check_real(y):
-    if y._xp.isdtype(y.dtype, "complex floating"):
+    if backend.isdtype(y._xp, y.dtype, "complex floating"):
         raise TypeError(
             f"cannot differentiate a complex value (dtype {y.dtype}) without a seed: a loss "
             "must be real; take tg.real, tg.abs or a sum of squares of it, or pass a seed "
@@ -396,7 +398,7 @@ def _input(x, nest, recorded=False):
     if not backend.is_array(x):
         return None
     xp = backend.namespace_of(x)
-    if xp.isdtype(x.dtype, ("real floating", "complex floating")):
+    if backend.isdtype(xp, x.dtype, ("real floating", "complex floating")):
         # a PyTorch tensor that requires grad: its value (a view, never written), so that
         # PyTorch does not record alongside; the user's tensor keeps its requires_grad
         return leaf(x.detach() if getattr(x, "requires_grad", False) is True else x)

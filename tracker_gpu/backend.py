@@ -36,6 +36,8 @@ __all__ = [
     "library_of_device",
     "dtype_in",
     "dtype_name",
+    "isdtype",
+    "half_dtype",
 ]
 
 # Python numbers, by exact type: NumPy scalars subclass float but are arrays here.
@@ -90,10 +92,10 @@ def is_complex_dtype(dtype):
 
 def is_floating_dtype(dtype):
     """Whether `dtype` (of any library) is real or complex floating point: NumPy's and CuPy's by
-    their kind, the others by their name."""
+    their kind (ml_dtypes' bfloat16 by its name), the others by their name."""
     kind = getattr(dtype, "kind", None)
     if kind is not None:
-        return kind in "fc"
+        return kind in "fc" or (kind == "V" and dtype.name in _EXTENSION_KINDS)
     name = str(dtype)
     return "float" in name or "complex" in name
 
@@ -301,3 +303,51 @@ def dtype_name(dtype):
     except TypeError:
         text = str(dtype).rsplit(".", 1)[-1].strip("'>")
         return text if text in DTYPE_NAMES else None
+
+
+# The floating dtypes that NumPy knows only through the ml_dtypes package (as JAX and CuPy use
+# them): NumPy's isdtype refuses them (a TypeError), so they are told by name.
+_EXTENSION_KINDS = {"bfloat16": "real floating"}
+
+
+def isdtype(xp, dtype, kind):
+    """`xp.isdtype(dtype, kind)`, also for NumPy's bfloat16 from ml_dtypes (real floating),
+    which NumPy's own isdtype refuses.
+
+    >>> import numpy as np
+    >>> isdtype(np, np.dtype("float32"), ("real floating", "complex floating"))
+    True
+    """
+    try:
+        return xp.isdtype(dtype, kind)
+    except TypeError:
+        found = _EXTENSION_KINDS.get(getattr(dtype, "name", None))
+        if found is None:
+            raise
+        kinds = (kind,) if isinstance(kind, str) else tuple(kind)
+        return found in kinds or (found != "bool" and "numeric" in kinds)
+
+
+def half_dtype(name, xp):
+    """The dtype `name` ("float16" or "bfloat16") of library `xp`: its attribute, or NumPy's
+    bfloat16 from ml_dtypes; a library without it raises, naming the library.
+
+    >>> half_dtype("float16", np)
+    <class 'numpy.float16'>
+    """
+    found = getattr(xp, name, None)
+    if found is not None:
+        return found
+    if name == "bfloat16" and is_numpy_namespace(xp):
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError(
+                "bfloat16 on NumPy needs the ml_dtypes package (pip install ml_dtypes), which "
+                "NumPy uses for it"
+            ) from None
+        return ml_dtypes.bfloat16
+    raise TypeError(
+        f"{_library(xp)} has no {name} dtype; use float32 there, or a library that has it "
+        "(NumPy with ml_dtypes or PyTorch for bfloat16, NumPy, CuPy or PyTorch for float16)"
+    )

@@ -229,7 +229,7 @@ class TrackedArray:
 
     def __index__(self):
         _refuse_while_recording("x used as an index (__index__)")
-        if not self._xp.isdtype(self.dtype, "integral"):
+        if not backend.isdtype(self._xp, self.dtype, "integral"):
             raise TypeError(
                 f"a TrackedArray of dtype {self.dtype} cannot be used as an index; only a 0-d "
                 "integer array can (cast with tg.astype(x, tg.int64) if its values are whole)"
@@ -386,11 +386,11 @@ def _restored(value, kind, g=None):
 def _python_number(x):
     """The Python number of a 0-d tracked array, of the kind its dtype says."""
     xp, value = x._xp, x.data
-    if xp.isdtype(x.dtype, "bool"):
+    if backend.isdtype(xp, x.dtype, "bool"):
         return bool(value)
-    if xp.isdtype(x.dtype, "integral"):
+    if backend.isdtype(xp, x.dtype, "integral"):
         return int(value)
-    if xp.isdtype(x.dtype, "complex floating"):
+    if backend.isdtype(xp, x.dtype, "complex floating"):
         return complex(value)
     return float(value)
 
@@ -459,9 +459,9 @@ def param(x):
 
 
 def _float_dtype(xp, x, device):
-    if xp.isdtype(x.dtype, ("real floating", "complex floating")):
+    if backend.isdtype(xp, x.dtype, ("real floating", "complex floating")):
         return x.dtype
-    if xp.isdtype(x.dtype, ("integral", "bool")):
+    if backend.isdtype(xp, x.dtype, ("integral", "bool")):
         return xp.__array_namespace_info__().default_dtypes(device=device)["real floating"]
     raise TypeError(f"cannot make a parameter of dtype {x.dtype}; pass a numeric array")
 
@@ -471,7 +471,7 @@ def leaf(x):
     if type(x) in SCALARS:
         return param(x)
     xp = namespace_of(x)
-    if not xp.isdtype(x.dtype, ("real floating", "complex floating")):
+    if not backend.isdtype(xp, x.dtype, ("real floating", "complex floating")):
         return param(x)
     return TrackedArray(x, xp)
 
@@ -561,7 +561,9 @@ def update(x, dx):
     if type(dx) in SCALARS or isinstance(dx, (list, tuple)):
         dx = xp.asarray(dx, dtype=x.dtype, device=x.device)
     backend.check_same_library(xp, dx)
-    if xp.isdtype(dx.dtype, "complex floating") and not xp.isdtype(x.dtype, "complex floating"):
+    if backend.isdtype(xp, dx.dtype, "complex floating") and not backend.isdtype(
+        xp, x.dtype, "complex floating"
+    ):
         raise TypeError("update: a complex step for a real parameter; pass a real step")
     shape, step_shape = tuple(x.shape), tuple(dx.shape)
     if step_shape != shape and not _broadcasts(step_shape, shape):

@@ -10,7 +10,16 @@ import importlib
 import array_api_compat
 import numpy as np
 
-from ..backend import DTYPE_NAMES, device_of, is_array, is_cupy, library_of_device, namespace_of
+from ..backend import (
+    DTYPE_NAMES,
+    device_of,
+    half_dtype,
+    is_array,
+    is_cupy,
+    isdtype,
+    library_of_device,
+    namespace_of,
+)
 from ..optim.tree import tree_map_with_path
 from ..tracked import plain_value
 
@@ -71,9 +80,20 @@ def _dtype_name(dtype):
         return np.dtype(dtype).name
     except TypeError:
         name = str(dtype).rsplit(".", 1)[-1].strip("'>")
-        if name in DTYPE_NAMES:
+        if name in DTYPE_NAMES or name in HALF_NAMES:
             return name
         raise TypeError(f"unknown dtype {dtype!r}; pass e.g. 'float32' or 'float64'") from None
+
+
+HALF_NAMES = ("float16", "bfloat16")
+
+
+def _dtype_in(target, name):
+    """The dtype `name` of library `target`; a half-precision dtype the library lacks (bfloat16
+    on array-api-strict or Dask) raises, naming the library."""
+    if name in HALF_NAMES:
+        return half_dtype(name, target)
+    return getattr(target, name)
 
 
 def asarray(values, *, xp=None, device=None, dtype=None):
@@ -82,7 +102,9 @@ def asarray(values, *, xp=None, device=None, dtype=None):
     values = np.asarray(values)
     target = _namespace(xp) if xp is not None else _library_of_device(device, np)
     name = _dtype_name(dtype if dtype is not None else values.dtype)
-    return target.asarray(values, dtype=getattr(target, name), device=device)
+    if values.dtype.name == "bfloat16" and target is not np:  # ml_dtypes' is NumPy's alone
+        values = values.astype(np.float32)  # exact: bfloat16 is float32 with fewer digits
+    return target.asarray(values, dtype=_dtype_in(target, name), device=device)
 
 
 def to_numpy(x):
@@ -94,7 +116,10 @@ def to_numpy(x):
     if is_cupy(x):
         return x.get()
     if array_api_compat.is_torch_array(x):
-        return x.detach().cpu().numpy()
+        x = x.detach().cpu()
+        if str(x.dtype) != "torch.bfloat16":
+            return x.numpy()
+        return x.float().numpy().astype(half_dtype("bfloat16", np))  # NumPy's from ml_dtypes
     cpu = namespace_of(x).__array_namespace_info__().default_device()
     return np.asarray(array_api_compat.to_device(x, cpu))
 
@@ -107,7 +132,7 @@ def place(model, *, xp=None, device=None, dtype=None):
     moved = {}
 
     def move(x):
-        if not is_array(x) or not namespace_of(x).isdtype(x.dtype, "real floating"):
+        if not is_array(x) or not isdtype(namespace_of(x), x.dtype, "real floating"):
             return x
         if id(x) not in moved:
             moved[id(x)] = (x, _place_array(x, xp, device, dtype))
@@ -123,8 +148,9 @@ def _place_array(x, xp, device, dtype):
     else:
         target = _library_of_device(device, source) if device is not None else source
     name = _dtype_name(dtype if dtype is not None else x.dtype)
+    _dtype_in(target, name)  # a dtype the target lacks raises before anything moves
     if target is not source:
         return asarray(to_numpy(x), xp=target, device=device, dtype=name)
     if device is not None and device_of(x) != device:
         x = array_api_compat.to_device(x, device)
-    return x if name == _dtype_name(x.dtype) else source.astype(x, getattr(source, name))
+    return x if name == _dtype_name(x.dtype) else source.astype(x, _dtype_in(source, name))

@@ -19,7 +19,9 @@ exactly (`checkpoint`); `read_checkpoint_info` reads a checkpoint's `info` witho
 arrays, and a file that cannot be loaded raises `BadFileError` naming it.
 
 Each parameter is updated by one call of `step(rule, param, grad, state)`, the seam where a
-fused kernel takes over (registered by rule name in `cuda.dispatch`).
+fused kernel takes over (registered by rule name in `cuda.dispatch`). Hyperparameters given as
+NumPy scalars or 0-d NumPy arrays are kept as Python numbers, so float32 parameters stay
+float32; float16 and bfloat16 parameters step in float32 with float32 states (`state`).
 
 >>> import numpy as np
 >>> model = {"w": np.array([1.0, 2.0]), "name": "toy"}

@@ -93,10 +93,33 @@ def _is_number(value):
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
+def plain_number(value):
+    """A NumPy scalar (`np.float64(0.1)`) or 0-d NumPy array as the Python number it holds,
+    a tuple of them as a tuple of Python numbers; anything else as it is. A Python number is
+    weakly typed: float32 parameters stay float32 (a NumPy float64 is not, under NumPy 2)."""
+    if isinstance(value, np.generic) or (type(value) is np.ndarray and value.ndim == 0):
+        return value.item()
+    if type(value) is tuple or type(value) is list:
+        return type(value)(plain_number(v) for v in value)
+    return value
+
+
+def weakened(rule, name, value):
+    """`value` as a Python number where it was a NumPy one (`plain_number`), written into
+    the field `name` of the frozen dataclass `rule`, so that the rule steps in the parameters'
+    dtype whatever the hyperparameters were given as."""
+    plain = plain_number(value)
+    if plain is not value and dataclasses.is_dataclass(rule) and hasattr(rule, name):
+        object.__setattr__(rule, name, plain)
+    return plain
+
+
 def check_number(rule, name, value, requirement, holds):
     """`value` is a real number (not a bool or a string) for which `holds(value)`; else an
     error naming the rule, the argument and the value. A rate in an array (a schedule's,
-    under tg.compile) is not read: it would stall a replay."""
+    under tg.compile) is not read: it would stall a replay. A NumPy scalar or 0-d NumPy array
+    is checked, and kept in the rule, as the Python number it holds (`weakened`)."""
+    value = weakened(rule, name, value)
     if is_array(data(value)):
         return
     if not _is_number(value):
@@ -117,6 +140,7 @@ def check_nonnegative(rule, **values):
 def check_beta(rule, beta, name="beta"):
     """`beta` a pair of numbers in [0, 1)."""
     requirement = "two numbers in [0, 1)"
+    beta = weakened(rule, name, beta)
     if not (isinstance(beta, (tuple, list)) and len(beta) == 2):
         raise _error(TypeError, rule, name, beta, requirement + " (a tuple)")
     if not all(_is_number(b) for b in beta):

@@ -5,7 +5,9 @@ at each parameter; `update(state, model, grads)` returns the new state and model
 nothing. An array that appears in several places of a model (tied weights) is one parameter:
 one `Leaf`, one update, and the same new array in every place, as in Optimisers.jl.
 `adjust` changes hyperparameters, `freeze` and `thaw` stop and restart the updates of parts of a
-model, all keeping the rules' states.
+model, all keeping the rules' states. A parameter and its state keep their dtypes step after step
+(a step that promotes them is cast back); float16 and bfloat16 parameters step in float32, their
+states kept in float32 (`STEP_DTYPES`).
 
 >>> import numpy as np
 >>> from tracker_gpu.optim import Descent
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .. import recording
-from ..backend import device_of, is_array, namespace_of
+from ..backend import device_of, dtype_name, is_array, isdtype, namespace_of
 from ..cuda import dispatch
 from ..primitive import detached
 from ..pytree import tree_map
@@ -89,13 +91,55 @@ def _flat(state):
 
 
 # --- one parameter's step: the seam for fused kernels
+# The dtype a parameter of a half-precision dtype steps in: float16's range loses Adam's
+# epsilon (1e-8 is 0 in float16) and small squared gradients, bfloat16's 8 bits of precision
+# lose the moments' small updates (1 - beta2 = 0.001 of them). Their states live in float32,
+# the step is computed there, and the new parameter is rounded back once.
+STEP_DTYPES = {"float16": "float32", "bfloat16": "float32"}
+
+
+def step_dtype(x):
+    """The dtype that the rules step parameter `x` in (and keep its state in): float32 for a
+    float16 or bfloat16 parameter (`STEP_DTYPES`), else None (its own dtype)."""
+    wide = STEP_DTYPES.get(dtype_name(x.dtype) or str(x.dtype).rpartition(".")[2])
+    return None if wide is None else getattr(namespace_of(data(x)), wide)
+
+
 def step(rule, param, grad, state):
     """`(new_param, new_state)`: one rule's update of one parameter, by the fused kernel that
     `cuda.dispatch` has registered for the rule where it takes the arrays, else by `rule.apply`
-    in the Array API. A `Scheduled` rule steps its rule as it runs at this step."""
+    in the Array API. A `Scheduled` rule steps its rule as it runs at this step.
+
+    The new parameter and the state's arrays keep their dtypes (as PyTorch's in-place updates
+    do): a step that promotes them (a rule of one's own computing in float64, a hyperparameter
+    in a 0-d float64 array of another library) is cast back. A float16 or bfloat16 parameter
+    steps in float32 (`step_dtype`), its state made in float32 by `setup`."""
+    wide = step_dtype(param)
+    if wide is not None:
+        new_param, new_state = _step(rule, astype(param, wide), astype(grad, wide), state)
+        return astype(new_param, param.dtype), _kept(new_state, state)
+    new_param, new_state = _step(rule, param, grad, state)
+    return _kept(new_param, param), _kept(new_state, state)
+
+
+def _kept(new, old):
+    """`new` with each of its arrays in the dtype of the same array in `old` (a state or a
+    parameter before its step), where a step changed it."""
+    if type(old) is tuple or type(old) is list:
+        if type(new) is type(old) and len(new) == len(old):
+            return type(old)(_kept(n, o) for n, o in zip(new, old))
+        return new
+    if old is None or type(old) in (int, float) or new is None:
+        return new
+    if is_array(data(old)) and is_array(data(new)) and new.dtype != old.dtype:
+        return astype(new, old.dtype)
+    return new
+
+
+def _step(rule, param, grad, state):
     if type(rule) is Scheduled:
         t, inner = state
-        new_param, inner = step(rule.at(t, like=grad), param, grad, inner)
+        new_param, inner = _step(rule.at(t, like=grad), param, grad, inner)
         return new_param, (next_count(t), inner)
     cls = type(rule)
     own = cls.__module__.rpartition(".")[0] == __package__
@@ -113,7 +157,13 @@ def step(rule, param, grad, state):
 
 def _is_parameter(x):
     x = data(x)
-    return is_array(x) and namespace_of(x).isdtype(x.dtype, "real floating")
+    return is_array(x) and isdtype(namespace_of(x), x.dtype, "real floating")
+
+
+def _widened(x):
+    """`x` in the dtype its rule steps it in (`step_dtype`): a state is made from this."""
+    wide = step_dtype(x)
+    return x if wide is None else namespace_of(x).astype(x, wide)
 
 
 # --- setup
@@ -137,7 +187,7 @@ def _setup(rule, x, seen):
             return None
         key = id(data(x))
         if key not in seen:
-            seen[key] = Leaf(rule, rule.init(data(x)))
+            seen[key] = Leaf(rule, rule.init(_widened(data(x))))
         return seen[key]
     keys = found.keys(x)
     train = found.trainable

@@ -29,6 +29,7 @@ from .rules import (
     check_flags,
     check_fraction,
     check_nonnegative,
+    weakened,
 )
 
 __all__ = ["AMSGrad", "NAdam", "RAdam", "AdaMax", "AdaDelta", "Rprop"]
@@ -239,6 +240,7 @@ def _check_rprop(rule):
         ("ell", rule.ell, lambda a, b: 0 < a < 1 < b, "(shrink, grow) with 0 < shrink < 1 < grow"),
         ("gamma", rule.gamma, lambda a, b: 0 <= a <= b < math.inf, "(min, max), 0 <= min <= max"),
     ):
+        value = weakened(rule, name, value)
         if not (isinstance(value, (tuple, list)) and len(value) == 2):
             raise _error(TypeError, rule, name, value, f"a pair {requirement} (a tuple)")
         if not all(_is_number(v) for v in value):
