@@ -145,6 +145,7 @@ NUMPY_ROW_ONLY = (
     "test_compose",
     "test_compile_fusion",
     "test_compile_fusion_backward",
+    "test_compile_fusion_cuda",
     "test_train_text",
 )
 

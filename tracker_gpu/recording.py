@@ -124,8 +124,9 @@ DATA = _Data()
 
 
 def is_data(node):
-    """Whether `node` stands for data (only while recording can it)."""
-    return getattr(node, "grad", None) is DATA
+    """Whether `node` stands for data (only while recording can it): a leaf whose `grad` is
+    DATA (a node made by a rule has no `grad`: it is not looked up, which would raise inside)."""
+    return getattr(node, "rule", False) is None and getattr(node, "grad", None) is DATA
 
 
 def refuse(operation, goes_on=False):

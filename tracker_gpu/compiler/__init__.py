@@ -54,7 +54,7 @@ from ..api import (
 from ..pytree import tree_map
 from ..recording import RecordingError
 from ..tracked import TrackedArray
-from . import loops
+from . import cuda_target, loops
 from .guards import Guards, guards_of
 from .program import Program, shallow_copy
 from .recorder import Recorder, Walk
@@ -89,7 +89,9 @@ def compile(f, *, gradient=None, wrt=None, fallback=False, maxsize=32, cuda_grap
     fuses the correctly rounded operations only (bit for bit with eager), `fuse=True` the C
     library's exp, sin, tanh... too (within a few units in the last place of NumPy's),
     `fuse=False` nothing. None (the default) is "exact" where the machine's vector instructions
-    are IEEE arithmetic and tested (`loops.EXACT_MACHINES`: x86-64), else False.
+    are IEEE arithmetic and tested (`loops.EXACT_MACHINES`: x86-64), else False. A CuPy
+    program's regions are CUDA kernels, several to a launch (`cuda_target.py`); there None is
+    "exact" whatever the host.
     """
     if not callable(f):
         raise TypeError(f"tg.compile needs a function, got {type(f).__name__}")
@@ -97,9 +99,10 @@ def compile(f, *, gradient=None, wrt=None, fallback=False, maxsize=32, cuda_grap
         raise TypeError(f"tg.compile: gradient is True, False or None, got {gradient!r}")
     if fuse not in (None, True, False, "exact"):
         raise TypeError(f"tg.compile: fuse is None, True, False or 'exact', got {fuse!r}")
-    if fuse is None:
-        fuse = loops.default_fuse()
-    return Compiled(f, fallback, maxsize, cuda_graphs, wrt, gradient, fuse)
+    compiled = Compiled(f, fallback, maxsize, cuda_graphs, wrt, gradient,
+                        loops.default_fuse() if fuse is None else fuse)  # fmt: skip
+    compiled.cuda_fuse = "exact" if fuse is None else fuse  # a GPU's arithmetic is IEEE's
+    return compiled
 
 
 class Compiled:
@@ -107,7 +110,7 @@ class Compiled:
 
     def __init__(self, f, fallback, maxsize, cuda_graphs, wrt=None, gradient=None, fuse=False):
         self.f, self.fallback, self.maxsize, self.cuda_graphs = f, fallback, maxsize, cuda_graphs
-        self.wrt, self.gradient, self.fuse = wrt, gradient, fuse
+        self.wrt, self.gradient, self.fuse, self.cuda_fuse = wrt, gradient, fuse, fuse
         self._programs = OrderedDict()
         self._hits = self._misses = 0
         self._churned = self._guard_churned = self._warned_random = False
@@ -165,6 +168,7 @@ class Compiled:
                 self.fallback,
                 kwargs,
                 self.fuse,
+                self.cuda_fuse,
             )
         except RecordingError:
             if not self.fallback:
@@ -235,10 +239,19 @@ class Compiled:
 
 
 def record(
-    f, args, cuda_graphs=True, wrt=None, gradient=True, fallback=False, kwargs=None, fuse=False
+    f,
+    args,
+    cuda_graphs=True,
+    wrt=None,
+    gradient=True,
+    fallback=False,
+    kwargs=None,
+    fuse=False,
+    cuda_fuse=None,
 ):
     """Run `f(*args, **kwargs)` (and its gradient) once, recording: `(program, the result of
-    this run)`. `gradient` as in `compile`; keyword arguments are not differentiated. With
+    this run)`. `gradient` as in `compile`; `fuse` a host program's fusion, `cuda_fuse` a CuPy
+    program's (None: `fuse`); keyword arguments are not differentiated. With
     `fallback`, a refusal that the run can go on from eagerly stops the recording there, and
     the run finishes eagerly: `(None, its result)`."""
     kwargs = kwargs or {}
@@ -249,6 +262,9 @@ def record(
     if recorder.refused is None:
         try:
             program = Program(recorder, result, arrays, cuda_graphs, fuse)
+            cuda_fuse = fuse if cuda_fuse is None else cuda_fuse
+            if cuda_fuse and program.interpreted and cuda_target.applies(arrays):
+                cuda_target.fuse(program, arrays, cuda_fuse == "exact")
         except RecordingError:
             if not fallback:
                 raise

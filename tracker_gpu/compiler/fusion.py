@@ -13,9 +13,11 @@ A region computes what the steps computed, operation for operation, each in the 
 computes it in (`np.result_type`, Python numbers weak), inputs cast as NumPy casts them: the
 arithmetic is the eager replay's bit for bit, and the functions of the C library (`exp`,
 `sin`, ...) agree with NumPy's to a few units in the last place. The target that generates and
-builds the kernel is one function (`build`, for host arrays: `loops.py`); arrays of other
+builds the kernel is one function (`build`) and a `Target` (the arrays and namespaces it takes,
+the regions that pay, the guard around a kernel): `HOST` for NumPy arrays (`loops.py`), the
+CUDA target's for CuPy (`cuda_target.py`, which gathers regions into launches); arrays of other
 libraries are not fused. The backward passes' chains of elementwise pullbacks are fused by
-`backward.py`, with the same target.
+`backward.py`, with the host target.
 
 >>> import numpy as np, tracker_gpu as tg
 >>> step = tg.compile(lambda x: tg.sum(tg.exp(x * 2.0 + 1.0)), fuse=True)
@@ -34,7 +36,7 @@ from ..rules import elementwise as ew
 from ..rules import nn
 from .recorder import Call, Walk
 
-__all__ = ["Fused", "Region", "fuse", "regions", "OPS", "INEXACT"]
+__all__ = ["Fused", "Region", "Target", "HOST", "fuse", "regions", "OPS", "INEXACT"]
 
 FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 BOOL = np.dtype(bool)
@@ -117,11 +119,12 @@ def _typed(slot, types, start):
 INEXACT = frozenset("pow exp expm1 log log1p sin cos tan sinh cosh tanh sigmoid".split())
 
 
-def _operation(step, types, start, exact=False):
+def _operation(step, types, start, exact=False, library=is_numpy_namespace):
     """`(op, dtype, operand kinds)` for a step a region may take, else None: `dtype` the one it
     computes in (a comparison's operands' promoted dtype; its result is bool). An operand kind
-    is the slot's type (`_typed`); a weak number is converted to `dtype` as NumPy does."""
-    if type(step) is not Call or step.makes_ctx or not is_numpy_namespace(step.xp):
+    is the slot's type (`_typed`); a weak number is converted to `dtype` as NumPy does.
+    `library(xp)`: whether the target takes the step's namespace (NumPy for the host loops)."""
+    if type(step) is not Call or step.makes_ctx or not library(step.xp):
         return None
     known = OPS.get(step.function)
     if known is None:
@@ -206,14 +209,16 @@ _CHECKS = {"binary": _check_binary, "unary": _check_unary, "compare": _check_com
 
 
 # --- the regions
-def regions(program, arrays, orders, exact=False):
+def regions(program, arrays, orders, exact=False, target=None):
     """The regions of `program`: lists of step indices, each in order, its last step the one
-    whose value leaves it; only regions of two steps or more. `orders` are the walks' nodes in
-    the order their pullbacks run (`codegen._order`); `exact` leaves out the operations of
-    the C library (`INEXACT`)."""
-    types, operations = _types(program, arrays), {}
+    whose value leaves it; only regions that pay (`_pays`: two steps or more). `orders` are the
+    walks' nodes in the order their pullbacks run (`codegen._order`); `exact` leaves out the
+    operations of the C library (`INEXACT`). `target` (a `Target`: the host loops by default)
+    says which arrays and namespaces the kernels take, and which regions pay."""
+    target = target or HOST
+    types, operations = _types(program, arrays, target.array), {}
     for index, step in enumerate(program.steps):
-        found = _operation(step, types, program.start, exact)
+        found = _operation(step, types, program.start, exact, target.library)
         if found is not None:
             operations[index] = found
     pinned = _pinned(program, orders)
@@ -239,7 +244,8 @@ def regions(program, arrays, orders, exact=False):
     grouped = {}
     for index in sorted(owner):
         grouped.setdefault(owner[index], []).append(index)
-    return [members for members in grouped.values() if _pays(program, members)], operations
+    pays = target.pays or _pays
+    return [members for members in grouped.values() if pays(program, members)], operations
 
 
 # A kernel call costs about 2 us on a small array (its guards, ctypes), a NumPy call 0.4 us: a
@@ -257,16 +263,16 @@ def _pays(program, members):
     return len(members) >= SMALL_OPS or int(np.prod(shape)) >= SMALL_SIZE
 
 
-def _types(program, arrays):
-    """`{slot: ("array", dtype, shape)}` for the arguments, the constants that are NumPy arrays
-    and the values the steps make (their nodes' dtype and shape)."""
+def _types(program, arrays, array=np.ndarray):
+    """`{slot: ("array", dtype, shape)}` for the arguments, the constants that are arrays of
+    the type `array` and the values the steps make (their nodes' dtype and shape)."""
     types = {}
     for slot, value in enumerate(arrays):
-        if type(value) is np.ndarray:
-            types[slot] = ("array", value.dtype, tuple(value.shape))
+        if type(value) is array:
+            types[slot] = ("array", np.dtype(value.dtype), tuple(value.shape))
     for slot, value in enumerate(program.start):
-        if type(value) is np.ndarray:
-            types[slot] = ("array", value.dtype, tuple(value.shape))
+        if type(value) is array:
+            types[slot] = ("array", np.dtype(value.dtype), tuple(value.shape))
     for step in program.steps:
         if type(step) is Call:
             types[step.out] = ("array", np.dtype(step.node.dtype), tuple(step.node.shape))
@@ -315,12 +321,14 @@ def describe(program, members, operations):
     return Region(ops, specs, shape), inputs
 
 
-def fuse(program, arrays, orders, build, exact=False):
+def fuse(program, arrays, orders, build, exact=False, target=None):
     """`(steps, count)`: `program.steps` with each region (two elementwise steps or more)
     replaced by one `Fused` step, its kernel made by `build(regions)` (a target: a list of
     kernels, one per `Region`, or None where it cannot build them: then the steps stay as they
-    are), and the number of regions. `exact`: correctly rounded operations only."""
-    found, operations = regions(program, arrays, orders, exact)
+    are), and the number of regions. `exact`: correctly rounded operations only; `target` as
+    in `regions` (its `guard` wraps each kernel, as `_guarded` does for the host loops)."""
+    target = target or HOST
+    found, operations = regions(program, arrays, orders, exact, target)
     if not found:
         return program.steps, 0
     described = [describe(program, members, operations) for members in found]
@@ -331,7 +339,7 @@ def fuse(program, arrays, orders, build, exact=False):
     for members, (region, inputs), kernel in zip(found, described, kernels):
         calls = [program.steps[i] for i in members]
         replaced[members[-1]] = Fused(
-            calls[-1].out, inputs, calls, _guarded(kernel, region, calls, inputs, program.start)
+            calls[-1].out, inputs, calls, target.guard(kernel, region, calls, inputs, program.start)
         )
         replaced.update(dict.fromkeys(members[:-1]))
     for index, step in enumerate(program.steps):
@@ -366,6 +374,21 @@ def _guarded(kernel, region, calls, inputs, start):
         return kernel(*values)
 
     return run
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a fusion target takes: `array` the type of its arrays, `library(xp)` whether it
+    takes a step's namespace, `pays(program, members)` whether a region is worth a kernel (None:
+    `_pays`), `guard(kernel, region, calls, input slots, start)` the step's `run`."""
+
+    array: type
+    library: object
+    pays: object
+    guard: object
+
+
+HOST = Target(np.ndarray, is_numpy_namespace, None, _guarded)
 
 
 def _stepwise(calls, slots, values, start):

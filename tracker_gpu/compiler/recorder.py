@@ -20,25 +20,34 @@ from .. import draws, recording
 from ..backend import namespace_of
 from ..checks import checking
 from ..primitive import traced_data
-from ..tape import BackError, Node, counts, leaf_node, run
+from ..tape import (
+    BackError,
+    Node,
+    _count_references,  # with _reset: a pass's counts, kept as two lists (`_counted`)
+    _reset,
+    leaf_node,
+    replay,
+    run,
+    serial_now,
+)
 from ..tracked import TrackedArray
 
 __all__ = ["Recorder", "Call", "Draw", "Walk"]
 
 
-@dataclass
+@dataclass(slots=True)  # one per operation: no __dict__
 class Call:
     out: int  # the slot of the value
     node: Node
     function: object  # function(xp, *values, **kw) -> value, or (value, ctx) if makes_ctx
     xp: object
-    inputs: list  # slots
+    inputs: tuple  # slots
     kw: dict
     makes_ctx: bool
-    saves: list  # [(position in the node's saved list, slot)]
+    saves: tuple  # ((position in the node's saved list, slot), ...)
 
 
-@dataclass
+@dataclass(slots=True)
 class Draw:
     out: int
     rng: object
@@ -46,14 +55,84 @@ class Draw:
     like: object  # an array of the library and device to draw into, or None
 
 
-@dataclass
+@dataclass(slots=True)
 class Walk:
     root: Node
     seed: int  # the slot of the seed
     stop: list  # nodes
-    counted: list  # [(node, count)]
+    counted: object  # (node, count) pairs (`Counted`)
     outputs: list = field(default_factory=list)  # [(node, slot)]
 
+
+def placed(steps, slots, others):
+    """Every node placed in a slot: the nodes of the steps (`Call`s, but a pass's seed) and
+    `others` (a recorder's `nodes`)."""
+    for step in steps:
+        if type(step) is Call and step.node.serial in slots:
+            yield step.node
+    yield from others
+
+
+def slots_by_id(steps, slots, others):
+    """`{id(node): slot}` for every node placed (`placed`), as the program's planners and its
+    generator read them."""
+    return {id(node): slots[node.serial] for node in placed(steps, slots, others)}
+
+
+class BySerial:
+    """`{node.serial: slot}` for the nodes a recording places: a list indexed from the first
+    serial of the recording (`base`), 8 bytes a node where a dict takes about 50, with a
+    dict for any older node; `None` in the list is no slot."""
+
+    __slots__ = ("base", "table", "older")
+
+    def __init__(self, base):
+        self.base, self.table, self.older = base, [], {}
+
+    def get(self, serial, default=None):
+        k = serial - self.base
+        if k < 0:
+            return self.older.get(serial, default)
+        slot = self.table[k] if k < len(self.table) else None
+        return default if slot is None else slot
+
+    def __getitem__(self, serial):
+        slot = self.get(serial)
+        if slot is None:
+            raise KeyError(serial)
+        return slot
+
+    def __contains__(self, serial):
+        return self.get(serial) is not None
+
+    def __setitem__(self, serial, slot):
+        k, table = serial - self.base, self.table
+        if k < 0:
+            self.older[serial] = slot
+            return
+        if k >= len(table):
+            table.extend([None] * (k + 1 - len(table)))
+        table[k] = slot
+
+
+class Counted:
+    """A pass's `[(node, count)]` (`tape.counts`) kept as a list of nodes and a list of counts:
+    iterated, it gives the pairs; no tuple per node of the pass."""
+
+    __slots__ = ("nodes", "counts")
+
+    def __init__(self, nodes, counts):
+        self.nodes, self.counts = nodes, counts
+
+    def __iter__(self):
+        return zip(self.nodes, self.counts)
+
+    def __len__(self):
+        return len(self.nodes)
+
+
+_NO_KEYWORDS = {}  # the keywords of the steps that take none (never written)
+NUMBERS = frozenset((float, int, bool, complex))  # immutable constants: one slot per object
 
 SPENT_MESSAGE = (
     "back was already used on this graph: a single-use pass (once=True) frees it. Recompute "
@@ -78,16 +157,19 @@ class Recorder:
         self.lenient = lenient  # a refusal stops the recording, and the run goes on eagerly
         self.refused = None  # the RecordingError that stopped it
         self.values = list(arrays)  # each slot's value kept: arguments, constants (else None)
+        self.constants = []  # the constants' slots; the others after the arguments' are made
         self._input_slots = {id(a): i for i, a in enumerate(arrays)}
-        self.slots = {}  # id(node) -> slot
-        self.value_slots = {}  # id(value) -> (slot, reference), for traced values (`_lookup`)
-        self.nodes = []  # every node recorded, in order of creation
+        self.slots = BySerial(serial_now())  # node.serial -> slot
+        self.value_slots = {}  # id(value) -> its _Ref (slot and reference), while it lives
+        self._forget = _forget(self.value_slots)
+        self.nodes = []  # the nodes placed by other hooks than `node` (leaves, data)
         self.steps = []
         self.walks = 0
         self.draws = 0
-        self._spent = set()  # ids of the nodes a single-use pass went through
+        self._spent = []  # the nodes of each single-use pass (`_spend`)
         self._tracks = {}  # id(node) -> whether it would be tracked eagerly
         self.writes = {}  # id(buffer) -> [buffer's slot, slot of its last value, traced value]
+        self._numbers = {}  # id(number) -> its slot: a Python number used again, one slot
 
     # --- the hooks
     def leaf(self, tracked):
@@ -103,11 +185,37 @@ class Recorder:
         """A node made by a rule (or traced data computed by one): a step computing its value."""
         function, inputs, kw, makes_ctx = how
         node = out._node
-        inputs = [self._slot_of(a) for a in inputs]
-        call = Call(self._made_slot(), node, function, out._xp, inputs, kw, makes_ctx,
-                    self._saves(node))  # fmt: skip
-        self.steps.append(call)
-        self._place(out, call.out)
+        if not kw and type(kw) is dict and kw is not _NO_KEYWORDS:  # one empty dict for all
+            if node.ctx is kw:
+                node.ctx = _NO_KEYWORDS
+            kw = _NO_KEYWORDS
+        table, base, numbers = self.slots.table, self.slots.base, self._numbers
+        found, plain = [], False
+        for a in inputs:  # `_slot_of`, its common cases inline
+            kind = type(a)
+            if kind is Node:
+                k = a.serial - base
+                slot = table[k] if 0 <= k < len(table) else None
+                if slot is None:  # older than the recording, or made outside f
+                    slot = self._slot_of(a)  # raises, naming it
+            elif kind in NUMBERS and id(a) in numbers:
+                slot = numbers[id(a)]
+            else:
+                plain = plain or kind not in NUMBERS
+                slot = self._slot_of(a)
+            found.append(slot)
+        slot = len(self.values)
+        self.values.append(None)
+        if node.saved is None and not plain and inputs is node.args:
+            saves = ()  # nothing saved, no traced constant: nothing read by the pullback
+        else:
+            saves = self._saves(node)
+        self.steps.append(Call(slot, node, function, out._xp, tuple(found), kw, makes_ctx, saves))
+        if node.serial - base == len(table):  # `_place`, the node found in its step
+            table.append(slot)
+        else:
+            self.slots[node.serial] = slot
+        self._remember(out.data, slot)
 
     def draw(self, rng, shape, like):
         """Uniform numbers from `rng`, drawn anew by every replay: traced data."""
@@ -124,14 +232,17 @@ class Recorder:
         (slots of this step) for what the function computes from them. A second pass over a
         graph that a single-use pass (`once`) went through raises, as eagerly."""
         stop = list(stop)
-        counted = counts(root, stop)
+        counted = _counted(root, stop)
         if once is not None:
             self._spend(root, counted, once)
         step = Walk(root, self._seed_slot(root, seed), stop, counted)
         self.walks += 1
         self.steps.append(step)
         with recording.paused():  # what the pullbacks do, the replay's walk does again
-            reached = run(root, seed, once=False, stop=stop)
+            if once and counted:  # counted once; saved values freed as the pass goes
+                reached = replay(root, seed, stop, counted)
+            else:  # the graph may be walked again: its saved values kept
+                reached = run(root, seed, once=False, stop=stop)
         traced = []
         for node, g in reached:
             slot = self._made_slot()
@@ -193,11 +304,15 @@ class Recorder:
         return known[id(node)]
 
     def _spend(self, root, counted, once):
-        walked = {id(root)} | {id(node) for node, _ in counted}
-        if walked & self._spent:
-            raise BackError(SPENT_MESSAGE)
+        """Raise if this pass goes through a node that a single-use pass went through; remember
+        the pass if it is one. The sets are made only where there was one before (most
+        recordings have a single pass)."""
+        if self._spent:
+            walked = {id(root)} | {id(node) for node in counted.nodes}
+            if any(id(node) in walked for spent in self._spent for node in spent):
+                raise BackError(SPENT_MESSAGE)
         if once:
-            self._spent |= walked
+            self._spent.append([root, *counted.nodes])
 
     def _seed_slot(self, root, seed):
         """The slot of a pass's seed: a traced seed's, or, for the ones that start a scalar
@@ -206,12 +321,12 @@ class Recorder:
         slot = self._lookup(seed)
         if slot is not None:
             return slot
-        loss = self.slots.get(id(root))
+        loss = self.slots.get(root.serial)
         if loss is None or getattr(seed, "shape", None) != () or not bool(seed == 1):
             return self._new_slot(seed)
         node = leaf_node(seed.shape, seed.dtype)
-        step = Call(self._made_slot(), node, checked_seed, namespace_of(seed), [loss], {},
-                    False, [])  # fmt: skip
+        step = Call(self._made_slot(), node, checked_seed, namespace_of(seed), (loss,), {},
+                    False, ())  # fmt: skip
         self.steps.append(step)
         return step.out
 
@@ -223,6 +338,7 @@ class Recorder:
     def _new_slot(self, value):
         """A slot for a value the program keeps: an argument's array or a constant."""
         self.values.append(value)
+        self.constants.append(len(self.values) - 1)
         return len(self.values) - 1
 
     def _made_slot(self):
@@ -230,25 +346,31 @@ class Recorder:
         self.values.append(None)
         return len(self.values) - 1
 
+    def slot_of_node(self, node):
+        """The slot of a node placed by this recording, or None."""
+        return self.slots.get(node.serial)
+
     def _place(self, tracked, slot):
-        self.slots[id(tracked._node)] = slot
+        self.slots[tracked._node.serial] = slot
         self._remember(tracked.data, slot)
         self.nodes.append(tracked._node)
 
     def _remember(self, value, slot):
-        """`value` (traced data) is found in `slot` by `_lookup`. It is held weakly, so that an
-        intermediate no pullback saved is freed during the recording as eagerly; its id, which
-        a later array may take, is checked against the reference."""
+        """`value` (traced data) is found in `slot` by `_lookup` while it lives. It is held
+        weakly, so that an intermediate no pullback saved is freed during the recording as
+        eagerly, and its entry goes with it (a later array may take its id)."""
+        table = self.value_slots
         try:
-            ref = _weakref(value)
+            ref = _Ref(value, self._forget)
         except TypeError:  # no weak references to it: held
             ref = _Held(value)
-        self.value_slots[id(value)] = (slot, ref)
+        ref.slot, ref.key = slot, id(value)
+        table[ref.key] = ref
 
     def _lookup(self, value):
         """The slot of `value` if it is traced data (`_remember`), else None."""
         found = self.value_slots.get(id(value))
-        return found[0] if found is not None and found[1]() is value else None
+        return found.slot if found is not None and found() is value else None
 
     def _slot_of(self, value):
         """The slot of an input of a step: its node's (a node, or a tracked array), a traced
@@ -257,7 +379,7 @@ class Recorder:
         if type(value) is TrackedArray:
             value = value.data if value._node is None else value._node
         if type(value) is Node:
-            slot = self.slots.get(id(value))
+            slot = self.slots.get(value.serial)
             if slot is None:
                 raise recording.RecordingError(
                     "tg.compile: f uses a tracked array it did not receive as an argument (a "
@@ -266,28 +388,63 @@ class Recorder:
                 )
             return slot
         slot = self._lookup(value)
-        return self._new_slot(value) if slot is None else slot
+        if slot is not None:
+            return slot
+        if type(value) not in NUMBERS:
+            return self._new_slot(value)
+        slot = self._numbers.get(id(value))  # held by `values`: its id is its own
+        if slot is None:
+            slot = self._numbers[id(value)] = self._new_slot(value)
+        return slot
 
     def _saves(self, node):
-        """Where the values a node's pullback reads come from at a replay: `[(position, slot)]`;
-        position 0 is the node's own value (filled by its step), k its argument k - 1: each
-        one it saved, and each constant that is traced data (read anew, saved or not)."""
+        """Where the values a node's pullback reads come from at a replay: `((position, slot),
+        ...)`; position 0 is the node's own value (filled by its step), k its argument k - 1:
+        each one it saved, and each constant that is traced data (read anew, saved or not)."""
         saved = node.saved or [None, *node.args]
         found = [(0, None)] if saved[0] is not None else []
         for k, (arg, value) in enumerate(zip(node.args, saved[1:]), start=1):
             if type(arg) is Node and value is not arg:
-                found.append((k, self.slots[id(arg)]))
+                found.append((k, self.slots[arg.serial]))
             elif type(arg) is not Node:
                 slot = self._lookup(arg)
                 if slot is not None:
                     found.append((k, slot))
-        return found
+        return tuple(found) if found else ()
+
+
+def _counted(root, stop):
+    """The counts of a pass from `root` (`tape.counts`), as a `Counted`."""
+    stop = {id(node) for node in stop}
+    if root.rule is None or id(root) in stop:  # a leaf or a stop: nothing to count
+        return Counted([], [])
+    nodes = _count_references(root, stop)
+    counts = [node._n for node in nodes]
+    _reset(nodes)
+    return Counted(nodes, counts)
+
+
+class _Ref(_weakref):
+    """A weak reference to a traced value, with its slot and its key in `value_slots`."""
+
+    __slots__ = ("slot", "key")
+
+
+def _forget(table):
+    """The callback that drops a value's entry from `table` when the value dies (unless the
+    entry is a newer one's)."""
+
+    def forget(ref):
+        if table.get(ref.key) is ref:
+            table.pop(ref.key, None)
+
+    return forget
 
 
 class _Held:
     """A strong reference with a weak reference's call."""
 
-    __slots__ = ("value",)
+    __slots__ = ("value", "slot", "key")
 
     def __init__(self, value):
         self.value = value
