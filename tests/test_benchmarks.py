@@ -199,3 +199,16 @@ def test_distributed_quick(tmp_path):
     for target in document["targets"]:
         assert isinstance(target["met"], bool)
         assert f"({'met' if target['met'] else 'MISSED'})" in out
+
+
+def test_job_steps(tmp_path):
+    out = run("job_steps.py", "--models", "mlp,lstm", "--steps", "1", "--rounds", "1",
+              "--json", str(tmp_path / "j"))  # fmt: skip
+    document = json.loads((tmp_path / "j").read_text())
+    assert set(document["steps_s"]) == {"mlp", "lstm"}
+    for times in document["steps_s"].values():
+        assert times["eager"] > 0 and times["compiled"] > 0
+    for process in ("cold", "warm"):
+        calls = document["first_calls_s"][process]
+        assert all(c["first"] > 0 and c["second"] > 0 for c in calls.values()), calls
+    assert "target compiled faster" in out and "first calls" in out
