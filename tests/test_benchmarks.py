@@ -183,7 +183,7 @@ def test_compile(tmp_path):
     for row in rows.values():
         assert {"tracker_gpu eager", "tracker_gpu compiled", "NumPy by hand"} <= set(row)
         assert all(us > 0 for us in row.values())
-    assert "target MLP step: compiled within 10% of NumPy by hand" in out
+    assert "target MLP step: compiled at most 1.0x NumPy by hand" in out
 
 
 def test_distributed_quick(tmp_path):
