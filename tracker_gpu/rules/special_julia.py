@@ -42,17 +42,30 @@ def _sinpi(xp, x):
     traced = _traced(xp, "sinpi")
     if traced is not None:
         return traced(x)
-    r = x - xp.round(x * 0.5) * 2  # in [-1, 1], exactly
-    return xp.where(xp.abs(r) == 1, xp.zeros_like(r), xp.sin(r * math.pi))
+    return _sin_half_turn(xp, _half_turns(xp, x))
 
 
 def _cospi(xp, x):
     traced = _traced(xp, "cospi")
     if traced is not None:
         return traced(x)
-    r = xp.abs(x)
-    r = r - xp.round(r * 0.5) * 2
-    return xp.where(xp.abs(r) == 0.5, xp.zeros_like(r), xp.cos(r * math.pi))
+    # cos(pi r) = sin(pi (1/2 - |r|)); 1/2 - |r| is exact for |r| >= 1/4 (Sterbenz), and
+    # below its rounding is at most half an ulp of 1/2, against a cosine near 1
+    return _sin_half_turn(xp, 0.5 - xp.abs(_half_turns(xp, x)))
+
+
+def _half_turns(xp, x):
+    """`x` reduced exactly to `[-1, 1]` modulo 2 (`x - 2 round(x / 2)`)."""
+    return x - xp.round(x * 0.5) * 2
+
+
+def _sin_half_turn(xp, r):
+    """`sin(pi r)` for `r` in `[-1, 1]`, folded exactly into `[-1/2, 1/2]` (sin(pi - a) =
+    sin(a)) so that the rounding of `pi r` stays relative to the result: near a whole turn,
+    `sin(pi r)` computed directly loses every digit (hundreds of ulps). Zeros at the whole
+    turns are +0 or -0 as `r` is."""
+    folded = xp.where(r > 0.5, 1.0 - r, xp.where(r < -0.5, -1.0 - r, r))
+    return xp.sin(folded * math.pi)
 
 
 def _cbrt(xp, x):
