@@ -15,18 +15,25 @@
 // An operand reaches `partial` as a pointer and an offset, and is read only where its formula
 // needs it: the tape keeps only what the generic rule reads (nothing for add and subtract, the
 // other operand for multiply), and passes g in place of an array it did not keep.
-template <typename T>
-__device__ T partial(int op, int side, T g, const T* x, long long ox, const T* y, long long oy,
-                     const T* out, long long oo) {
+//
+// Stored as S, computed in T (half.cuh): the slices' totals of a split reduction are kept in T.
+
+#include "half.cuh"
+
+template <typename S>
+__device__ compute_t<S> partial(int op, int side, compute_t<S> g, const S* x, long long ox,
+                                const S* y, long long oy, const S* out, long long oo) {
+    typedef compute_t<S> T;
     switch (op) {
-        case 0: return g;                                                 // add
-        case 1: return side ? -g : g;                                     // subtract
-        case 2: return side ? g * x[ox] : g * y[oy];                      // multiply
-        case 3: return side ? -g * out[oo] / y[oy] : g / y[oy];           // divide
-        default: {                                                        // pow
-            const T xv = x[ox];
-            return side ? g * log(xv == T(0) ? T(1) : xv) * out[oo]
-                        : g * y[oy] * pow(xv, y[oy] == T(0) ? T(1) : y[oy] - T(1));
+        case 0: return g;                                                       // add
+        case 1: return side ? -g : g;                                           // subtract
+        case 2: return side ? g * load(x[ox]) : g * load(y[oy]);                // multiply
+        case 3: return side ? -g * load(out[oo]) / load(y[oy]) : g / load(y[oy]);  // divide
+        default: {                                                              // pow
+            const T xv = load(x[ox]);
+            if (side) return g * log(xv == T(0) ? T(1) : xv) * load(out[oo]);
+            const T yv = load(y[oy]);
+            return g * yv * pow(xv, yv == T(0) ? T(1) : yv - T(1));
         }
     }
 }
@@ -46,16 +53,18 @@ __device__ void offsets(const long long* dims, int ndim, long long k, long long*
 
 // The operand is not broadcast: one thread per element, no reduction.
 #define BINARY_BWD(name, op)                                                                 \
-    template <typename T>                                                                    \
-    __global__ void name##_bwd_acc(const T* g, long long g_step, const T* x, const T* y,      \
-                                   const T* out, const long long* dims, int ndim, int side,   \
-                                   const T* prev, T* acc, long long n, int has_prev) {       \
+    template <typename S>                                                                    \
+    __global__ void name##_bwd_acc(const S* g, long long g_step, const S* x, const S* y,      \
+                                   const S* out, const long long* dims, int ndim, int side,   \
+                                   const S* prev, S* acc, long long n, int has_prev) {       \
+        typedef compute_t<S> T;                                                              \
         for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;          \
              i += (long long)blockDim.x * gridDim.x) {                                       \
             long long o[3];                                                                  \
             offsets(dims, ndim, i, o);                                                       \
-            const T c = partial(op, side, g[o[0] * g_step], x, o[1], y, o[2], out, o[0]);    \
-            acc[i] = has_prev ? prev[i] + c : c;                                             \
+            const T gi = load(g[o[0] * g_step]);                                             \
+            const T c = partial(op, side, gi, x, o[1], y, o[2], out, o[0]);                  \
+            acc[i] = store<S>(has_prev ? load(prev[i]) + c : c);                             \
         }                                                                                    \
     }
 
@@ -73,12 +82,13 @@ BINARY_BWD(pow, 4)
 // to `acc` (one part: with `prev` added) or to `partials[part * outputs + output]`, which
 // `reduce_finish` adds up in order. No atomics: the result does not depend on scheduling.
 #define BINARY_REDUCE(name, op)                                                              \
-    template <typename T>                                                                    \
+    template <typename S>                                                                    \
     __global__ void name##_bwd_reduce(                                                       \
-        const T* g, long long g_step, const T* x, const T* y, const T* out,                  \
+        const S* g, long long g_step, const S* x, const S* y, const S* out,                  \
         const long long* dims, int kept_ndim, int reduced_ndim, int side, long long outputs, \
-        long long reduced, int out_lanes, int lanes_on_outputs, int parts, T* partials,      \
-        const T* prev, T* acc, int has_prev) {                                               \
+        long long reduced, int out_lanes, int lanes_on_outputs, int parts,                   \
+        compute_t<S>* partials, const S* prev, S* acc, int has_prev) {                       \
+        typedef compute_t<S> T;                                                              \
         __shared__ T lanes[256];                                                             \
         const int red_lanes = blockDim.x / out_lanes;                                        \
         const int t = threadIdx.x;                                                           \
@@ -96,7 +106,7 @@ BINARY_BWD(pow, 4)
                      j += (long long)parts * red_lanes) {                                    \
                     offsets(dims + 4 * kept_ndim, reduced_ndim, j, r);                       \
                     const long long at = k[0] + r[0];                                        \
-                    total += partial(op, side, g[at * g_step], x, k[1] + r[1], y,            \
+                    total += partial(op, side, load(g[at * g_step]), x, k[1] + r[1], y,      \
                                      k[2] + r[2], out, at);                                  \
                 }                                                                            \
             }                                                                                \
@@ -113,7 +123,7 @@ BINARY_BWD(pow, 4)
                 if (parts > 1)                                                               \
                     partials[(long long)part * outputs + i] = sum;                           \
                 else                                                                         \
-                    acc[i] = has_prev ? prev[i] + sum : sum;                                 \
+                    acc[i] = store<S>(has_prev ? load(prev[i]) + sum : sum);                 \
             }                                                                                \
             __syncthreads();                                                                 \
         }                                                                                    \
@@ -126,13 +136,13 @@ BINARY_REDUCE(div, 3)
 BINARY_REDUCE(pow, 4)
 
 // The slices' totals of each output, added in order: acc = prev + sum of partials[., i].
-template <typename T>
-__global__ void reduce_finish(const T* partials, long long outputs, int parts, const T* prev,
-                              T* acc, int has_prev) {
+template <typename S>
+__global__ void reduce_finish(const compute_t<S>* partials, long long outputs, int parts,
+                              const S* prev, S* acc, int has_prev) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < outputs;
          i += (long long)blockDim.x * gridDim.x) {
-        T sum = partials[i];
+        compute_t<S> sum = partials[i];
         for (int p = 1; p < parts; ++p) sum += partials[(long long)p * outputs + i];
-        acc[i] = has_prev ? prev[i] + sum : sum;
+        acc[i] = store<S>(has_prev ? load(prev[i]) + sum : sum);
     }
 }

@@ -2,36 +2,40 @@
 // and writing the new parameter and state to fresh buffers (an update never mutates the old
 // model or state). Each is the generic rule's formula, operation for operation, with the same
 // scalars (computed once on the host in double precision and passed by value). One thread per
-// element, grid-stride.
+// element, grid-stride. Stored as S, computed in T (half.cuh), the scalars passed as T.
+
+#include "half.cuh"
 
 #define FOR_EACH(i)                                                                          \
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;              \
          i += (long long)blockDim.x * gridDim.x)
 
 // x - dx * eta
-template <typename T>
-__global__ void descent_step(const T* x, const T* dx, T* x_out, long long n, T eta) {
-    FOR_EACH(i) { x_out[i] = x[i] - dx[i] * eta; }
+template <typename S>
+__global__ void descent_step(const S* x, const S* dx, S* x_out, long long n, compute_t<S> eta) {
+    FOR_EACH(i) { x_out[i] = store<S>(load(x[i]) - load(dx[i]) * eta); }
 }
 
 // v = v * rho + dx * eta; x - v
-template <typename T>
-__global__ void momentum_step(const T* x, const T* dx, const T* v, T* x_out, T* v_out,
-                              long long n, T eta, T rho) {
+template <typename S>
+__global__ void momentum_step(const S* x, const S* dx, const S* v, S* x_out, S* v_out,
+                              long long n, compute_t<S> eta, compute_t<S> rho) {
     FOR_EACH(i) {
-        const T velocity = v[i] * rho + dx[i] * eta;
-        v_out[i] = velocity;
-        x_out[i] = x[i] - velocity;
+        const compute_t<S> velocity = load(v[i]) * rho + load(dx[i]) * eta;
+        v_out[i] = store<S>(velocity);
+        x_out[i] = store<S>(load(x[i]) - velocity);
     }
 }
 
 // Optimisers.jl's Nesterov: x - (dx * ((1 + rho) * eta) - v * rho^2); v = v * rho - dx * eta
-template <typename T>
-__global__ void nesterov_step(const T* x, const T* dx, const T* v, T* x_out, T* v_out,
-                              long long n, T eta, T rho, T lead, T rho_squared) {
+template <typename S>
+__global__ void nesterov_step(const S* x, const S* dx, const S* v, S* x_out, S* v_out,
+                              long long n, compute_t<S> eta, compute_t<S> rho, compute_t<S> lead,
+                              compute_t<S> rho_squared) {
     FOR_EACH(i) {
-        x_out[i] = x[i] - (dx[i] * lead - v[i] * rho_squared);
-        v_out[i] = v[i] * rho - dx[i] * eta;
+        const compute_t<S> xi = load(x[i]), dxi = load(dx[i]), vi = load(v[i]);
+        x_out[i] = store<S>(xi - (dxi * lead - vi * rho_squared));
+        v_out[i] = store<S>(vi * rho - dxi * eta);
     }
 }
 
@@ -43,24 +47,27 @@ __global__ void nesterov_step(const T* x, const T* dx, const T* v, T* x_out, T* 
 //   mode 0 (Adam):           direction * (eta * scale)
 //   mode 1 (AdamW, coupled): (direction * scale + x * decay) * eta
 //   mode 2 (AdamW):          direction * scale * eta + x * decay
-template <typename T>
-__global__ void adam_step(const T* x, const T* dx, const T* m, const T* v, T* x_out, T* m_out,
-                          T* v_out, long long n, T one_minus_beta1, T one_minus_beta2,
-                          T epsilon_term, T scale, T eta, T eta_scale, T decay, int mode) {
+template <typename S>
+__global__ void adam_step(const S* x, const S* dx, const S* m, const S* v, S* x_out, S* m_out,
+                          S* v_out, long long n, compute_t<S> one_minus_beta1,
+                          compute_t<S> one_minus_beta2, compute_t<S> epsilon_term,
+                          compute_t<S> scale, compute_t<S> eta, compute_t<S> eta_scale,
+                          compute_t<S> decay, int mode) {
+    typedef compute_t<S> T;
     FOR_EACH(i) {
-        const T g = dx[i];
-        const T m1 = (g - m[i]) * one_minus_beta1 + m[i];
-        const T v1 = (g * g - v[i]) * one_minus_beta2 + v[i];
+        const T g = load(dx[i]), mi = load(m[i]), vi = load(v[i]), xi = load(x[i]);
+        const T m1 = (g - mi) * one_minus_beta1 + mi;
+        const T v1 = (g * g - vi) * one_minus_beta2 + vi;
         const T direction = m1 / (sqrt(v1) + epsilon_term);
         T delta;
         if (mode == 0)
             delta = direction * eta_scale;
         else if (mode == 1)
-            delta = (direction * scale + x[i] * decay) * eta;
+            delta = (direction * scale + xi * decay) * eta;
         else
-            delta = direction * scale * eta + x[i] * decay;
-        m_out[i] = m1;
-        v_out[i] = v1;
-        x_out[i] = x[i] - delta;
+            delta = direction * scale * eta + xi * decay;
+        m_out[i] = store<S>(m1);
+        v_out[i] = store<S>(v1);
+        x_out[i] = store<S>(xi - delta);
     }
 }

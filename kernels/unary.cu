@@ -3,19 +3,22 @@
 // whole domain (zeros, signed zeros, inf, nan): masks select rather than multiply (relu passes 0,
 // never inf * 0), and a first contribution is stored as it is (-0 stays -0). One thread per
 // element, grid-stride. `prev` may alias `acc`. `g_step` is 1 for a gradient of x's shape and 0
-// for a scalar gradient broadcast to it (as after a sum).
+// for a scalar gradient broadcast to it (as after a sum). Stored as S, computed in T (half.cuh).
+
+#include "half.cuh"
 
 #define UNARY_BWD(name, contribution)                                                       \
-    template <typename T>                                                                    \
-    __global__ void name##_bwd_acc(const T* x, const T* y, const T* g, long long g_step,      \
-                                   const T* prev, T* acc, long long n, int has_prev) {       \
+    template <typename S>                                                                    \
+    __global__ void name##_bwd_acc(const S* x, const S* y, const S* g, long long g_step,      \
+                                   const S* prev, S* acc, long long n, int has_prev) {       \
+        typedef compute_t<S> T;                                                              \
         for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;          \
              i += (long long)blockDim.x * gridDim.x) {                                       \
-            const T xi = x[i], yi = y[i], gi = g[i * g_step];                                \
+            const T xi = load(x[i]), yi = load(y[i]), gi = load(g[i * g_step]);              \
             (void)xi;                                                                        \
             (void)yi;                                                                        \
             const T c = (contribution);                                                      \
-            acc[i] = has_prev ? prev[i] + c : c;                                             \
+            acc[i] = store<S>(has_prev ? load(prev[i]) + c : c);                             \
         }                                                                                    \
     }
 

@@ -10,7 +10,10 @@ one `SaveError` (an `OSError`) naming the path and the cause; the old file is in
 Every file the library reads goes through `Archive(path, who)`, which reads the zip's directory
 and each member's `.npy` header and nothing else; its caller checks names, shapes and dtypes
 against the model, `verify()` streams the members through their checksums in small chunks, and
-only then `read(name)` allocates an array. Whatever is wrong with the file's content is one
+only then `read(name)` allocates an array. A dtype the `.npy` format cannot name (bfloat16,
+which NumPy writes as raw 2-byte values, `|V2`) is stored as its bits (`as_bits`: uint16) with
+its name recorded by the writer, and read back exactly by `read(name, dtype="bfloat16")`.
+Whatever is wrong with the file's content is one
 `BadFileError` (a `ValueError`) whose message names the file and what is wrong. Pickles are never
 loaded.
 
@@ -37,13 +40,14 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib import format as npy
 
-__all__ = ["BadFileError", "SaveError", "atomic_file", "write_npz", "Archive"]
+__all__ = ["BadFileError", "SaveError", "atomic_file", "write_npz", "Archive", "as_bits", "BITS"]
 
 PARTIAL = ".partial-"  # temp files are "<name>.partial-<pid>-<random>"
 HEADER_LIMIT = 65536  # bytes of a member's .npy header, as NumPy's own limit allows
 META_LIMIT = 16 * 2**20  # bytes of a file's JSON description
 CHUNK = 2**18  # bytes read at a time
 NUMBERS = "biufc"  # the dtype kinds an array of a model or an optimiser state may have
+BITS = {"bfloat16": np.dtype(np.uint16)}  # dtypes .npy cannot name: stored as these bits
 _ACTIVE = set()  # temp files this process is writing now
 _ACTIVE_LOCK = threading.Lock()
 # what the zip and .npy readers raise on a damaged file (also OSError: a seek before the start)
@@ -113,6 +117,31 @@ def write_npz(path, arrays):
     """Write `{name: NumPy array}` to the `.npz` file `path` with `atomic_file`."""
     with atomic_file(path) as file:
         np.savez(file, **arrays)
+
+
+def as_bits(array):
+    """`(stored, name)`: a NumPy array of a dtype in `BITS` (bfloat16) as its bits and the
+    dtype's name, for the writer to record; any other array as it is, and None.
+
+    >>> import ml_dtypes, numpy as np
+    >>> bits, name = as_bits(np.array([1.0, -2.5], ml_dtypes.bfloat16))
+    >>> bits, name
+    (array([16256, 49184], dtype=uint16), 'bfloat16')
+    """
+    name = array.dtype.name
+    if name in BITS:
+        return array.view(BITS[name]), name
+    return array, None
+
+
+def _from_bits(archive, name, array, dtype):
+    """The array `name` of `archive`, stored as the bits of `dtype` (a name of `BITS`)."""
+    from .backend import half_dtype
+
+    try:
+        return array.view(half_dtype(dtype, np))
+    except TypeError as error:
+        raise archive.error(f"{name!r} holds {dtype} values: {error}") from None
 
 
 def _remove_stale(folder, name):
@@ -245,11 +274,20 @@ class Archive:
             )
         return member
 
-    def check(self, name, *, shape=None, most=None, kinds=NUMBERS, what="the model"):
-        """Refuse member `name` unless its dtype is of `kinds`, its shape is `shape` (if given)
-        and it has at most `most` elements (if given): checked before anything is read."""
+    def check(self, name, *, shape=None, most=None, kinds=NUMBERS, what="the model", dtype=None):
+        """Refuse member `name` unless its dtype is of `kinds` (or the bits of `dtype`, a name of
+        `BITS`, where the writer recorded one), its shape is `shape` (if given) and it has at
+        most `most` elements (if given): checked before anything is read."""
         member = self.members[name]
-        if member.dtype.kind not in kinds:
+        if dtype is not None:
+            self._check_bits(name, dtype)
+        elif member.dtype.kind == "V":
+            raise self.error(
+                f"{name!r} has dtype {member.dtype}, raw bytes without a dtype's name (how "
+                "np.save writes bfloat16); save it with nn.save or optim.save_checkpoint, "
+                "which record the dtype"
+            )
+        elif member.dtype.kind not in kinds:
             raise self.error(f"{name!r} has dtype {member.dtype}, not numbers")
         if shape is not None and member.shape != tuple(shape):
             raise self.error(
@@ -259,6 +297,19 @@ class Archive:
             raise self.error(
                 f"{name!r} declares {_shape_text(member.shape, member.dtype)} "
                 f"({_size(member.nbytes)}), more than {what} holds ({most} numbers)"
+            )
+
+    def _check_bits(self, name, dtype):
+        if dtype not in BITS:
+            raise self.error(
+                f"its description says {name!r} holds {dtype!r}; only {', '.join(BITS)} is "
+                "stored as bits"
+            )
+        found = self.members[name].dtype
+        if found != BITS[dtype]:
+            raise self.error(
+                f"its description says {name!r} holds {dtype} (stored as {BITS[dtype]} bits), "
+                f"but it holds {found}"
             )
 
     def bound(self, names, limit, why=""):
@@ -276,8 +327,9 @@ class Archive:
                 while stream.read(CHUNK):
                     pass
 
-    def read(self, name):
-        """Member `name` as a NumPy array, read into its place a chunk at a time."""
+    def read(self, name, dtype=None):
+        """Member `name` as a NumPy array, read into its place a chunk at a time; `dtype`
+        (bfloat16), the dtype whose bits it holds, checked by `check(name, dtype=...)`."""
         member = self.members[name]
         shape = member.shape[::-1] if member.fortran else member.shape
         array = np.empty(shape, member.dtype)
@@ -291,7 +343,8 @@ class Archive:
                 done += got
             if stream.read(1):
                 raise self.error(f"{name!r} holds more data than it declares")
-        return array.T if member.fortran else array
+        array = array.T if member.fortran else array
+        return array if dtype is None else _from_bits(self, name, array, dtype)
 
     def read_json(self, name):
         """Member `name`, a 0-d string array of at most `META_LIMIT` bytes, parsed as JSON."""

@@ -34,6 +34,7 @@ from .backend import half_dtype, is_array, is_floating_dtype, namespace_of
 from .namespace import logsumexp as _logsumexp
 from .namespace import mean as _mean
 from .namespace import sum as _sum
+from .optim.tree import structure
 from .pytree import tree_leaves, tree_map
 from .rules.elementwise import astype
 from .tracked import data
@@ -54,9 +55,11 @@ def _name(dtype):
     return name if isinstance(name, str) else str(dtype).rpartition(".")[2]
 
 
-def _cast(tree, name):
+def _cast(tree, name, trained_only=False):
     """Every floating array of `tree` (tracked or not) cast to the dtype `name` of its own
-    library by a tracked cast; other leaves and arrays already of that dtype as they are."""
+    library by a tracked cast; other leaves and arrays already of that dtype as they are. With
+    `trained_only`, the fields a layer declares not trainable (a BatchNorm's running statistics,
+    which it updates in place) are left as they are."""
 
     def cast(x):
         plain = data(x)
@@ -66,7 +69,23 @@ def _cast(tree, name):
             return x
         return astype(x, _dtype(name, namespace_of(plain)))
 
-    return tree_map(cast, tree)
+    if not trained_only:
+        return tree_map(cast, tree)
+    return _map_trained(cast, tree)
+
+
+def _map_trained(fn, tree):
+    """`fn` over the leaves of `tree`, except those of fields declared not trainable."""
+    found = structure(type(tree))
+    if found is None or is_array(data(tree)):
+        return fn(tree)
+    keys = list(found.keys(tree))
+    kept = found.trainable
+    values = [
+        v if kept is not None and k not in kept else _map_trained(fn, v)
+        for k, v in zip(keys, found.values(tree, keys))
+    ]
+    return found.rebuild(tree, keys, values)
 
 
 @dataclass(frozen=True)
@@ -105,7 +124,10 @@ class Policy:
         return _cast(tree, self.param_dtype)
 
     def cast_to_compute(self, tree):
-        return _cast(tree, self.compute_dtype)
+        """`tree` with its floating arrays in the compute dtype, but for the fields a layer
+        declares not trainable (a BatchNorm's running statistics stay in their dtype, updated
+        in place from float32 statistics)."""
+        return _cast(tree, self.compute_dtype, trained_only=True)
 
     def cast_to_output(self, tree):
         return _cast(tree, self.output_dtype)

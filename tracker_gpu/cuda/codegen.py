@@ -5,12 +5,16 @@ backward kernel per expression.
 it is what CuPy compiles (a module per text and device), what NVRTC compiles in the tests, and
 what the host build runs. Generated code is keyed by that text (so by the expression itself),
 never by the identity of a Python object. Every sub-expression becomes one local (shared ones are
-computed once) and the backward body computes every partial derivative together.
+computed once) and the backward body computes every partial derivative together. The kernels
+are written for a storage type S (`kernels/half.cuh`, which every text starts with): float16 and
+bfloat16 arguments are loaded into float32, the expression is computed in float32 and each
+result is rounded to the storage type once.
 
 Arguments are broadcast by strides: `dims` gives, for each axis of the result (merged where
 memory allows), its length and each array argument's stride in elements (0 where that argument
 is broadcast), so inputs of any strides are read in place. Python numbers are passed by value.
-Arrays of float32 and float64 are promoted as the standard says before the launch.
+Arrays of float16, bfloat16, float32 and float64 are promoted as the library promotes them
+(`result_type`) before the launch.
 """
 
 import math
@@ -20,9 +24,9 @@ import numpy as np
 from ..backend import SCALARS
 from ..expr import COMPARISONS, SPECIAL, topological
 from .dispatch import note, takes
-from .fused import FLOATS, merge_axes, tracked
+from .fused import STORAGE, merge_axes, tracked
 from .launch import device_int64, empty, grid_for, launch, library, on_device
-from .sources import Family, header
+from .sources import Family, compute_dtype, header
 
 __all__ = ["C", "body", "family", "forward", "backward"]
 
@@ -120,17 +124,17 @@ def family(compiled, scalars, needed=None):
 
 
 def _headers(compiled, needed):
-    """The header the text needs: kernels/special.cuh where it calls a special function."""
+    """The headers the text needs: kernels/special.cuh where it calls a special function, and
+    kernels/half.cuh."""
     roots = [compiled.out]
     if needed:
         roots += [p for p, need in zip(compiled.partials, needed) if need]
-    if any(node.op in SPECIAL for node in topological(roots)):
-        return header("special") + "\n"
-    return ""
+    special = any(node.op in SPECIAL for node in topological(roots))
+    return (header("special") + "\n" if special else "") + header("half") + "\n"
 
 
 def _inputs(scalars):
-    return ", ".join(f"T x{i}" if s else f"const T* x{i}" for i, s in enumerate(scalars))
+    return ", ".join(f"compute_t<S> x{i}" if s else f"const S* x{i}" for i, s in enumerate(scalars))
 
 
 def _prologue(scalars):
@@ -140,7 +144,7 @@ def _prologue(scalars):
     sums = "".join(f" o{i} += index * d[{k + 1}];" for k, i in enumerate(arrays))
     offsets = ", ".join(["rest = i"] + [f"o{i} = 0" for i in arrays])
     loads = " ".join(
-        f"const T a{i} = x{i};" if s else f"const T a{i} = x{i}[o{i}];"
+        f"const T a{i} = x{i};" if s else f"const T a{i} = load(x{i}[o{i}]);"
         for i, s in enumerate(scalars)
     )
     return f"""long long {offsets};
@@ -154,14 +158,15 @@ def _prologue(scalars):
 
 def _forward_text(compiled, scalars):
     return f"""// tg.broadcast forward: {compiled.out!r}
-template <typename T>
-__global__ void broadcast_fwd({_inputs(scalars)}, const long long* dims, int ndim, T* out,
+template <typename S>
+__global__ void broadcast_fwd({_inputs(scalars)}, const long long* dims, int ndim, S* out,
                               long long n) {{
+    typedef compute_t<S> T;
     {_LOOP} {{
         {_prologue(scalars)}
         T y;
         {body([("y", compiled.out)])}
-        out[i] = y;
+        out[i] = store<S>(y);
     }}
 }}
 """
@@ -169,17 +174,18 @@ __global__ void broadcast_fwd({_inputs(scalars)}, const long long* dims, int ndi
 
 def _backward_text(compiled, scalars, needed):
     wanted = [i for i, need in enumerate(needed) if need]
-    outputs = ", ".join(f"T* gx{i}" for i in wanted)
+    outputs = ", ".join(f"compute_t<S>* gx{i}" for i in wanted)  # summed, then rounded once
     partials = [(f"d{i}", compiled.partials[i]) for i in wanted]
     declared = " ".join(f"T d{i};" for i in wanted)
     stores = " ".join(f"gx{i}[i] = gi * d{i};" for i in wanted)
     return f"""// tg.broadcast backward: {compiled.out!r}
-template <typename T>
-__global__ void broadcast_bwd({_inputs(scalars)}, const long long* dims, int ndim, const T* g,
+template <typename S>
+__global__ void broadcast_bwd({_inputs(scalars)}, const long long* dims, int ndim, const S* g,
                               long long g_step, {outputs}, long long n) {{
+    typedef compute_t<S> T;
     {_LOOP} {{
         {_prologue(scalars)}
-        const T gi = g[i * g_step];
+        const T gi = load(g[i * g_step]);
         {declared}
         {body(partials)}
         {stores}
@@ -193,9 +199,11 @@ def _layout(values):
     """`(scalars, arrays, dtype, shape)` for the fused path, or None where it does not apply."""
     scalars = tuple(type(v) in SCALARS for v in values)
     arrays = [v for v, s in zip(values, scalars) if not s]
-    if not arrays or not takes(*arrays) or any(str(a.dtype) not in FLOATS for a in arrays):
+    if not arrays or not takes(*arrays) or any(str(a.dtype) not in STORAGE for a in arrays):
         return None
     dtype = np.result_type(*(a.dtype for a in arrays))
+    if str(dtype) not in STORAGE:  # float16 with bfloat16 (ml_dtypes: float32) and the like
+        return None
     shape = np.broadcast_shapes(*(tuple(a.shape) for a in arrays))
     return scalars, arrays, dtype, shape
 
@@ -239,7 +247,9 @@ def forward(compiled, args):
 
 def backward(compiled, ans, args, values, g):
     """Every tracked argument's gradient from one generated kernel (then summed over its
-    broadcast axes by the backend), or None where the fused path does not take the arrays."""
+    broadcast axes by the backend), or None where the fused path does not take the arrays. The
+    kernel writes the gradients in the compute type (float32 for float16 and bfloat16), so that
+    a half argument's gradient is summed in float32 and rounded once."""
     layout = _layout(values)
     if layout is None or not takes(g) or g.dtype != ans.dtype:
         return None
@@ -250,7 +260,8 @@ def backward(compiled, ans, args, values, g):
     needed = tuple(tracked(a) for a in args)
     like = arrays[0]
     operands, dims, ndim = _arguments(values, scalars, dtype, shape, like)
-    grads = {i: empty(shape, like, dtype) for i, need in enumerate(needed) if need}
+    wide = compute_dtype(str(dtype))
+    grads = {i: empty(shape, like, wide) for i, need in enumerate(needed) if need}
     size = int(np.prod(shape))
     source = family(compiled, scalars, needed)
     launch("broadcast_bwd", dtype, grid_for(size), *operands, dims, ndim, g, step,

@@ -1,12 +1,12 @@
 """Fused elementwise pullbacks: unary functions, the sum of squares, the squared error, and
 broadcast arithmetic, whose gradients are summed over broadcast axes by a parallel reduction
-(`kernels/binary.cu`)."""
+(`kernels/binary.cu`). All of them take float16 and bfloat16 too, computing in float32."""
 
 import math
 
 from .dispatch import register
 from .fused import (
-    FLOATS,
+    STORAGE,
     accumulate,
     device_scalar,
     gradient_step,
@@ -16,6 +16,7 @@ from .fused import (
     tracked,
 )
 from .launch import BLOCK, MAX_GRID, device_int64, empty, grid_for, launch, scalar
+from .sources import compute_dtype
 
 __all__ = ["UNARY", "BINARY", "reduction_plan"]
 
@@ -93,7 +94,7 @@ def mse_pullback(ans, args, values, kw, g, pending):
 def _binary(name):
     def fused(ans, args, values, kw, g, pending):
         step = gradient_step(g, ans.shape)
-        if step is None or str(g.dtype) not in FLOATS:
+        if step is None or str(g.dtype) not in STORAGE:
             return None
         x, y = (_operand(v, g) for v in values)
         arrays = [a for a in (ans, x, y) if not tracked(a)]  # what the rule saved
@@ -151,7 +152,8 @@ def _operand_gradient(name, side, arg, g, step, x, y, out, pending):
     tiles = -(-outputs // out_lanes)
     parts = max(1, min(-(-TARGET_BLOCKS // tiles), reduced // (red_lanes * MIN_PER_THREAD),
                        MAX_PARTS))  # fmt: skip
-    partials = empty((parts * outputs,), g) if parts > 1 else g  # g: never written
+    wide = compute_dtype(str(g.dtype))  # the slices' totals are kept in the compute type
+    partials = empty((parts * outputs,), g, wide) if parts > 1 else g  # g: never written
     shape = (*operands, kept_ndim, reduced_ndim, side, outputs, reduced, out_lanes,
              lanes_on_outputs, parts, partials)  # fmt: skip
     grid = min(tiles * parts, MAX_GRID)

@@ -3,7 +3,9 @@ into the gradient pending at a tape node in the same launch (in place when the t
 buffer), with no temporary of the data's size.
 
 A fused pullback answers `None` (the generic vjps then run) unless every array is a
-C-contiguous float32/float64 array that `dispatch.takes`. Nested passes never come here.
+C-contiguous array that `dispatch.takes`, of a dtype its kernels take: float32 and float64, and
+float16 and bfloat16 for the kernels written for a storage type (`kernels/half.cuh`: they load
+and store the half types and compute in float32). Nested passes never come here.
 """
 
 import numpy as np
@@ -14,6 +16,8 @@ from .launch import empty, grid_for, launch
 
 __all__ = [
     "FLOATS",
+    "HALVES",
+    "STORAGE",
     "ready",
     "gradient_step",
     "readable",
@@ -24,14 +28,16 @@ __all__ = [
 ]
 
 FLOATS = ("float32", "float64")
+HALVES = ("float16", "bfloat16")  # stored as such, computed in float32
+STORAGE = FLOATS + HALVES
 
 
-def ready(*arrays):
-    """All arrays the fused path takes, of one float dtype, C-contiguous."""
+def ready(*arrays, dtypes=STORAGE):
+    """All arrays the fused path takes, of one dtype of `dtypes`, C-contiguous."""
     if not takes(*arrays):
         return False
     dtype = arrays[0].dtype
-    return str(dtype) in FLOATS and all(a.dtype == dtype and a.flags.c_contiguous for a in arrays)
+    return str(dtype) in dtypes and all(a.dtype == dtype and a.flags.c_contiguous for a in arrays)
 
 
 def gradient_step(g, shape):

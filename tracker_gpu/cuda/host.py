@@ -6,6 +6,10 @@ does (`__syncthreads`, for block reductions) run as fibers, one block at a time:
 it reaches the barrier, and the block goes on once all of them have, as on the device. That
 makes the build exact for any kernel that is correct on the device (shared memory included),
 so the kernels' arithmetic, and the whole fused path around them, are checked without a GPU.
+
+A source written for a storage type is built for every dtype it takes (`Family.dtypes`): the
+half types are the 2-byte structs of `kernels/half.cuh`, whose conversions in this build are its
+integer code, so NumPy float16 and ml_dtypes bfloat16 arrays run through the same text.
 """
 
 import ctypes
@@ -19,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sources import C_TYPES
+from .sources import SCALAR_TYPES, STORAGE_TYPES, c_type, compute_dtype
 
 __all__ = ["HostLibrary", "available", "compile_shared", "SHIM"]
 
@@ -131,11 +135,12 @@ def available():
     return shutil.which(os.environ.get("CXX", "g++")) is not None
 
 
-def _wrapper(kernel, ctype, cooperative):
-    params = ", ".join(f"{t.replace('T', ctype)} {n}" for t, n in kernel.params)
+def _wrapper(kernel, dtype, cooperative):
+    params = ", ".join(f"{c_type(t, dtype)} {n}" for t, n in kernel.params)
     names = ", ".join(kernel.param_names())
+    ctype = STORAGE_TYPES[dtype]
     return f"""
-extern "C" int host_{kernel.name}_{ctype}(unsigned int grid, unsigned int block, {params}) {{
+extern "C" int host_{kernel.name}_{dtype}(unsigned int grid, unsigned int block, {params}) {{
     auto body = [&]() {{ {kernel.name}<{ctype}>({names}); }};
     host::stray_barrier = false;
     host::launch(grid, block, {"true" if cooperative else "false"}, body);
@@ -181,7 +186,7 @@ class HostLibrary:
     def __init__(self, family):
         self.family = family
         wrappers = "".join(
-            _wrapper(k, c, k.cooperative) for k in family.kernels.values() for c in C_TYPES.values()
+            _wrapper(k, d, k.cooperative) for k in family.kernels.values() for d in family.dtypes
         )
         self.library = compile_shared(SHIM + family.text + wrappers, family.name,
                                       host_flags(family))  # fmt: skip
@@ -201,15 +206,17 @@ class HostLibrary:
         kernel = self.family.kernels[name]
         if len(args) != len(kernel.params):
             raise TypeError(f"kernel {name} takes {len(kernel.params)} arguments, got {len(args)}")
-        function = getattr(self.library, f"host_{name}_{C_TYPES[dtype]}")
+        if dtype not in self.family.dtypes:
+            raise TypeError(f"kernel {name} takes {', '.join(self.family.dtypes)}, not {dtype}")
+        function = getattr(self.library, f"host_{name}_{dtype}")
         converted = [ctypes.c_uint(grid), ctypes.c_uint(block)]
         for (ctype, pname), value in zip(kernel.params, args):
             if ctype.endswith("*"):
                 if not isinstance(value, np.ndarray):  # layouts are checked by the fused path
                     raise TypeError(f"{name}: argument {pname} must be a NumPy array")
                 converted.append(ctypes.c_void_p(value.ctypes.data))
-            elif ctype == "T":
-                converted.append(_FLOATS[dtype](float(value)))
+            elif ctype in SCALAR_TYPES:
+                converted.append(_FLOATS[compute_dtype(dtype)](float(value)))
             else:
                 converted.append(_CTYPES[ctype](int(value)))
         if function(*converted):

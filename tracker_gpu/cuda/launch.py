@@ -15,7 +15,7 @@ import numpy as np
 
 from ..backend import on_device_of
 from .dispatch import note
-from .sources import C_TYPES, Family, family, kernels
+from .sources import SCALAR_TYPES, STORAGE_TYPES, Family, compute_dtype, family, kernels
 
 __all__ = [
     "BLOCK",
@@ -44,7 +44,9 @@ def grid_for(items, block=BLOCK):
 
 def launch(name, dtype, grid, *args, block=BLOCK, source=None):
     """Launch kernel `name` (of the shipped sources, or of the `Family` `source`) for `dtype`
-    (float32/float64) on `grid` blocks of `block` threads, with exactly its parameters."""
+    (one of the source's `dtypes`: float32, float64 and, for a source written for a storage
+    type, float16 and bfloat16) on `grid` blocks of `block` threads, with exactly its
+    parameters."""
     text = source if source is not None else family(_kernel(name).family)
     kernel = text.kernels[name]
     if len(args) != len(kernel.params):
@@ -53,6 +55,8 @@ def launch(name, dtype, grid, *args, block=BLOCK, source=None):
             f"({', '.join(kernel.param_names())}), got {len(args)}"
         )
     dtype = str(dtype).rsplit(".", 1)[-1]
+    if dtype not in text.dtypes:
+        raise TypeError(f"kernel {name} takes {', '.join(text.dtypes)}, not {dtype}")
     note(("launch", name))
     buffers = [a for a in args if type(a) is np.ndarray or type(a) is _cupy_type()]
     if type(buffers[0]) is np.ndarray:  # only inside on_host(): the fused path took NumPy arrays
@@ -81,8 +85,8 @@ def _cupy_type():
 def _device_argument(ctype, value, dtype):
     if ctype.endswith("*"):
         return value
-    if ctype == "T":
-        return np.dtype(dtype).type(value)
+    if ctype in SCALAR_TYPES:
+        return np.dtype(compute_dtype(dtype)).type(value)
     return np.int64(value) if ctype == "long long" else np.int32(value)
 
 
@@ -98,7 +102,7 @@ def _function(text: Family, name, dtype, device):
         while len(_modules) > _MODULE_CACHE_SIZE:
             _modules.popitem(last=False)
     _modules.move_to_end(key)
-    return module.get_function(f"{name}<{C_TYPES[dtype]}>")
+    return module.get_function(f"{name}<{STORAGE_TYPES[dtype]}>")
 
 
 # --- buffers: every one the fused path makes is recorded, on the device of the array it is like

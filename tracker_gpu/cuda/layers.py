@@ -1,13 +1,14 @@
 """Fused layers: the normalisation statistics (`normalise`, forward and pullback, one block per
 group) and an LSTM cell's gates (`lstm_cell`, forward and pullback, one thread per unit), from
 `kernels/layers.cu`. A normalisation over axes whose complement is not one run of neighbouring
-axes takes the generic path."""
+axes takes the generic path. The kernels take float32 and float64 only: float16 and bfloat16
+take the generic path."""
 
 import math
 
 from ..tape import Total
 from .dispatch import register, takes
-from .fused import accumulate, readable, ready, tracked
+from .fused import FLOATS, accumulate, readable, ready, tracked
 from .launch import MAX_GRID, empty, empty_like, grid_for, launch
 from .rows import row_block
 
@@ -32,7 +33,7 @@ def layout(shape, axes):
 
 @register("forward", "normalise")
 def normalise_forward(x, /, *, axes, eps=1e-5):
-    plan = layout(x.shape, axes) if ready(x) else None
+    plan = layout(x.shape, axes) if ready(x, dtypes=FLOATS) else None
     if plan is None:
         return None
     out = empty_like(x)
@@ -47,7 +48,8 @@ def normalise_pullback(ans, args, values, kw, g, pending):
     x, y = values[0], ans
     if tracked(x) or tracked(y):
         return None
-    plan = layout(x.shape, kw["axes"]) if ready(x, y, g) and g.shape == y.shape else None
+    taken = ready(x, y, g, dtypes=FLOATS) and g.shape == y.shape
+    plan = layout(x.shape, kw["axes"]) if taken else None
     if plan is None or not readable(pending, args[0], x):
         return None
     outer, groups, inner = plan
@@ -61,7 +63,7 @@ def _cell_shapes(z, c, *others):
     """`(rows, hidden, c_stride)` of an LSTM cell's arrays, or None for a layout the kernels do
     not take: all contiguous but the cell state `c`, which may also be a matrix whose rows are
     apart (the second half of the step before's output)."""
-    if not (ready(z, *others) and takes(c) and c.dtype == z.dtype):
+    if not (ready(z, *others, dtypes=FLOATS) and takes(c) and c.dtype == z.dtype):
         return None
     if z.ndim < 1 or z.ndim != c.ndim or z.shape[:-1] != c.shape[:-1]:
         return None

@@ -1,11 +1,13 @@
 """Fused row-wise operations over the last axis: softmax and logsoftmax (forward and
 pullback) and the softmax cross-entropy of logits (forward and pullback), one block per row
 (`kernels/softmax.cu`). Rows longer than MAX_COLUMNS take the generic path: a block per row
-would leave most of a GPU idle when such rows are few."""
+would leave most of a GPU idle when such rows are few. float16 and bfloat16 rows are computed in
+float32 (the row's maximum, sums and the cross-entropy's per-row sums included)."""
 
 from .dispatch import register
 from .fused import accumulate, device_scalar, readable, ready, tracked
 from .launch import MAX_GRID, empty, empty_like, launch
+from .sources import compute_dtype
 
 __all__ = ["MAX_COLUMNS", "row_block"]
 
@@ -74,10 +76,13 @@ def logitcrossentropy_forward(logits, targets, /, *, axis=-1, agg="mean", normal
     if not _rows(logits, -1):
         return None
     rows, cols = logits.shape
-    rowsum = empty((rows,), logits)
+    rowsum = empty((rows,), logits, compute_dtype(str(logits.dtype)))
     _launch_rows("logitcrossentropy_fwd", logits, logits, targets, rowsum, rows, cols)
     total = -rowsum.sum()
-    return total / rows if agg == "mean" else total
+    total = total / rows if agg == "mean" else total
+    if rowsum.dtype == logits.dtype:
+        return total
+    return total.astype(logits.dtype)  # rounded once (a NumPy scalar has astype too)
 
 
 @register("pullback", "logitcrossentropy")

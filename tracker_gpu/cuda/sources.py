@@ -2,8 +2,12 @@
 wheel) and the sources generated for `tg.broadcast`, handled alike.
 
 Every kernel is a `template <typename T> __global__ void name(params)` instantiated for float
-and double; its parameter list is read from the source, so launchers convert (and count)
-arguments from the source itself and a kernel cannot be added without being seen by the checks.
+and double, or a `template <typename S>` one, instantiated for a storage type S (float, double,
+and the half types of `kernels/half.cuh`, tg_half for float16 and tg_bfloat16 for bfloat16),
+which computes in `compute_t<S>` (float for the half types) and takes its scalars in it. A source
+is instantiated for the half types when all its kernels are written for a storage type. A
+kernel's parameter list is read from the source, so launchers convert (and count) arguments from
+the source itself and a kernel cannot be added without being seen by the checks.
 A `Family` is one source text: the unit that NVRTC compiles, that CuPy loads as one module and
 that the host build compiles, always from the same text.
 """
@@ -24,17 +28,27 @@ __all__ = [
     "kernels",
     "source",
     "C_TYPES",
+    "HALF_C_TYPES",
+    "STORAGE_TYPES",
+    "SCALAR_TYPES",
+    "compute_dtype",
+    "c_type",
     "OPTIONS",
     "EXACT_OPTIONS",
 ]
 
 C_TYPES = {"float32": "float", "float64": "double"}
+HALF_C_TYPES = {"float16": "tg_half", "bfloat16": "tg_bfloat16"}  # kernels/half.cuh
+STORAGE_TYPES = {**C_TYPES, **HALF_C_TYPES}
+_COMPUTE = {"float16": "float32", "bfloat16": "float32"}
+SCALAR_TYPES = ("T", "compute_t<S>")  # by-value floats, in the compute type
 OPTIONS = ("-std=c++14",)
 # Exact arithmetic (generated fusion kernels): no contraction of a * b + c into one rounding.
 EXACT_OPTIONS = ("-std=c++17", "--fmad=false")
 _KERNEL = re.compile(
-    r"template\s*<\s*typename\s+T\s*>\s*__global__\s+void\s+(\w+)\s*\(([^)]*)\)", re.S
+    r"template\s*<\s*typename\s+([TS])\s*>\s*__global__\s+void\s+(\w+)\s*\(([^)]*)\)", re.S
 )
+_INCLUDE = re.compile(r'^#include "(\w+)\.cuh"$', re.M)
 _MACRO_KERNEL = re.compile(r"__global__\s+void\s+name##(\w+)\s*\(([^)]*)\)", re.S)
 _MACRO_USE = r"^{macro}\((\w+)"
 
@@ -45,9 +59,22 @@ class Kernel:
     family: str  # the name of the Family it lives in
     params: tuple  # ((c_type, name), ...) with "T" for the float type
     cooperative: bool = False  # its threads synchronise within a block (`__syncthreads`)
+    storage: bool = False  # written for a storage type S (`template <typename S>`)
 
     def param_names(self):
         return [name for _, name in self.params]
+
+
+def compute_dtype(dtype):
+    """The dtype a kernel for storage `dtype` computes in (float32 for the half types)."""
+    return _COMPUTE.get(dtype, dtype)
+
+
+def c_type(param_type, dtype):
+    """A parameter's C type in the instance for `dtype`: T is the compute type, S the storage
+    type."""
+    param_type = re.sub(r"\bS\b", STORAGE_TYPES[dtype], param_type)
+    return re.sub(r"\bT\b", C_TYPES[compute_dtype(dtype)], param_type)
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,9 +97,17 @@ class Family:
         """What NVRTC is given besides the architecture: `options`, else `OPTIONS`."""
         return self.options or OPTIONS
 
+    @property
+    def dtypes(self):
+        """The dtypes its kernels are instantiated for: every storage type where all of them are
+        written for one, else float32 and float64."""
+        kernels = self.kernels.values()
+        halves = kernels and all(k.storage for k in kernels)
+        return tuple(STORAGE_TYPES if halves else C_TYPES)
+
     def name_expressions(self):
-        """The template instances to compile: every kernel for every float type."""
-        return [f"{k}<{c}>" for k in self.kernels for c in C_TYPES.values()]
+        """The template instances to compile: every kernel for every dtype it takes."""
+        return [f"{k}<{STORAGE_TYPES[d]}>" for k in self.kernels for d in self.dtypes]
 
 
 def _directory():
@@ -88,8 +123,10 @@ def families():
 
 
 def source(name):
-    """The text of `kernels/<name>.cu`."""
-    return (_directory() / f"{name}.cu").read_text()
+    """The text of `kernels/<name>.cu`, each `#include "<header>.cuh"` replaced by the header's
+    text (so CuPy, NVRTC and the host build need no include path)."""
+    text = (_directory() / f"{name}.cu").read_text()
+    return _INCLUDE.sub(lambda m: header(m.group(1)), text)
 
 
 @cache
@@ -118,18 +155,19 @@ def _declared(name, text):
     """Kernels written out, and kernels stamped out by a macro (`#define X(name, ...)`)."""
     bodies = _bodies(text)
     syncing = _synchronising(bodies)
-    found = [(kernel, params, kernel) for kernel, params in _KERNEL.findall(text)]
+    found = [(kernel, params, kernel, t == "S") for t, kernel, params in _KERNEL.findall(text)]
     for macro in re.finditer(r"#define\s+(\w+)\(name[^)]*\)(.*?)(?:\n\n|\Z)", text, re.S):
         body = macro.group(2)
         inner = _MACRO_KERNEL.search(body)
         if inner is None:
             continue
         suffix, params = inner.groups()
+        storage = re.search(r"typename\s+S\b", body[: inner.start()]) is not None
         for prefix in re.findall(_MACRO_USE.format(macro=macro.group(1)), text, re.M):
-            found.append((prefix + suffix, params, suffix))
+            found.append((prefix + suffix, params, suffix, storage))
     return [
-        Kernel(kernel, name, _params(params), body_name in syncing)
-        for kernel, params, body_name in found
+        Kernel(kernel, name, _params(params), body_name in syncing, storage)
+        for kernel, params, body_name, storage in found
     ]
 
 

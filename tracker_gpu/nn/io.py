@@ -6,7 +6,9 @@ the same structure (each array placed like the model's, unless told otherwise) o
 
 The file is written atomically and durably (`tracker_gpu.files.atomic_file`): a kill or a full
 disk leaves the previous file. It records its format (`FORMAT`) in a JSON member `__model__`;
-files from before the format was recorded load as format 1. `load` reads the zip's directory and
+files from before the format was recorded load as format 1. A bfloat16 array (which `.npy`
+cannot name) is stored as its uint16 bits, its dtype recorded in `__model__` ("dtypes"), and
+loads back bit for bit. `load` reads the zip's directory and
 every array's header first and refuses, with one `BadFileError` naming the file, anything that
 does not fit the model (names, shapes, dtypes, sizes) or is damaged, before any array is made.
 """
@@ -17,7 +19,7 @@ import os
 import numpy as np
 
 from ..backend import device_of, is_array, namespace_of
-from ..files import Archive, write_npz
+from ..files import Archive, as_bits, write_npz
 from ..optim.tree import tree_map_with_path
 from ..tracked import data
 from .placement import asarray, to_numpy
@@ -47,8 +49,12 @@ def _parameters(model):
 def save(path, model):
     """Write every array of `model` to the `.npz` file `path`, as NumPy arrays (so a model
     trained on any library or device loads anywhere), keyed by its place in the model."""
-    arrays = {key: to_numpy(a) for key, a in _parameters(model).items()}
-    arrays[_META] = np.array(json.dumps({"format": FORMAT}))
+    arrays, dtypes = {}, {}
+    for key, a in _parameters(model).items():
+        arrays[key], dtype = as_bits(to_numpy(a))
+        if dtype is not None:
+            dtypes[key] = dtype
+    arrays[_META] = np.array(json.dumps({"format": FORMAT, "dtypes": dtypes}))
     write_npz(path, arrays)
 
 
@@ -63,9 +69,9 @@ def load(path, model=None, *, xp=None, device=None, dtype=None):
     """
     expected = None if model is None else _parameters(model)
     with Archive(path, "load") as archive:
-        names = _check(archive, expected)
+        names, dtypes = _check(archive, expected)
         archive.verify(names)
-        saved = {key: archive.read(key) for key in names}
+        saved = {key: archive.read(key, dtypes.get(key)) for key in names}
     if model is None:
         return saved
     explicit = xp is not None or device is not None
@@ -101,16 +107,22 @@ def _check(archive, expected):
             "it is a checkpoint (written by optim.save_checkpoint): load it with "
             "optim.load_checkpoint"
         )
+    dtypes = {}
     if _META in archive.members:
-        archive.check_format(archive.read_json(_META), _META, FORMAT)
+        meta = archive.read_json(_META)
+        archive.check_format(meta, _META, FORMAT)
+        dtypes = _dtypes(archive, meta)
     names = sorted(set(archive.members) - {_META})
+    unknown = sorted(set(dtypes) - set(names))
+    if unknown:
+        raise archive.error(f"its description gives dtypes of arrays it lacks: {unknown}")
     if expected is None:
         for name in names:
-            archive.check(name)
+            archive.check(name, dtype=dtypes.get(name))
         limit = max(UNBOUNDED_RATIO * os.path.getsize(archive.path), UNBOUNDED_FLOOR)
         why = f" ({UNBOUNDED_RATIO} times its size on disk); load it into a model to read it"
         archive.bound(names, limit, why)
-        return names
+        return names, dtypes
     missing, extra = sorted(set(expected) - set(names)), sorted(set(names) - set(expected))
     if missing or extra:
         raise archive.error(
@@ -118,5 +130,13 @@ def _check(archive, expected):
             f"unexpected {extra or 'nothing'}; load it into a model built the same way"
         )
     for name in expected:  # in the model's order
-        archive.check(name, shape=tuple(expected[name].shape))
-    return list(expected)
+        archive.check(name, shape=tuple(expected[name].shape), dtype=dtypes.get(name))
+    return list(expected), dtypes
+
+
+def _dtypes(archive, meta):
+    """The description's `{array: dtype name}` of the arrays stored as bits (bfloat16)."""
+    dtypes = meta.get("dtypes", {})
+    if not isinstance(dtypes, dict) or not all(isinstance(v, str) for v in dtypes.values()):
+        raise archive.error(f"its description's dtypes are {dtypes!r}, not names by array")
+    return dtypes

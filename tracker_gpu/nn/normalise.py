@@ -14,6 +14,10 @@ otherwise. The running statistics are fields of the model (so `save`, `place` an
 carry them), declared not trainable: they never enter the gradient and `optim.setup` gives
 them no state.
 
+A float16 or bfloat16 input is normalised with its mean and variance computed in float32 (as
+PyTorch's autocast runs its norms) and the result given back in the input's dtype; the running
+statistics are updated from float32 statistics too.
+
 >>> import numpy as np, tracker_gpu as tg
 >>> from tracker_gpu import nn
 >>> bn = nn.BatchNorm(2, dtype="float64")
@@ -36,7 +40,7 @@ import numpy as np
 from .. import recording
 from ..backend import device_of, namespace_of
 from ..primitive import detached, no_gradient
-from ..rules.elementwise import add, divide, multiply, sqrt, subtract
+from ..rules.elementwise import add, astype, divide, multiply, sqrt, subtract
 from ..rules.nn import normalise
 from ..rules.shape import reshape
 from ..tracked import data
@@ -47,6 +51,27 @@ from .placement import asarray
 __all__ = ["LayerNorm", "GroupNorm", "BatchNorm", "InstanceNorm", "normalise"]
 
 _NOT_TRAINABLE = {"trainable": False}
+HALF = ("float16", "bfloat16")  # dtypes whose statistics are computed in float32
+
+
+def _dtype_name(dtype):
+    """The name of a dtype of any library: "float16", "bfloat16", "float32", ..."""
+    name = getattr(dtype, "name", None)
+    return name if isinstance(name, str) else str(dtype).rpartition(".")[2]
+
+
+def _wide(x):
+    """`x` cast to float32 (tracked) if it is float16 or bfloat16, else `x`."""
+    if _dtype_name(data(x).dtype) not in HALF:
+        return x
+    return astype(x, namespace_of(data(x)).float32)
+
+
+def _normalised(x, axes, eps):
+    """`normalise(x, axes=axes, eps=eps)`, in float32 for a half-precision `x`, in `x`'s
+    dtype."""
+    y = normalise(_wide(x), axes=axes, eps=eps)
+    return y if y.dtype == data(x).dtype else astype(y, data(x).dtype)
 
 
 def _affine(size, affine, dtype, device, xp):
@@ -127,7 +152,7 @@ class LayerNorm(Layer):
     def __call__(self, x):
         k, n = len(self.size), len(_shape(x))
         self._expect(_shape(x)[n - k :] == self.size, x, f"trailing axes {self.size}")
-        y = normalise(x, axes=tuple(range(n - k, n)), eps=self.eps)
+        y = _normalised(x, tuple(range(n - k, n)), self.eps)
         if self.scale is not None:
             y = multiply(y, self.scale)
         if self.bias is not None:
@@ -186,7 +211,7 @@ class GroupNorm(Layer):
         self._expect(len(_shape(x)) >= 2 and _shape(x)[1] == c, x, f"(batch, {c}, ...)")
         n = x.shape[0]
         grouped = reshape(x, (n, self.groups, -1))
-        y = reshape(normalise(grouped, axes=(2,), eps=self.eps), tuple(x.shape))
+        y = reshape(_normalised(grouped, (2,), self.eps), tuple(x.shape))
         return _activate(self.activation, _scale_shift(y, self.scale, self.bias, _channel_shape(x)))
 
     def __repr__(self):
@@ -371,15 +396,16 @@ def _run(layer, x, axes, per_sample):
     if training is None:  # inside gradient: the input or the layer's scale is tracked
         training = recording.tracks(x) or recording.tracks(layer.scale)
     if training or layer.running_mean is None:
-        y = normalise(x, axes=axes, eps=layer.eps)
+        y = _normalised(x, axes, layer.eps)
         if training and layer.running_mean is not None:
-            _track(layer, detached(x), axes, per_sample)
+            _track(layer, detached(_wide(x)), axes, per_sample)
     else:
         shape = _channel_shape(x)
         # no gradient, and read anew by every replay of tg.compile
-        mean, var = _read(layer.running_mean), _read(layer.running_var)
-        centred = subtract(x, reshape(mean, shape))
+        mean, var = (_wide(_read(s)) for s in (layer.running_mean, layer.running_var))
+        centred = subtract(_wide(x), reshape(mean, shape))
         y = divide(centred, reshape(sqrt(add(var, layer.eps)), shape))
+        y = y if y.dtype == data(x).dtype else astype(y, data(x).dtype)
     y = _scale_shift(y, layer.scale, layer.bias, _channel_shape(x))
     return _activate(layer.activation, y)
 
@@ -428,7 +454,8 @@ def _running_forward(xp, running, x, *count, axes, momentum, correction, per_sam
         batch = xp.mean(batch, axis=0)
     if momentum is None:
         momentum = 1 / count[0]
-    return running * (1 - momentum) + batch * momentum
+    new = running * (1 - momentum) + batch * momentum
+    return new if new.dtype == running.dtype else xp.astype(new, running.dtype)
 
 
 _running = no_gradient("batchnorm_running_statistic", _running_forward)

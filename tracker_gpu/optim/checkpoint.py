@@ -7,7 +7,8 @@ state's numbers (Adam's powers of beta, a schedule's step), whether it is frozen
 between parameters and `info` (anything JSON can hold: the epoch, a random generator's state).
 `load_checkpoint(path, model)` puts the arrays into a model built the same way, each placed like
 the model's array there, and returns `(model, state, info)`: the values are bit for bit the
-saved ones, so k steps, a checkpoint and m more steps give the model of k + m steps.
+saved ones (bfloat16 arrays too, stored as their uint16 bits with the dtype's name), so k
+steps, a checkpoint and m more steps give the model of k + m steps.
 
 The file is written atomically and durably (`tracker_gpu.files.atomic_file`): a kill or a full
 disk leaves the previous checkpoint, and a write that fails raises `SaveError` (an `OSError`)
@@ -37,7 +38,7 @@ from collections import namedtuple
 import numpy as np
 
 from ..backend import device_of, is_array, namespace_of
-from ..files import Archive, BadFileError, write_npz
+from ..files import Archive, BadFileError, as_bits, write_npz
 from ..tracked import data
 from . import adaptive, rules, schedules, variants
 from .lbfgs import LBFGSState
@@ -125,8 +126,8 @@ def _encode(value, prefix, arrays):
     if isinstance(value, (tuple, list)):
         return {"tuple": [_encode(v, f"{prefix}/{i}", arrays) for i, v in enumerate(value)]}
     if is_array(data(value)) and prefix is not None:
-        arrays[prefix] = to_numpy(value)
-        return {"array": prefix}
+        arrays[prefix], dtype = as_bits(to_numpy(value))
+        return {"array": prefix} if dtype is None else {"array": prefix, "dtype": dtype}
     if isinstance(value, rules.OptimiserChain):
         return {"type": "OptimiserChain", "rules": [_encode(r, None, arrays) for r in value.rules]}
     if _TYPES.get(type(value).__name__) is type(value):
@@ -147,9 +148,10 @@ def load_checkpoint(path, model):
     A checkpoint that does not fit `model` or is damaged raises `BadFileError`, naming the file,
     before any array is read."""
     with Archive(path, "load_checkpoint") as archive:
-        meta = _check(archive, model)
+        meta, bits = _check(archive, model)
         archive.verify()
-        arrays = {name: archive.read(name) for name in archive.members if name != _META}
+        names = [name for name in archive.members if name != _META]
+        arrays = {name: archive.read(name, bits.get(name)) for name in names}
         try:
             new_model = _fill_model(path, model, meta["model"], arrays)
             state = _fill_state(path, new_model, meta["state"], arrays)
@@ -187,9 +189,9 @@ def _read_meta(archive):
 
 
 def _check(archive, model):
-    """The checkpoint's description, once every array of `archive` is known to fit `model`:
-    the model's arrays have its shapes, an optimiser state's arrays at most its parameter's
-    size, and no array is missing or more."""
+    """The checkpoint's description and `{member: dtype}` of the arrays stored as bits, once
+    every array of `archive` is known to fit `model`: the model's arrays have its shapes, an
+    optimiser state's arrays at most its parameter's size, and no array is missing or more."""
     meta = _read_meta(archive)
     templates = {}
     tree_map_with_path(lambda p, x: templates.setdefault(p or "_", data(x)), model)
@@ -198,14 +200,15 @@ def _check(archive, model):
     unknown = sorted(set(meta["state"]) - set(templates))
     if unknown:
         _check_fits(archive.path, "optimiser states", unknown, [], archive)
-    wanted = {}  # member: (shape or None, most elements)
+    wanted, bits = {}, {}  # member: (shape or None, most elements); member: dtype
     for key, entry in meta["model"].items():
-        for name in _array_names(archive, entry):
-            wanted[name] = (tuple(templates[key].shape), None)
+        for name, dtype in _array_names(archive, entry):
+            wanted[name], bits[name] = (tuple(templates[key].shape), None), dtype
     for key, entry in meta["state"].items():
         size = max(int(np.prod(templates[key].shape)), 1)
-        for name in _array_names(archive, entry.get("state") if isinstance(entry, dict) else None):
-            wanted[name] = (None, size)
+        state = entry.get("state") if isinstance(entry, dict) else None
+        for name, dtype in _array_names(archive, state):
+            wanted[name], bits[name] = (None, size), dtype
     names = set(archive.members) - {_META}
     if set(wanted) != names:
         raise archive.error(
@@ -213,16 +216,18 @@ def _check(archive, model):
             f"unexpected {sorted(names - set(wanted))}"
         )
     for name, (shape, most) in wanted.items():
-        archive.check(name, shape=shape, most=most, what="the model")
-    return meta
+        archive.check(name, shape=shape, most=most, what="the model", dtype=bits[name])
+    return meta, {name: dtype for name, dtype in bits.items() if dtype is not None}
 
 
 def _array_names(archive, value):
-    """The array members an encoded value (`_encode`) refers to."""
+    """`(member, dtype)` for each array an encoded value (`_encode`) refers to; the dtype's
+    name where it is stored as bits (bfloat16), else None."""
     if isinstance(value, dict) and "array" in value:
-        if not isinstance(value["array"], str):
-            raise archive.error(f"its description names an array {value['array']!r}")
-        yield value["array"]
+        dtype = value.get("dtype")
+        if not isinstance(value["array"], str) or not isinstance(dtype, (str, type(None))):
+            raise archive.error(f"its description names an array {value!r}")
+        yield value["array"], dtype
     elif isinstance(value, dict) and "tuple" in value and isinstance(value["tuple"], list):
         for v in value["tuple"]:
             yield from _array_names(archive, v)

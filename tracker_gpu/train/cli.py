@@ -25,9 +25,11 @@ from .loop import (
     checkpoint_info,
     compiled_step,
     data_parallel_step,
+    mixed_step,
     train,
     train_step,
 )
+from .mixed import DEFAULT, PRECISIONS, SCALED, described
 from .models import RECIPES
 from .plots import plot
 
@@ -81,6 +83,10 @@ def parser():
         action="store_true",
         help="record each model's training step once with tg.compile and replay it",
     )
+    p.add_argument("--precision", choices=list(PRECISIONS),
+                   help="32 (float32), 16 (float16, the loss scaled dynamically) or bf16 "
+                        "(bfloat16): the dtype the models compute in, their weights kept in "
+                        "float32 (default 32, or the checkpoint's)")  # fmt: skip
     p.add_argument(
         "--workers",
         type=number(int, 0),
@@ -136,6 +142,8 @@ def _check_cluster(p, args):
                 "--workers or --scheduler")  # fmt: skip
     if args.where[0] != "numpy":
         p.error("--workers and --scheduler train on NumPy arrays: pass --backend numpy")
+    if args.precision not in (None, DEFAULT):
+        p.error("--workers and --scheduler train in float32: leave --precision out")
     try:
         importlib.import_module("distributed")
     except ImportError:
@@ -176,10 +184,28 @@ def _plan(p, args):
             settings = _resumed_settings(p, args, name, infos[name], saved[name])
             args.resumes[name] = _checkpoint(args.resume, name)
         args.settings[name] = settings
+        settings["precision"] = _precision(args, saved.get(name, {}))
+        _check_compile(p, args, name, settings["precision"])
     missing = [name for name in args.names if name not in infos]
     if args.resume and missing:
         args.notes.append(f"no checkpoint in {args.resume} for {', '.join(missing)}: "
                           "trained from scratch")  # fmt: skip
+
+
+def _precision(args, saved):
+    """The precision a model trains in: the one given, else its checkpoint's (`saved`
+    settings), else 32; data-parallel steps train in float32."""
+    if args.workers or args.scheduler:
+        return DEFAULT
+    return args.precision or saved.get("precision", DEFAULT)
+
+
+def _check_compile(p, args, name, precision):
+    if args.compile and precision in SCALED:
+        given = "--precision 16" if args.precision else f"{name}'s checkpoint (precision 16)"
+        p.error(f"--compile cannot replay {given}: its loss scale checks on the host, at each "
+                "step, whether the gradients are finite; leave --compile out, or use "
+                "--precision bf16 (no loss scaling)")  # fmt: skip
 
 
 def _resume_infos(p, args):
@@ -249,11 +275,12 @@ def _resumed_settings(p, args, name, info, saved):
 
 
 def _note_changes(args, name, saved):
-    """The settings that may change on a resumed run, said: where it runs and how it steps
-    (the same run up to rounding), and the library's version."""
+    """The settings that may change on a resumed run, said: where it runs, how it steps and
+    in which precision (the same run up to rounding), and the library's version."""
     import tracker_gpu
 
-    here = dict(backend=args.where[0], step=_step_kind(args), version=tracker_gpu.__version__)
+    here = dict(backend=args.where[0], step=_step_kind(args), version=tracker_gpu.__version__,
+                precision=_precision(args, saved))  # fmt: skip
     for key, value in here.items():
         if key in saved and saved[key] != value:
             args.notes.append(f"{name}: saved with {key} {saved[key]}, going on with {value} "
@@ -310,7 +337,7 @@ def run(argv, stop=None):
         data = digits(xp=xp, device=device, seed=args.seed, test_fraction=TEST_FRACTION)
         print(
             f"digits: {data.train_x.shape[0]} training and {data.test_x.shape[0]} test images "
-            f"of 8x8 pixels; {where}",
+            f"of 8x8 pixels; {where}{_precision_of(args)}",
             flush=True,
         )
         results = []
@@ -320,12 +347,20 @@ def run(argv, stop=None):
             signum = stop() if stop is not None else None
             if signum:
                 raise Interrupted(signum, name, 0, 0, None)
-            step = _step_for(args, client)
+            step = _step_for(args, client, name)
             results.append(_train_one(args, name, data, step, stop))
     if args.plot:
         plot(results, args.plot)
         print(f"plot written to {args.plot}")
     return results
+
+
+def _precision_of(args):
+    """The precision the models train in, for the first line (each model's, if they differ)."""
+    found = {name: settings["precision"] for name, settings in args.settings.items()}
+    if len(set(found.values())) == 1:
+        return described(next(iter(found.values())))
+    return ", precision " + ", ".join(f"{p} ({name})" for name, p in found.items())
 
 
 def _connect(stack, args):
@@ -352,9 +387,12 @@ def _connect(stack, args):
     return client
 
 
-def _step_for(args, client):
+def _step_for(args, client, name):
     if client is not None:
         return data_parallel_step(client, timeout=args.step_timeout)
+    precision = args.settings[name]["precision"]
+    if precision != DEFAULT:
+        return mixed_step(precision, compiled=args.compile)
     return compiled_step() if args.compile else train_step
 
 

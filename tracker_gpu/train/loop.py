@@ -19,6 +19,7 @@ from tracker_gpu.optim.tree import tree_map_with_path
 
 from .data import batches, digits
 from .devices import one_thread
+from .mixed import DEFAULT, SCALED, Mixed, restored
 from .models import RECIPES
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "fit",
     "train_step",
     "compiled_step",
+    "mixed_step",
     "data_parallel_step",
     "accuracy",
     "schedule_for",
@@ -38,9 +40,10 @@ __all__ = [
 TEST_FRACTION = 0.25  # the share of the digits held out for testing (stratified)
 
 
-def loss_function(model, x, y):
-    """The training loss, and the logits (to count correct answers without a second pass)."""
-    logits = model(x)
+def loss_function(model, x, y, mixed=None):
+    """The training loss, and the logits (to count correct answers without a second pass);
+    with `mixed` (a `mixed.Mixed`), the model runs under its policy, the loss in float32."""
+    logits = model(x) if mixed is None else mixed.forward(model, x)
     return nn.logitcrossentropy(logits, y), logits
 
 
@@ -67,6 +70,58 @@ def compiled_step():
         return tg.data(loss), tg.data(logits), model, state
 
     return step
+
+
+def _mixed_step(mixed, model, state, x, y):
+    """`_step` under `mixed`: the loss scaled for the gradient, the gradients unscaled, and
+    the step skipped where they are not finite (float16's scaler halves then)."""
+
+    def scaled(m):
+        loss, logits = loss_function(m, x, y, mixed)
+        return mixed.scaled(loss), (loss, logits)
+
+    with mixed.quiet():
+        (_, (loss, logits)), (grads,) = tg.withgradient(scaled, model)
+        grads = mixed.unscaled(grads)
+        if mixed.finite(grads):
+            state, model = optim.update(state, model, grads)
+    return loss, logits, model, state
+
+
+def mixed_step(precision, compiled=False):
+    """A `train_step` in `precision` ("32", "16" or "bf16": `mixed.PRECISIONS`): float32
+    master weights, the model run in the half dtype, float16's loss scaled dynamically (the
+    step's `mixed.scaler`, saved in the checkpoints). `compiled` records it with `tg.compile`
+    (not under float16: the scaler reads on the host whether the gradients are finite).
+
+    >>> step = mixed_step("16")
+    >>> step.mixed.scaler.scale
+    32768.0
+    """
+    if compiled and precision in SCALED:
+        raise ValueError(
+            f"mixed_step: precision {precision} scales the loss by a scale that each step "
+            "reads back on the host, which tg.compile cannot replay; train it eagerly, or "
+            "compile precision bf16 (no scaling)"
+        )
+    mixed = Mixed(precision)
+
+    def run(model, state, x, y):
+        return _mixed_step(mixed, model, state, x, y)
+
+    replay = tg.compile(run, gradient=False) if compiled else run
+
+    def step(model, state, x, y):
+        loss, logits, model, state = replay(model, state, x, y)
+        return tg.data(loss), tg.data(logits), model, state
+
+    step.mixed = mixed
+    return step
+
+
+def _mixed_of(step):
+    """The `Mixed` a step carries (`mixed_step`'s), else float32's."""
+    return getattr(step, "mixed", None) or Mixed(DEFAULT)
 
 
 def data_parallel_step(client, timeout=None):
@@ -121,16 +176,18 @@ def schedule_for(lr, epochs, steps_per_epoch):
     return optim.Scheduled(optim.Adam(lr), optim.Cosine(lr, steps=total, eta_min=0.05 * lr))
 
 
-def settings_of(name, *, epochs=None, batch_size=32, lr=None, seed=0, data=None, step="eager"):
+def settings_of(name, *, epochs=None, batch_size=32, lr=None, seed=0, data=None, step="eager",
+                precision=DEFAULT):  # fmt: skip
     """What a checkpoint records of the run that made it (JSON): the model, the data split, the
-    schedule, the batch size, the dtype, the backend and the library's version (`train` adds
-    the model's parameters and their shapes)."""
+    schedule, the batch size, the precision, the dtype, the backend and the library's version
+    (`train` adds the model's parameters and their shapes)."""
     recipe = RECIPES[name]
     lr = recipe.lr if lr is None else lr
     epochs = recipe.epochs if epochs is None else epochs
     settings = dict(model=name, seed=seed, test_fraction=TEST_FRACTION, batch_size=batch_size,
                     lr=lr, epochs=epochs, schedule=f"cosine from {lr:g} to {0.05 * lr:g} over "
-                    f"{epochs} epochs", step=step, version=tg.__version__)  # fmt: skip
+                    f"{epochs} epochs", step=step, precision=precision,
+                    version=tg.__version__)  # fmt: skip
     if data is not None:
         settings |= dict(split=[int(data.train_x.shape[0]), int(data.test_x.shape[0])],
                          dtype=str(data.train_x.dtype).rsplit(".", 1)[-1],
@@ -170,9 +227,11 @@ def train(name="mlp", *, epochs=None, batch_size=32, lr=None, seed=0, xp=None, d
     recipe; `data` reuses a `digits()` split. `save` is a checkpoint file written after each
     epoch, `resume` one to go on from (its model, optimiser state, random generator, curves and
     the place in the epoch); `on_epoch(epoch, history)` is called after each epoch's checkpoint,
-    and `step` runs one training step. `stop()`, asked after each step, returns a signal number
-    to stop there: the checkpoint is written (mid-epoch) and `Interrupted` raised. A resumed run
-    whose checkpoint has `epochs` epochs already is evaluated, not trained.
+    and `step` runs one training step (`mixed_step(precision)` for mixed precision: its loss
+    scale is saved and resumed with the rest). `stop()`, asked after each step, returns a
+    signal number to stop there: the checkpoint is written (mid-epoch) and `Interrupted`
+    raised. A resumed run whose checkpoint has `epochs` epochs already is evaluated, not
+    trained.
     """
     recipe = RECIPES[name]
     epochs = recipe.epochs if epochs is None else epochs
@@ -188,11 +247,13 @@ def train(name="mlp", *, epochs=None, batch_size=32, lr=None, seed=0, xp=None, d
         model, state, info = optim.load_checkpoint(resume, model)
         _check_resumable(resume, info, name, batch_size)
         rng.bit_generator.state, history, done = info["rng"], info["history"], info["epoch"]
+        restored(_mixed_of(step), info.get("loss_scale"))
         within = (info["step"], info["partial"]) if info.get("step") else None
         if info.get("settings", {}).get("epochs", epochs) != epochs:
             state = _rescheduled(state, model, schedule_for(lr, epochs, steps))
     settings = settings_of(name, epochs=epochs, batch_size=batch_size, lr=lr, seed=seed,
-                           data=data, step=step_kind)  # fmt: skip
+                           data=data, step=step_kind,
+                           precision=_mixed_of(step).precision)  # fmt: skip
     settings["parameters"] = {k: list(v.shape) for k, v in nn._parameters(model).items()}
     # on CuPy every new array and kernel goes to the data's GPU, not the current one
     with one_thread(data.train_x), on_device_of(data.train_x):
@@ -246,8 +307,8 @@ class _Run:
         if self.save is None:
             return None
         info = dict(name=self.name, batch_size=self.batch_size, epoch=epoch, step=step,
-                    rng=rng_state, partial=partial, history=history,
-                    settings=self.settings)  # fmt: skip
+                    rng=rng_state, partial=partial, history=history, settings=self.settings,
+                    loss_scale=_mixed_of(self.step).state_dict())  # fmt: skip
         optim.save_checkpoint(self.save, model, state, **info)
         return self.save
 

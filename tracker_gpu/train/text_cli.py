@@ -16,9 +16,10 @@ import numpy as np
 from .arguments import check_modules, check_plot, number, option, signals, without
 from .devices import select_backend
 from .loop import Interrupted
+from .mixed import DEFAULT, PRECISIONS, SCALED, described
 from .plots import plot_text
 from .text_data import Text, baselines, corpus
-from .text_loop import TextConfig, compiled_text_step, text_step, train_text
+from .text_loop import TextConfig, compiled_text_step, mixed_text_step, text_step, train_text
 from .transformer import generate, parameter_count
 
 __all__ = ["main", "run", "parser"]
@@ -74,6 +75,10 @@ def parser():
     p.add_argument("--resume", metavar="DIR", help="go on from DIR/text.npz")
     p.add_argument("--compile", action="store_true",
                    help="record the training step once with tg.compile and replay it")  # fmt: skip
+    p.add_argument("--precision", choices=list(PRECISIONS),
+                   help="32 (float32), 16 (float16, the loss scaled dynamically) or bf16 "
+                        "(bfloat16): the dtype the model computes in, its weights kept in "
+                        "float32 (default 32, or the checkpoint's)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -116,8 +121,23 @@ def _config(p, args):
     if values["context"] > longest:
         p.error(f"--context {values['context']} is longer than the validation text allows "
                 f"({longest} characters); choose a shorter context")  # fmt: skip
+    _precision(p, args, saved)
     warmup = min(WARMUP, values["steps"] // 10)
     return TextConfig(**{k: values[k] for k in RUN}, warmup=warmup, eval_every=args.eval_every)
+
+
+def _precision(p, args, saved):
+    """`args.precision`: the one given, else the checkpoint's, else 32; refused with
+    `--compile` where the loss is scaled (float16)."""
+    args.notes = []
+    if "precision" in saved and args.precision and args.precision != saved["precision"]:
+        args.notes.append(f"saved with precision {saved['precision']}, going on with "
+                          f"{args.precision}")  # fmt: skip
+    args.precision = args.precision or saved.get("precision", DEFAULT)
+    if args.compile and args.precision in SCALED:
+        p.error("--compile cannot replay --precision 16: its loss scale checks on the host, at "
+                "each step, whether the gradients are finite; leave --compile out, or use "
+                "--precision bf16 (no loss scaling)")  # fmt: skip
 
 
 def _saved_settings(p, args):
@@ -179,7 +199,7 @@ def run(argv, stop=None):
             os.makedirs(args.save, exist_ok=True)
         result = train_text(
             config, text, xp=xp, device=device,
-            step=compiled_text_step() if args.compile else text_step,
+            step=_step(args),
             progress=not args.no_progress, save=_path(args.save) if args.save else None,
             resume=_path(args.resume) if args.resume else None, stop=stop,
             step_kind="compiled" if args.compile else "eager",
@@ -193,6 +213,12 @@ def run(argv, stop=None):
     return result
 
 
+def _step(args):
+    if args.precision != DEFAULT:
+        return mixed_text_step(args.precision, compiled=args.compile)
+    return compiled_text_step() if args.compile else text_step
+
+
 def _describe(text, config, where, args):
     from .text_loop import build
 
@@ -204,10 +230,13 @@ def _describe(text, config, where, args):
     print(f"model: {config.layers} layers, width {config.width}, {config.heads} heads, context "
           f"{config.context}, {parameter_count(model):,} parameters; batch {config.batch_size}, "
           f"{config.steps} steps, AdamW {config.lr:g} (warm-up {config.warmup}, cosine), "
-          f"dropout {config.dropout:g}{', compiled' if args.compile else ''}",
+          f"dropout {config.dropout:g}{', compiled' if args.compile else ''}"
+          f"{described(args.precision)}",
           flush=True)  # fmt: skip
     if args.resume:
         print(f"resumed after {args.done} of {config.steps} steps", flush=True)
+    for note in args.notes:
+        print(note, flush=True)
 
 
 def _report(result):

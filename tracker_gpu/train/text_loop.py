@@ -15,11 +15,12 @@ from tracker_gpu.backend import on_device_of
 
 from .devices import one_thread
 from .loop import Interrupted
+from .mixed import DEFAULT, SCALED, Mixed, restored
 from .text_data import batch, windows
 from .transformer import CharTransformer, text_loss
 
 __all__ = ["TextConfig", "TextResult", "train_text", "text_step", "compiled_text_step",
-           "evaluate", "build"]  # fmt: skip
+           "mixed_text_step", "evaluate", "build"]  # fmt: skip
 
 LOG_EVERY = 10  # steps whose mean training loss is one point of the curve
 MAX_NORM = 1.0  # the global norm the gradient is clipped to
@@ -98,12 +99,62 @@ def compiled_text_step():
     return step
 
 
-def evaluate(model, ids, context, size, *, limit=None, xp=None, device=None):
+def _mixed_text_step(mixed, model, state, x, y):
+    """`_step` under `mixed`: the loss scaled for the gradient, the gradients unscaled before
+    they are clipped, and the step skipped where they are not finite."""
+
+    def scaled(m):
+        loss = text_loss(m, x, y, mixed)
+        return mixed.scaled(loss), loss
+
+    with mixed.quiet():
+        (_, loss), (grads,) = tg.withgradient(scaled, model)
+        grads = mixed.unscaled(grads)
+        if mixed.finite(grads):
+            clipped, _ = optim.clip_grad_norm(grads, MAX_NORM)
+            state, model = optim.update(state, model, clipped)
+    return loss, model, state
+
+
+def mixed_text_step(precision, compiled=False):
+    """A `text_step` in `precision` ("32", "16" or "bf16"): float32 master weights, the model
+    run in the half dtype, float16's loss scaled dynamically (`step.mixed.scaler`, saved in the
+    checkpoints); `compiled` records it with `tg.compile` (refused for float16, whose scaler
+    reads on the host whether the gradients are finite).
+
+    >>> mixed_text_step("bf16").mixed.policy.compute_dtype
+    'bfloat16'
+    """
+    if compiled and precision in SCALED:
+        raise ValueError(
+            f"mixed_text_step: precision {precision} scales the loss by a scale each step reads "
+            "back on the host, which tg.compile cannot replay; train it eagerly, or compile bf16"
+        )
+    mixed = Mixed(precision)
+
+    def run(model, state, x, y):
+        return _mixed_text_step(mixed, model, state, x, y)
+
+    replay = tg.compile(run, gradient=False) if compiled else run
+
+    def step(model, state, x, y):
+        loss, model, state = replay(model, state, x, y)
+        return tg.data(loss), model, state
+
+    step.mixed = mixed
+    return step
+
+
+def _mixed_of(step):
+    return getattr(step, "mixed", None) or Mixed(DEFAULT)
+
+
+def evaluate(model, ids, context, size, *, limit=None, xp=None, device=None, mixed=None):
     """The mean loss (nats per character) of `model` over consecutive windows of `ids`, the
-    forward only (plain arrays: dropout off, no tape)."""
+    forward only (plain arrays: dropout off, no tape), under `mixed`'s policy if given."""
     total, count = 0.0, 0
     for x, y in windows(ids, context, size, limit=limit, xp=xp, device=device):
-        total += float(text_loss(model, x, y)) * x.shape[0] * x.shape[1]
+        total += float(text_loss(model, x, y, mixed)) * x.shape[0] * x.shape[1]
         count += x.shape[0] * x.shape[1]
     return total / count
 
@@ -127,6 +178,7 @@ class _Run:
             return None
         info = dict(name="text", step=done, history=history, settings=self.settings,
                     partial=[float(v) for v in partial],
+                    loss_scale=_mixed_of(self.step).state_dict(),
                     rngs=[self.data_rng.bit_generator.state,
                           self.model_rng.bit_generator.state])  # fmt: skip
         optim.save_checkpoint(self.save, model, state, **info)
@@ -134,13 +186,14 @@ class _Run:
 
     def valid_loss(self, model, limit=8):
         c = self.config
-        return evaluate(model, self.text.valid, c.context, c.batch_size, limit=limit, **self.place)
+        return evaluate(model, self.text.valid, c.context, c.batch_size, limit=limit,
+                        mixed=_mixed_of(self.step), **self.place)  # fmt: skip
 
 
-def settings_of(config, backend, step_kind):
+def settings_of(config, backend, step_kind, precision=DEFAULT):
     """What a checkpoint of the text job records of its run (JSON)."""
     return dict(asdict(config), job="text", backend=backend, step=step_kind,
-                version=tg.__version__)  # fmt: skip
+                precision=precision, version=tg.__version__)  # fmt: skip
 
 
 def train_text(config, text, *, xp=None, device=None, step=text_step, progress=False, save=None,
@@ -158,12 +211,14 @@ def train_text(config, text, *, xp=None, device=None, step=text_step, progress=F
         model, state, info = optim.load_checkpoint(resume, model)
         data_rng.bit_generator.state, model_rng.bit_generator.state = info["rngs"]
         history, done, partial = info["history"], info["step"], info["partial"]
-    settings = settings_of(config, _library_name(model), step_kind)
+        restored(_mixed_of(step), info.get("loss_scale"))
+    settings = settings_of(config, _library_name(model), step_kind, _mixed_of(step).precision)
     run = _Run(config, text, data_rng, model_rng, step, dict(xp=xp, device=device), save, stop,
                settings)  # fmt: skip
     with one_thread(model.position), on_device_of(model.position):
         model, state, rate = _fit(run, model, state, history, (done, partial), progress)
-        valid = evaluate(model, text.valid, config.context, config.batch_size, **run.place)
+        valid = evaluate(model, text.valid, config.context, config.batch_size,
+                         mixed=_mixed_of(step), **run.place)  # fmt: skip
     if config.steps not in history["valid_step"]:  # the whole validation text, at the end
         history["valid_step"].append(config.steps)
         history["valid_loss"].append(valid)

@@ -83,10 +83,11 @@ class CharTransformer(nn.Layer):
         )
 
 
-def text_loss(model, x, y):
+def text_loss(model, x, y, mixed=None):
     """The mean cross-entropy (nats per character) of `model`'s predictions of `y` (the
-    characters that follow each of `x`), both `(batch, length)`."""
-    logits = model(x)
+    characters that follow each of `x`), both `(batch, length)`; with `mixed` (a
+    `mixed.Mixed`), the model runs under its policy and the loss is taken in float32."""
+    logits = model(x) if mixed is None else mixed.forward(model, x)
     flat = reshape(logits, (-1, logits.shape[-1]))
     return nn.logitcrossentropy(flat, reshape(y, (-1,)))
 
