@@ -107,6 +107,18 @@ def test_bad_batches_are_refused_clearly(client):
         tgd.withgradient(client, loss_and_logits, mlp(), x[:0], y[:0])
 
 
+def test_a_gradient_is_the_same_bits_whatever_its_arrays_offsets_in_a_message(client):
+    """Arrays arrive at any offset of a message's frame; an unaligned one took NumPy's other
+    matmul loop, so the same step gave other last bits from one call to the next."""
+    model, (x, y) = mlp(), batch(48, 0)
+    first = None
+    for _ in range(6):
+        _, (grad,) = tgd.withgradient(client, loss_and_logits, model, x, y, shards=2)
+        found = parameters(grad)
+        first = first or found
+        assert all(np.array_equal(found[k], first[k]) for k in first)
+
+
 def train(client, steps, kill=None, stop=None, **options):
     """`steps` Adam steps of the MLP on fixed batches; `kill` (`stop`) is a trigger file: the
     shard task that finds it kills (stops) its own worker process, once. `options` go to

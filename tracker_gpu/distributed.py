@@ -390,12 +390,23 @@ def _shard_gradient_task(f, mean, total):
     def shard_gradient(model, *arrays):
         """`(loss, grad, aux)` of one shard, weighted by its share of the batch."""
         weight = arrays[0].shape[0] / total if mean else 1.0
+        model, arrays = tree_map(_aligned, model), [_aligned(a) for a in arrays]
         val, (grad,) = _withgradient(lambda m: f(m, *arrays), model)
         loss, aux = (val[0], val[1:]) if isinstance(val, tuple) else (val, None)
         grad = tree_map(lambda g: g if g is None else g * weight, grad)
         return data(loss) * weight, grad, None if aux is None else [[data(a)] for a in aux]
 
     return dask.delayed(shard_gradient, pure=True)
+
+
+def _aligned(x):
+    """`x`, copied where it is a NumPy array whose data is not aligned for its dtype: arrays
+    that arrive in a message may sit at any offset of its frame, and NumPy's matmul takes
+    another loop (another order of additions, other last bits) on unaligned data, so a shard's
+    gradient would depend on where its arrays happened to land."""
+    if isinstance(x, np.ndarray) and not x.flags.aligned:
+        return x.copy()
+    return x
 
 
 def _tree_sum(parts):
