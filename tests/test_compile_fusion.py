@@ -168,7 +168,7 @@ def _quiet(function, *args):
 
 
 DTYPES = {"float32": [np.float32], "float64": [np.float64], "mixed": [np.float32, np.float64]}
-STATS = {"programs": 0, "fused": 0, "regions": 0, "chains": 0}
+STATS = {"programs": 0, "fused": 0, "regions": 0, "chains": 0, "outputs": 0, "several": 0}
 
 
 @pytest.mark.parametrize("dtypes", list(DTYPES))
@@ -196,6 +196,10 @@ def test_arithmetic_programs_bit_for_bit(seed, dtypes):
         STATS["fused"] += bool(forward.programs()[0].fused) + bool(both.programs()[0].fused)
         STATS["regions"] += forward.programs()[0].fused + both.programs()[0].fused
         STATS["chains"] += len(both.programs()[0].chains)  # of the backward pass
+        written = _written(forward.programs()[0]) + _written(both.programs()[0])
+        assert _read_outside(forward.programs()[0]) and _read_outside(both.programs()[0]), plan
+        STATS["outputs"] += sum(written)  # a region's extra outputs: values read outside it
+        STATS["several"] += sum(count > 1 for count in written)
 
 
 @pytest.mark.parametrize("dtypes", list(DTYPES))
@@ -227,6 +231,8 @@ def test_the_fuzzer_fused():
     print(STATS)
     assert STATS["fused"] >= STATS["programs"] // 2, STATS
     assert STATS["chains"] >= STATS["programs"] // 8, STATS
+    assert STATS["several"] >= STATS["programs"] // 8, STATS  # regions of several outputs
+    assert STATS["outputs"] > STATS["regions"], STATS
 
 
 # --- regions
@@ -264,29 +270,133 @@ def test_multiplications_by_numbers_fuse_with_their_gradient():
     _same_bits(got.grad[0], eager.grad[0], "gradient")
 
 
-def test_a_value_read_elsewhere_ends_a_region():
-    def returned(x):  # y is returned as well: the region stops there
+def _written(program):
+    """The number of outputs of each fused step of `program`, in order."""
+    return [len(s.outs) for s in program.steps if type(s).__name__ == "Fused"]
+
+
+def _read_outside(program):
+    """Whether every value a fused step writes besides its last is read outside its region:
+    by another step, as a result, or saved by a pullback."""
+    steps, reads = program.steps, set(program.outputs)
+    for step in steps:
+        calls = step.calls if type(step).__name__ == "Fused" else [step]
+        for call in calls:
+            reads.update(slot for p, slot in getattr(call, "saves", ()) if p)
+            reads.update(call.out for p, _ in getattr(call, "saves", ()) if not p)
+        if type(step).__name__ == "Fused" or hasattr(step, "inputs"):
+            reads.update(getattr(step, "inputs", ()))
+    fused = [s for s in steps if type(s).__name__ == "Fused"]
+    return all(slot in reads for s in fused for slot in s.outs[:-1])
+
+
+def test_a_value_read_elsewhere_is_one_more_output_of_its_region():
+    def returned(x):  # y is returned as well: written out by the region that goes on
         y = x * 2.0 + 1.0
         return y, tg.tanh(y - 3.0) * 0.5
 
-    x = np.linspace(-2, 2, 6)
+    x = domain((6, 5), np.float64, seed=5)
     step = tg.compile(returned, gradient=False, fuse=True)
     step(x)
     y, z = step(x)
     program = step.programs()[0]
-    assert program.fused == 2, program.source
-    np.testing.assert_array_equal(y, x * 2.0 + 1.0)
+    assert program.fused == 1 and _written(program) == [2], program.source
+    _same_bits(y, tg.data(returned(x)[0]), "the extra output, the result")
     assert_agree(z, tg.data(returned(x)[1]), ulps=4)  # tanh: the C library's
 
-    def saved(x):  # sin saves its input for its pullback: materialised
-        return tg.sum(tg.sin(x * 2.0 + 1.0) * 3.0 - 1.0)
+    def saved(x):  # sin saves its input for its pullback: written out, the region goes on
+        return tg.sum(_finite(tg.sin(x * 2.0 + 1.0) * 3.0 - 1.0))
 
     step = tg.compile(saved, fuse=True)
-    step(x)
-    got, eager = step(x), tg.withgradient(saved, x)
-    assert step.programs()[0].fused == 2  # x*2+1 (read by sin's pullback), then sin*3-1
-    assert_agree(got.val, eager.val, ulps=4)
+    _quiet(step, x)
+    got, eager = _quiet(step, x), _quiet(tg.withgradient, saved, x)
+    # written: x*2+1 (saved by sin's pullback), the mask (saved by where's), the last value
+    assert step.programs()[0].fused == 1 and _written(step.programs()[0]) == [3]
+    assert_agree(got.val, eager.val, ulps=64)  # a sum of sines, each within 4 ulps
     np.testing.assert_array_equal(got.grad[0], eager.grad[0])  # cos(x*2+1)*3*2: eager's
+
+
+def test_a_value_read_by_a_pullback_and_a_later_step_exact():
+    """`x * w + 1` is saved by `relu`'s pullback... and read by a matrix product after the
+    region: written out by it, bit for bit, values and gradients."""
+
+    def f(x, w):
+        h = x * w + 1.0
+        r = tg.relu(h) * 0.5 - h
+        return tg.sum(_finite(r * r)) + tg.sum(_finite(h @ h.T))
+
+    x, w = domain((7, 9), np.float64, seed=6), domain((9,), np.float64, seed=7)
+    step = tg.compile(f, fuse="exact")
+    _quiet(step, x, w)
+    got, eager = _quiet(step, x, w), _quiet(tg.withgradient, f, x, w)
+    program = step.programs()[0]
+    assert program.fused >= 1 and max(_written(program)) >= 2, program.source
+    _same_bits(got.val, eager.val, "value")
+    for mine, theirs in zip(got.grad, eager.grad):
+        _same_bits(mine, theirs, "gradient")
+
+
+def test_a_value_read_before_the_region_ends_ends_it():
+    """A reader of `y` that comes before the region's last step (a matrix product feeding the
+    region) cannot wait for it: `y` ends its region."""
+
+    def f(x):
+        y = x * 2.0 + 1.0
+        return (y @ y) * 3.0 + y
+
+    x = domain((8, 8), np.float64, seed=8)
+    step = tg.compile(f, gradient=False, fuse="exact")
+    _quiet(step, x)
+    program = step.programs()[0]
+    assert _written(program) == [1, 1], program.source
+    _same_bits(_quiet(step, x), tg.data(_quiet(f, x)), "value")
+
+
+def test_a_reader_in_a_region_that_does_not_pay_reads_in_its_own_place(monkeypatch):
+    """`a` is read by the region of `a * 3 ...` (eight operations: it pays) and by `a + 1`,
+    whose region (`q`, then `q * 5` after the first region's end: two operations on ten
+    elements) does not pay: `a + 1` runs in its own place, before the first region's end, so
+    `a` cannot be an output of that region."""
+
+    def f(x):
+        a = x * 2.0
+        q = a + 1.0
+        t = a
+        for k in range(8):
+            t = t * 3.0 - k
+        return t, q * 5.0
+
+    monkeypatch.setattr(fusion, "SMALL_OPS", 8)  # as by default
+    x = domain((10,), np.float64, seed=9)
+    step = tg.compile(f, gradient=False, fuse="exact")
+    _quiet(step, x)
+    got = _quiet(step, x)
+    program = step.programs()[0]
+    assert program.fused == 1 and _written(program) == [1], program.source
+    for mine, theirs in zip(got, _quiet(lambda: [tg.data(v) for v in f(x)])):
+        _same_bits(mine, theirs, "values")
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (5000,)])
+def test_several_outputs_of_every_size(shape):
+    """0-d outputs (new arrays each, never a block's rows: those would be scalars), small ones
+    (rows of one array) and large ones (arrays of their own): eager's bits, each output its
+    own memory."""
+
+    def f(t, u):
+        a = t * 2.0 + u
+        b = a * a - 1.0
+        return a, b * 3.0, a > b
+
+    t, u = domain(shape, np.float64, seed=10), domain(shape, np.float64, seed=11)
+    step = tg.compile(f, gradient=False, fuse="exact")
+    _quiet(step, t, u)
+    got = _quiet(step, t, u)
+    assert _written(step.programs()[0]) == [3], step.programs()[0].source
+    for mine, theirs in zip(got, _quiet(lambda: [tg.data(v) for v in f(t, u)])):
+        _same_bits(mine, theirs, f"outputs of shape {shape}")
+    again = _quiet(step, t + 1.0, u)
+    assert not np.shares_memory(again[0], got[0]) and not np.shares_memory(again[1], got[1])
 
 
 def test_a_mask_and_where_fuse():

@@ -8,7 +8,16 @@ and NumPy's operations where a replay hands a chain something else than it recor
 import numpy as np
 import pytest
 from domain import assert_agree, domain
-from test_compile_fusion import _finite, _quiet, _same_bits, _wide_program, cache, every_region
+from test_compile_fusion import (
+    _finite,
+    _quiet,
+    _read_outside,
+    _same_bits,
+    _wide_program,
+    _written,
+    cache,
+    every_region,
+)
 
 import tracker_gpu as tg
 from tracker_gpu import nn
@@ -49,6 +58,57 @@ def test_chains_of_pullbacks_are_one_kernel_bit_for_bit(seed, dtype):
     if loops.default_fuse() == "exact":
         program = step.programs()[0]
         assert program.chains and program.source.count("BK") == len(program.chains), names
+        assert _read_outside(program), names  # a region's extra outputs: values read outside
+
+
+def test_values_saved_by_the_pullbacks_are_outputs_of_one_region():
+    """`square`'s pullback saves its input, made by the region: the forward pass is one region
+    writing the three saved values and its last (one loop, four stores), the backward pass one
+    chain reading them; values and gradients eager's bit for bit, over the whole domain."""
+
+    def f(x):
+        y = x
+        for _ in range(4):
+            y = tg.square(y) * 0.75 + 0.25
+        return tg.sum(_finite(y))
+
+    for dtype in (np.float32, np.float64):
+        x = domain((41, 27), dtype, seed=3)
+        step = tg.compile(f, fuse="exact")
+        _quiet(step, x)
+        got, eager = _quiet(step, x), _quiet(tg.withgradient, f, x)
+        program = step.programs()[0]
+        # the region: 4 x (square, * 0.75, + 0.25), then _finite's abs, < and where
+        assert program.fused == 1 and _written(program) == [5], program.source
+        _same_bits(got.val, eager.val, "loss")
+        _same_bits(got.grad[0], eager.grad[0], "gradient")
+
+
+def test_the_mixed_chain_is_one_region_per_256_operations_with_fuse_true():
+    """The benchmark's chain mixed (`* c`, `sin`, `+ c`, `tanh`): `sin` saves its input and
+    `tanh` its output, so no region formed before regions had several outputs; with
+    `fuse=True` each region writes the values its pullbacks read, half of its operations'."""
+    kinds = [lambda y: y * 1.0001, tg.sin, lambda y: y + 0.5, tg.tanh] * 125
+
+    def f(x):
+        y = x
+        for kind in kinds:
+            y = kind(y)
+        return tg.sum(y)
+
+    x = domain((3, 5), np.float64, seed=4)
+    x = np.where(np.abs(x) < 1e3, x, 0.5)  # a finite loss
+    step = tg.compile(f, fuse=True)
+    _quiet(step, x)
+    got, eager = _quiet(step, x), _quiet(tg.withgradient, f, x)
+    program = step.programs()[0]
+    # 500 operations: regions of 244 and 256 (`fusion.MAX_OPS`), from the end; of every four,
+    # two are read by a pullback (`* c`'s value by sin's, tanh's own), the last among them
+    assert program.fused == 2 and _written(program) == [122, 128], _written(program)
+    assert _read_outside(program)
+    # 250 functions of the C library, each within 4 ulps of NumPy's, then their product
+    assert_agree(got.val, eager.val, ulps=1000)
+    assert_agree(got.grad[0], eager.grad[0], ulps=1000)
 
 
 def test_a_chain_of_multiplications_by_a_number_is_one_kernel_both_ways(monkeypatch):

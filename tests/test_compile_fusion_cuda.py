@@ -28,6 +28,7 @@ from test_compile_fusion import (
     _quiet,
     _same_bits,
     _wide_program,
+    _written,
     random_program,
 )
 
@@ -72,7 +73,7 @@ def test_arithmetic_programs_bit_for_bit(seed, dtypes):
     and the gradients of their sum against eager on the same fused path (`on_host()`: the
     stand-in of eager CuPy, whose pullbacks the replay runs)."""
     rng = np.random.default_rng([seed, len(dtypes[0]), 24])
-    fused = 0
+    fused, written = 0, []
     for trial in range(2):
         n = int(rng.integers(1, 4))
         f, plan = random_program(rng, n, int(rng.integers(2, 9)), libm=False)
@@ -91,7 +92,9 @@ def test_arithmetic_programs_bit_for_bit(seed, dtypes):
         for g, e in zip(got.grad, eager.grad):
             _same_bits(g, e, f"gradient of {plan}")
         fused += _program(forward).launches + _program(both).launches
+        written += _written(_program(forward)) + _written(_program(both))
     assert fused, "nothing was fused"
+    assert len(written) == fused and max(written) > 1, written  # one step a launch; outputs
 
 
 @pytest.mark.parametrize("dtypes", list(DTYPES))
@@ -166,9 +169,9 @@ def test_every_generated_source_compiles_with_nvrtc(arch):
 
 
 # --- launches
-def test_regions_share_a_launch_and_each_value_is_written():
-    """Two outputs of one shape and a region reading both at its own element: one launch,
-    every value eager's."""
+def test_a_region_of_several_outputs_is_one_launch():
+    """Two values of one shape, returned and read by the rest of the region at its own
+    element: one region writing three outputs, one launch, every value eager's."""
 
     def f(x, y):
         a = x * 2.0 + y
@@ -180,7 +183,8 @@ def test_regions_share_a_launch_and_each_value_is_written():
         step = cuda(f, gradient=False, fuse="exact")
         _quiet(step, x, y)
         got = _quiet(step, x, y)
-    assert _program(step).launches == 1 and _program(step).fused == 3
+    assert _program(step).launches == 1 and _program(step).fused == 1
+    assert _written(_program(step)) == [3]
     for value, expected in zip(got, _quiet(lambda: [tg.data(v) for v in f(x, y)])):
         _same_bits(value, expected, "a launch's values")
 
@@ -201,6 +205,26 @@ def test_a_value_read_elsewhere_than_its_element_starts_a_launch():
     assert _program(step).launches == 2
     for value, expected in zip(got, _quiet(lambda: [tg.data(v) for v in f(x, row)])):
         _same_bits(value, expected, "two launches")
+
+
+def test_a_value_read_by_a_pullback_and_a_later_step():
+    """`x * w + 1` saved by `relu`'s pullback and read by a matrix product after its region:
+    written out by the region's launch; values and gradients eager's bit for bit."""
+
+    def f(x, w):
+        h = x * w + 1.0
+        r = tg.relu(h) * 0.5 - h
+        return tg.sum(_finite(r * r)) + tg.sum(_finite(h @ h.T))
+
+    x, w = domain((7, 9), np.float64, seed=6), domain((9,), np.float64, seed=7)
+    with target():
+        step = cuda(f, fuse="exact")
+        _quiet(step, x, w)
+        got, eager = _quiet(step, x, w), _quiet(tg.withgradient, f, x, w)
+    assert max(_written(_program(step))) >= 2, _program(step).steps
+    _same_bits(got.val, eager.val, "value")
+    for mine, theirs in zip(got.grad, eager.grad):
+        _same_bits(mine, theirs, "gradient")
 
 
 def test_values_have_the_types_and_dtypes_of_the_unfused_replay():

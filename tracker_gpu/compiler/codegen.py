@@ -78,7 +78,8 @@ def generate(program):
             _forward(src, step, reusable.buffer(index, step))
         elif isinstance(step, Fused):  # a region of elementwise steps: one kernel
             kernel = src.bind("FK", step.run)
-            src.emit(f"v{step.out} = {kernel}({', '.join(f'v{i}' for i in step.inputs)})")
+            outs = ", ".join(f"v{slot}" for slot in step.outs)  # one kernel, several outputs
+            src.emit(f"{outs} = {kernel}({', '.join(f'v{i}' for i in step.inputs)})")
         elif isinstance(step, Draw):
             rng, like = src.bind("R", step.rng), src.bind("L", step.like)
             src.emit(f"v{step.out} = DRAW({rng}, {step.shape!r}, {like})")

@@ -12,7 +12,8 @@ parameter, and its step counts, is one launch, a multi-tensor update), and a reg
 its own element, a value that a segment of its shape makes joins that segment (the moments and
 the parameter of one update). A launch is placed where its last region was, and moved later
 past steps that read nothing it makes; a backward pass ends it (its pullbacks read what the
-regions' nodes saved). Every region's value is written, as the steps' values were.
+regions' nodes saved). A launch is one `Fused` step of several outputs: every region's
+values are written (its last value, and those read outside it: `fusion.regions`).
 
 The program's kernels are one source (`Family`, compiled with `--fmad=false`: no contraction of
 `a * b + c`, so that the arithmetic is the eager replay's bit for bit), launched through
@@ -126,9 +127,9 @@ def _is_cupy_namespace(xp):
 
 
 # --- regions and launches
-def _pending(kernel, region, calls, inputs, start):
+def _pending(kernel, region, calls, inputs, start, outs):
     """The stand-in of a region until it is given a launch (`fusion.Target.guard`)."""
-    return _Member(region, calls, inputs, start)
+    return _Member(region, calls, inputs, start, outs)
 
 
 @dataclass
@@ -139,10 +140,7 @@ class _Member:
     calls: list
     inputs: list  # slots
     start: list
-
-    @property
-    def out(self):
-        return self.calls[-1].out
+    outs: list  # the slots of the values written (`Region.written`), the last op's last
 
 
 @dataclass
@@ -157,8 +155,8 @@ class _Segment:
     outputs: list = field(default_factory=list)
 
     def add(self, member, made):
-        """The member's operations after the segment's own; `made` {slot: op index} of values
-        it reads from this segment."""
+        """The member's operations after the segment's own, its values written; `made` {slot:
+        op index} of values it reads from this segment. Returns `{slot: op index}` of its."""
         offset, remap = len(self.ops), []
         for k, slot in enumerate(member.inputs):
             if slot in made:
@@ -172,7 +170,9 @@ class _Segment:
             moved = [remap[w] if kind == "in" else (kind, w + offset) if kind == "op" else (kind, w)
                      for kind, w in operands]  # fmt: skip
             self.ops.append((op, dtype, moved))
-        self.outputs.append((len(self.ops) - 1, member.out))
+        written = [(offset + j, slot) for j, slot in zip(member.region.written(), member.outs)]
+        self.outputs += written
+        return {slot: j for j, slot in written}
 
     def region(self):
         return fusion.Region(self.ops, self.specs, self.shape)
@@ -208,8 +208,8 @@ class _Launch:
                 return False  # read at another element than its own: a launch of its own
         index = self.segments.index(segment)
         made = {member.inputs[k]: self.made[member.inputs[k]][1] for k in reads}
-        segment.add(member, made)
-        self.made[member.out] = (index, len(segment.ops) - 1)
+        for slot, j in segment.add(member, made).items():
+            self.made[slot] = (index, j)
         self.members.append(member)
         return True
 
@@ -221,7 +221,7 @@ class _Launch:
 
 
 def _arrays(member):
-    return len(member.inputs) + 1
+    return len(member.inputs) + len(member.outs)
 
 
 def _grouped(steps):
@@ -256,11 +256,10 @@ def _reads_from(step, launch):
     return type(step) is Call and any(slot in launch.made for slot in step.inputs)
 
 
-# --- the steps a launch stands as
+# --- the step a launch stands as
 def _placed(steps, launches, family, array):
-    """The steps, each launch as `Fused` steps: the first launches the kernel and gives its
-    region's value, the others the values it left for them (so that the interpreter, and the
-    CUDA graph it is captured from, see one step per region's value)."""
+    """The steps, each launch as one `Fused` step: one kernel, the values of all its members
+    written (its outputs), the steps of all its members pulled back as before."""
     out = []
     for step in steps:
         if not isinstance(step, _Launch):
@@ -268,19 +267,11 @@ def _placed(steps, launches, family, array):
             continue
         index = launches.index(step)
         run = _guarded(step, _kernel(family, f"tg_fused_{index}", step), array)
-        left = {}
-
-        def first(*values, run=run, left=left, members=step.members):
-            found = run(*values)
-            for member, value in zip(members[1:], found[1:]):
-                left[member.out] = value
-            return found[0]
-
-        head, *rest = step.members
-        out.append(fusion.Fused(head.out, step.reads(), head.calls, first))
-        for member in rest:
-            out.append(fusion.Fused(member.out, [], member.calls,
-                                    lambda slot=member.out, left=left: left.pop(slot)))  # fmt: skip
+        outs = [slot for member in step.members for slot in member.outs]
+        if len(outs) == 1:
+            run = lambda *values, run=run: run(*values)[0]  # noqa: E731
+        calls = [call for member in step.members for call in member.calls]
+        out.append(fusion.Fused(outs, step.reads(), calls, run))
     return out
 
 
@@ -294,7 +285,7 @@ def _kernel(family, name, group):
             dtype = np.dtype(bool) if types[j] == "bool" else np.dtype(segment.ops[j][1])
             outputs[slot] = (segment.shape, dtype)
     total = sum(int(np.prod(s.shape)) for s in group.segments)
-    order = [m.out for m in group.members]
+    order = [slot for m in group.members for slot in m.outs]
 
     def kernel(*values):
         like, made, args, position = values[0], {}, [], 0
@@ -336,10 +327,11 @@ def _stepwise(group, values):
     env = dict(zip(group.reads(), values))
     found = []
     for member in group.members:
-        value = fusion._stepwise(member.calls, member.inputs, [env[s] for s in member.inputs],
-                                 member.start)  # fmt: skip
-        env[member.out] = value
-        found.append(value)
+        made = fusion._stepwise(member.calls, member.inputs, [env[s] for s in member.inputs],
+                                member.start, member.outs)  # fmt: skip
+        made = made if len(member.outs) > 1 else (made,)
+        env.update(zip(member.outs, made))
+        found += made
     return found
 
 

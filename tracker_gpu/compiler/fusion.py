@@ -3,11 +3,13 @@
 After recording, the forward steps (`Call`s) that are elementwise operations this pass knows
 (`OPS`: arithmetic with broadcasting, the standard's unary functions, `maximum`, `minimum`,
 `where`, `clip`, comparisons, casts between float32 and float64, `relu` and `sigmoid`, with
-Python numbers as weakly typed constants) are grouped into regions: a value made inside a
-region is read by steps of that region only, never by a pullback (saved), by another step, or
-returned. Each region of two operations or more becomes one `Fused` step that reads the
-region's inputs once and writes its one output once; the replaced steps stay with it, so that
-the backward pass pulls their nodes back exactly as before.
+Python numbers as weakly typed constants) are grouped into regions. A step joins the region
+of the steps that read its value; where something outside the region reads it too (a pullback
+that saved it, another step, the result), the region writes it out as one more output of the
+same loop, provided that the value has the region's shape and that every outside reader comes
+after the region (which stands where its last step stood). Each region that pays becomes one
+`Fused` step that reads the region's inputs once and writes its outputs once; the replaced
+steps stay with it, so that the backward pass pulls their nodes back exactly as before.
 
 A region computes what the steps computed, operation for operation, each in the dtype NumPy
 computes it in (`np.result_type`, Python numbers weak), inputs cast as NumPy casts them: the
@@ -45,24 +47,36 @@ BOOL = np.dtype(bool)
 @dataclass
 class Fused:
     """One generated kernel standing for the steps `calls` (in their order): it reads the
-    arrays of `inputs` (slots) and writes the value of slot `out`."""
+    arrays of `inputs` (slots) and writes the values of the slots `outs` (one launch, several
+    stores), the region's last value last."""
 
-    out: int
+    outs: list
     inputs: list
     calls: list
-    run: object  # run(*values of inputs) -> the value of `out`
+    run: object  # run(*values of inputs) -> the value of `outs[0]` if alone, else a tuple
+
+    @property
+    def out(self):
+        """The slot of the region's last value."""
+        return self.outs[-1]
 
 
 @dataclass
 class Region:
     """What a target generates a kernel from: `ops`, in order, each `(op, dtype, operands)`
     computing a value of `dtype` from operands `("in", k)` (input k), `("op", j)` (an earlier
-    op's value) or `("const", value)` (a number of that dtype); the last op's value is the
-    output, of `shape`. `inputs` are `(dtype, shape)` of each input array."""
+    op's value) or `("const", value)` (a number of that dtype); the values of the ops
+    `outputs` (indices, in order; None: the last op alone) are written, each of `shape`.
+    `inputs` are `(dtype, shape)` of each input array."""
 
     ops: list
     inputs: list
     shape: tuple
+    outputs: list = None
+
+    def written(self):
+        """The indices of the ops whose values are written, the last op's last."""
+        return self.outputs or [len(self.ops) - 1]
 
 
 # --- the operations: what each recorded forward computes, as the C table (cuda/codegen.C) names it
@@ -210,42 +224,79 @@ _CHECKS = {"binary": _check_binary, "unary": _check_unary, "compare": _check_com
 
 # --- the regions
 def regions(program, arrays, orders, exact=False, target=None):
-    """The regions of `program`: lists of step indices, each in order, its last step the one
-    whose value leaves it; only regions that pay (`_pays`: two steps or more). `orders` are the
-    walks' nodes in the order their pullbacks run (`codegen._order`); `exact` leaves out the
-    operations of the C library (`INEXACT`). `target` (a `Target`: the host loops by default)
-    says which arrays and namespaces the kernels take, and which regions pay."""
+    """`(regions, operations, exported)`: the regions of `program`, lists of step indices, each
+    in order, its last step the one whose value ends it, only those that pay (`_pays`: two
+    steps or more); each step's `_operation`; and the steps whose value a region writes out
+    besides its last one's, read outside it. `orders` are the walks' nodes in the order their
+    pullbacks run (`codegen._order`); `exact` leaves out the operations of the C library
+    (`INEXACT`). `target` (a `Target`: the host loops by default) says which arrays and
+    namespaces the kernels take, and which regions pay."""
     target = target or HOST
     types, operations = _types(program, arrays, target.array), {}
     for index, step in enumerate(program.steps):
         found = _operation(step, types, program.start, exact, target.library)
         if found is not None:
             operations[index] = found
-    pinned = _pinned(program, orders)
-    readers = {}
-    for index, step in enumerate(program.steps):
-        if type(step) is Call:
-            for slot in step.inputs:
-                readers.setdefault(slot, set()).add(index)
-        elif type(step) is Walk:
-            pinned.add(step.seed)
-    owner, sizes = {}, {}  # step index -> the index of its region's last step; region sizes
+    readers = _readers(program, orders)
+    owner, sizes, exported = {}, {}, set()  # step -> its region's last step; region sizes
     for index in range(len(program.steps) - 1, -1, -1):
-        if index not in operations:
-            continue
-        step = program.steps[index]
-        found = {owner.get(r) for r in readers.get(step.out, ())}
-        if step.out in pinned or len(found) != 1 or None in found:
-            owner[index] = index  # its value leaves: the last step of a region
-        else:
-            last = found.pop()
-            owner[index] = last if sizes[last] < MAX_OPS else index  # a full region: a new one
-        sizes[owner[index]] = sizes.get(owner[index], 0) + 1
+        if index in operations:
+            owner[index], out = _joined(program, index, readers, owner, sizes)
+            sizes[owner[index]] = sizes.get(owner[index], 0) + 1
+            if out and owner[index] != index:
+                exported.add(index)
     grouped = {}
     for index in sorted(owner):
         grouped.setdefault(owner[index], []).append(index)
     pays = target.pays or _pays
-    return [members for members in grouped.values() if pays(program, members)], operations
+    found = [members for members in grouped.values() if pays(program, members)]
+    kept = {i for members in found for i in members}
+    return found, operations, exported & kept
+
+
+def _joined(program, index, readers, owner, sizes):
+    """`(last, exported)`: the region step `index` joins (its readers' region of the earliest
+    last step; `index` itself for a new one), and whether its value is written out too: read
+    outside that region, each outside reader after it (a step of another region counted at
+    its own place: that region may not pay), the value of the region's shape."""
+    steps = program.steps
+    reads = readers.get(steps[index].out, ())
+    inside = {owner[r] for r in reads if r in owner}
+    if not inside:
+        return index, True
+    last = min(inside)
+    if sizes[last] >= MAX_OPS:  # a full region: a new one
+        return index, True
+    outside = [r for r in reads if owner.get(r) != last]
+    if not outside:
+        return last, False
+    same = tuple(steps[index].node.shape) == tuple(steps[last].node.shape)
+    if same and all(position > last for position in outside):
+        return last, True
+    return index, True
+
+
+def _readers(program, orders):
+    """`{slot: positions of the steps reading it}`: the steps' inputs, each walk's seed and
+    what its pullbacks saved (at the walk's position), the result (after every step)."""
+    calls = {id(s.node): s for s in program.steps if type(s) is Call}
+    readers, end = {}, len(program.steps)
+    for slot in program.outputs:
+        readers.setdefault(slot, set()).add(end)
+    for index, step in enumerate(program.steps):
+        if type(step) is Call:
+            slots = step.inputs
+        elif type(step) is Walk:
+            slots = [step.seed]
+            for node in orders.get(index, ()):
+                call = calls.get(id(node))
+                if call is not None:
+                    slots += [call.out if p == 0 else slot for p, slot in call.saves]
+        else:
+            slots = getattr(step, "inputs", ())
+        for slot in slots:
+            readers.setdefault(slot, set()).add(index)
+    return readers
 
 
 # A kernel call costs about 2 us on a small array (its guards, ctypes), a NumPy call 0.4 us: a
@@ -282,21 +333,9 @@ def _types(program, arrays, array=np.ndarray):
     return types
 
 
-def _pinned(program, orders):
-    """The slots a region may not keep to itself: outputs of the program, and the values the
-    backward passes read (each pulled-back node's saved output and arguments)."""
-    calls = {id(s.node): s for s in program.steps if type(s) is Call}
-    pinned = set(program.outputs)
-    for order in orders.values():
-        for node in order:
-            call = calls.get(id(node))
-            if call is not None:
-                pinned.update(call.out if p == 0 else slot for p, slot in call.saves)
-    return pinned
-
-
-def describe(program, members, operations):
-    """The `Region` of the steps `members`, and the slots of its inputs."""
+def describe(program, members, operations, exported=()):
+    """The `Region` of the steps `members`, the slots of its inputs, and those of its outputs
+    (the values of the members in `exported`, then the last member's)."""
     steps = program.steps
     made = {steps[i].out: j for j, i in enumerate(members)}
     inputs, ops, specs = [], [], []
@@ -318,7 +357,9 @@ def describe(program, members, operations):
                 operands.append(("none", None))
         ops.append((op, dtype, operands))
     shape = tuple(steps[members[-1]].node.shape)
-    return Region(ops, specs, shape), inputs
+    written = [j for j, i in enumerate(members[:-1]) if i in exported] + [len(members) - 1]
+    outs = [steps[members[j]].out for j in written]
+    return Region(ops, specs, shape, written if len(written) > 1 else None), inputs, outs
 
 
 def fuse(program, arrays, orders, build, exact=False, target=None):
@@ -328,19 +369,18 @@ def fuse(program, arrays, orders, build, exact=False, target=None):
     are), and the number of regions. `exact`: correctly rounded operations only; `target` as
     in `regions` (its `guard` wraps each kernel, as `_guarded` does for the host loops)."""
     target = target or HOST
-    found, operations = regions(program, arrays, orders, exact, target)
+    found, operations, exported = regions(program, arrays, orders, exact, target)
     if not found:
         return program.steps, 0
-    described = [describe(program, members, operations) for members in found]
-    kernels = build([region for region, _ in described])
+    described = [describe(program, members, operations, exported) for members in found]
+    kernels = build([region for region, _, _ in described])
     if kernels is None:
         return program.steps, 0
     replaced, steps = {}, []
-    for members, (region, inputs), kernel in zip(found, described, kernels):
+    for members, (region, inputs, outs), kernel in zip(found, described, kernels):
         calls = [program.steps[i] for i in members]
-        replaced[members[-1]] = Fused(
-            calls[-1].out, inputs, calls, target.guard(kernel, region, calls, inputs, program.start)
-        )
+        run = target.guard(kernel, region, calls, inputs, program.start, outs)
+        replaced[members[-1]] = Fused(outs, inputs, calls, run)
         replaced.update(dict.fromkeys(members[:-1]))
     for index, step in enumerate(program.steps):
         if index not in replaced:
@@ -350,7 +390,7 @@ def fuse(program, arrays, orders, build, exact=False, target=None):
     return steps, len(found)
 
 
-def _guarded(kernel, region, calls, inputs, start):
+def _guarded(kernel, region, calls, inputs, start, outs):
     """The kernel, called on arrays of the recorded dtypes and shapes (made C-contiguous where
     they are not); anything else (a gradient that is None, say) takes the steps one by one."""
     expected = [(dtype, shape) for dtype, shape in region.inputs]
@@ -360,7 +400,7 @@ def _guarded(kernel, region, calls, inputs, start):
         ready = []
         for value, (dtype, shape) in zip(values, expected):
             if type(value) is not ndarray or value.dtype != dtype or value.shape != shape:
-                return _stepwise(calls, slots, values, start)
+                return _stepwise(calls, slots, values, start, outs)
             if not value.flags.c_contiguous or not value.flags.aligned:
                 value = np.ascontiguousarray(value)
             ready.append(value)
@@ -380,7 +420,8 @@ def _guarded(kernel, region, calls, inputs, start):
 class Target:
     """What a fusion target takes: `array` the type of its arrays, `library(xp)` whether it
     takes a step's namespace, `pays(program, members)` whether a region is worth a kernel (None:
-    `_pays`), `guard(kernel, region, calls, input slots, start)` the step's `run`."""
+    `_pays`), `guard(kernel, region, calls, input slots, start, output slots)` the step's
+    `run`."""
 
     array: type
     library: object
@@ -391,12 +432,11 @@ class Target:
 HOST = Target(np.ndarray, is_numpy_namespace, None, _guarded)
 
 
-def _stepwise(calls, slots, values, start):
-    """The region's steps one by one, as an unfused replay runs them."""
+def _stepwise(calls, slots, values, start, outs):
+    """The region's steps one by one, as an unfused replay runs them: the value of `outs[0]`
+    if alone, else a tuple of theirs."""
     env = dict(zip(slots, values))
-    value = None
     for call in calls:
         operands = [env[i] if i in env else start[i] for i in call.inputs]
-        value = call.function(call.xp, *operands, **call.kw)
-        env[call.out] = value
-    return value
+        env[call.out] = call.function(call.xp, *operands, **call.kw)
+    return env[outs[0]] if len(outs) == 1 else tuple(env[slot] for slot in outs)

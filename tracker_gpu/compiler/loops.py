@@ -77,7 +77,7 @@ _MORE = {
     "astype": "{0}",  # the operand is cast to the result's type
     "relu": "({0} > T(0) ? {0} : T(0))",
 }
-_PROBE = r"""extern "C" long long tg_data_of(void* p) { return (long long)TG_DATA(p); }
+_PROBE = r"""extern "C" long long tg_data_of(void* t) { return (long long)TG_DATA(TG_ITEM(t, 0)); }
 """
 _warned = set()
 _lock = threading.Lock()
@@ -224,10 +224,11 @@ def _function(name, region):
     d = len(lengths)
     invariant = [not any(mask) for mask in masks]
     hoisted = _hoisted(region, invariant)
-    out_type = _types(region)[-1]
+    written = region.written()
+    out_types = [_types(region)[j] for j in written]
     inputs = [_ctype(dtype) for dtype, _ in region.inputs]
     params = [f"const {t}* __restrict x{k}" for k, t in enumerate(inputs)]
-    params.append(f"{out_type}* __restrict y")
+    params += [f"{t}* __restrict y{m}" for m, t in enumerate(out_types)]
     params += [f"long long n{a}" for a in range(d)] + ["long long lo", "long long hi"]
     lines = ["extern \"C\" __attribute__((noinline)) void "
              f"{name}_loops({', '.join(params)}) {{"]  # fmt: skip
@@ -257,29 +258,33 @@ def _function(name, region):
             index = f"o{k} + i" if mask[d - 1] else f"o{k}"
             lines.append(f"        const {inputs[k]} a{k} = x{k}[{index}];")
     lines += [f"        {line}" for j, line in enumerate(body) if j not in hoisted]
-    lines.append(f"        y[oy + i] = t{len(region.ops) - 1};")
+    lines += [f"        y{m}[oy + i] = t{j};" for m, j in enumerate(written)]
     lines.append("    }")
     lines += ["    }"] * (d - 1)
     lines.append("}")
-    return "\n".join(lines) + "\n" + _entry(name, len(inputs), out_type, inputs, d)
+    return "\n".join(lines) + "\n" + _entry(name, out_types, inputs, d)
 
 
-def _entry(name, count, out_type, inputs, d):
-    """The entry point taking NumPy's array objects, over the outer range [lo, hi)."""
-    objects = [f"void* p{k}" for k in range(count)] + ["void* py"]
+def _entry(name, out_types, inputs, d):
+    """The entry point taking a tuple of NumPy's array objects (the inputs, then the outputs:
+    one argument, however many arrays), over the outer range [lo, hi)."""
     sizes = [f"long long n{a}" for a in range(d)] + ["long long lo", "long long hi"]
-    arrays = [f"(const {t}*)TG_DATA(p{k})" for k, t in enumerate(inputs)]
-    call = ", ".join([*arrays, f"({out_type}*)TG_DATA(py)", *(f"n{a}" for a in range(d))])
-    return f"""extern "C" void {name}({", ".join(objects + sizes)}) {{
+    arrays = [f"(const {t}*)TG_DATA(TG_ITEM(t, {k}))" for k, t in enumerate(inputs)]
+    arrays += [f"({t}*)TG_DATA(TG_ITEM(t, {len(inputs) + m}))" for m, t in enumerate(out_types)]
+    call = ", ".join([*arrays, *(f"n{a}" for a in range(d))])
+    return f"""extern "C" void {name}({", ".join(["void* t", *sizes])}) {{
     {name}_loops({call}, lo, hi);
 }}
 """
 
 
-def source(regions, head=16):
+def source(regions, head=16, items=24):
     """The C++ source of the regions' functions, `tg_region_<k>`; `head`: the size of a Python
-    object's header, where an ndarray's data pointer follows (NumPy's `PyArrayObject_fields`)."""
-    prelude = _PRELUDE + f"#define TG_DATA(p) (*(char**)((char*)(p) + {head}))\n" + _PROBE
+    object's header, where an ndarray's data pointer follows (NumPy's `PyArrayObject_fields`);
+    `items`: where a tuple's items begin (CPython's `PyTupleObject`)."""
+    prelude = (_PRELUDE + f"#define TG_DATA(p) (*(char**)((char*)(p) + {head}))\n"
+               f"#define TG_ITEM(t, k) (*(void**)((char*)(t) + {items} + 8 * (k)))\n"
+               + _PROBE)  # fmt: skip
     return prelude + "".join(_function(f"tg_region_{k}", r) for k, r in enumerate(regions))
 
 
@@ -325,7 +330,7 @@ def build(regions):
         _warn_once("compiler", "tg.compile: no C++ compiler found for fusion (set CXX, "
                    "install one, or pass fuse=False); the program is replayed unfused")  # fmt: skip
         return None
-    text, chosen = source(regions, object.__basicsize__), flags(found)
+    text, chosen = source(regions, object.__basicsize__, tuple.__basicsize__), flags(found)
     what = [text, found, *chosen, _native(found) if "-march=native" in chosen else ""]
     key = hashlib.sha256("\0".join(what).encode()).hexdigest()[:24]
     try:
@@ -358,14 +363,16 @@ def _marker(key):
 class _Library:
     """A built library, opened twice: `held` keeps the GIL during a call (cheaper, for small
     regions), `released` lets other threads run (large regions); `objects` whether its entry
-    points can read NumPy's array objects (the data pointer where NumPy keeps it)."""
+    points can read a tuple of NumPy's array objects (the items where CPython keeps them, the
+    data pointer where NumPy keeps it)."""
 
     def __init__(self, path):
         self.released, self.held = ctypes.CDLL(str(path)), ctypes.PyDLL(str(path))
         probe = np.zeros(3)
         function = self.held.tg_data_of
         function.argtypes, function.restype = [ctypes.py_object], ctypes.c_longlong
-        self.objects = function(probe) == probe.ctypes.data
+        wide = ctypes.sizeof(ctypes.c_void_p) == 8  # a tuple's items, 8 bytes apart
+        self.objects = wide and function((probe,)) == probe.ctypes.data
 
 
 def _open(path, key):
@@ -435,9 +442,9 @@ def _thread_count():
 _pool = []  # (the process's id, workers, the executor): a forked child makes its own
 
 
-def _split(function, arrays, y, lengths, count):
-    """`function` (releasing the GIL) over the outer range cut into `count` parts: the first
-    on this thread, the others on a pool's."""
+def _split(function, arrays, lengths, count):
+    """`function` (releasing the GIL) of `arrays` (the inputs, then the outputs) over the outer
+    range cut into `count` parts: the first on this thread, the others on a pool's."""
     with _lock:
         if not _pool or _pool[0][1] < count - 1 or _pool[0][0] != os.getpid():
             if _pool:
@@ -449,26 +456,27 @@ def _split(function, arrays, y, lengths, count):
         executor = _pool[0][2]
     n = lengths[0]
     cuts = [n * part // count for part in range(count + 1)]
-    futures = [executor.submit(function, *arrays, y, *lengths, cuts[p], cuts[p + 1])
+    futures = [executor.submit(function, *arrays, *lengths, cuts[p], cuts[p + 1])
                for p in range(1, count)]  # fmt: skip
-    function(*arrays, y, *lengths, cuts[0], cuts[1])
+    function(*arrays, *lengths, cuts[0], cuts[1])
     for future in futures:
         future.result()
 
 
 # --- calling
 def _kernel(library, name, region):
-    """`kernel(*arrays)`: the output, a new C-contiguous array, from C-contiguous inputs of the
-    region's dtypes and shapes (`fusion._guarded` makes them so). The arrays are handed over
-    as objects (about 0.8 us a call; their addresses through `ndarray.ctypes` cost 1.3 us
-    each), on a library that can read them, else as addresses; the GIL is released from
-    `RELEASE_FROM` elements, and the output is cut between threads from `THREADS[0]`."""
+    """`kernel(*arrays)`: the outputs, new C-contiguous arrays (the one array of a region of one
+    output, else a tuple), from C-contiguous inputs of the region's dtypes and shapes
+    (`fusion._guarded` makes them so). The arrays are handed over as one tuple of objects
+    (ctypes converts one argument, about 0.2 us, where their addresses through `ndarray.ctypes`
+    cost 1.3 us each), on a library that can read it, else as addresses; the GIL is released
+    from `RELEASE_FROM` elements, and the output is cut between threads from `THREADS[0]`.
+    Several small outputs of one dtype are rows of one new array (`BLOCK_BELOW`)."""
     lengths, _ = _merged(region)
-    out = np.dtype(bool) if region.ops[-1][0] in COMPARISONS else np.dtype(region.ops[-1][1])
-    shape, count, empty, size = region.shape, len(region.inputs), np.empty, math.prod(region.shape)
-    objects = library.objects
+    outs = [_dtype(region, j) for j in region.written()]
+    shape, size, objects = region.shape, math.prod(region.shape), library.objects
     entry = name if objects else f"{name}_loops"
-    kinds = [ctypes.py_object if objects else ctypes.c_void_p] * (count + 1)
+    kinds = [ctypes.py_object] if objects else [ctypes.c_void_p] * (len(region.inputs) + len(outs))
     functions = []
     for handle in (library.held, library.released):
         function = getattr(handle, entry)
@@ -476,24 +484,40 @@ def _kernel(library, name, region):
         function.restype = None
         functions.append(function)
     held, released = functions
-    function = released if size >= RELEASE_FROM else held
+    call = _caller(released if size >= RELEASE_FROM else held, released, lengths, size, objects)
+    empty = np.empty
+    if len(outs) == 1:
+        (out,) = outs
+        return lambda *arrays: call(arrays, (empty(shape, out),))[0]
+    if shape and size < BLOCK_BELOW and len(set(outs)) == 1:  # rows: arrays (0-d: scalars)
+        block = (len(outs), *shape)
+        return lambda *arrays: call(arrays, tuple(empty(block, outs[0])))
+    return lambda *arrays: call(arrays, tuple(empty(shape, dtype) for dtype in outs))
+
+
+# Outputs of fewer elements than this (not 0-d) are rows of one array: one allocation (an
+# array's costs about 0.2 us), where a row keeps the others' memory while it lives
+BLOCK_BELOW = 1 << 12
+
+
+def _dtype(region, j):
+    """The dtype of op `j`'s value."""
+    return np.dtype(bool) if region.ops[j][0] in COMPARISONS else np.dtype(region.ops[j][1])
+
+
+def _caller(function, released, lengths, size, objects):
+    """`call(inputs, outputs) -> outputs`: the loops over them (their objects in one tuple, or
+    by address where the library cannot read objects), on threads from `THREADS[0]` elements."""
     whole = (*lengths, 0, lengths[0])
 
-    def kernel(*arrays):
-        y = empty(shape, out)
+    def call(arrays, ys):
+        handed = ((*arrays, *ys),) if objects else [a.ctypes.data for a in (*arrays, *ys)]
         if size >= THREADS[0] and lengths[0] > 1:
             threaded = _thread_count()
             if threaded > 1:
-                if not objects:
-                    arrays, y_at = [a.ctypes.data for a in arrays], y.ctypes.data
-                    _split(released, arrays, y_at, lengths, threaded)
-                    return y
-                _split(released, arrays, y, lengths, threaded)
-                return y
-        if objects:
-            function(*arrays, y, *whole)
-        else:
-            function(*[a.ctypes.data for a in arrays], y.ctypes.data, *whole)
-        return y
+                _split(released, handed, lengths, threaded)
+                return ys
+        function(*handed, *whole)
+        return ys
 
-    return kernel
+    return call

@@ -309,17 +309,22 @@ def _run_walk(step, env):
 
 
 def _run_fused(step, env):
-    """A fused region (host programs only; interpreted by tests): its value, and what its
-    steps' nodes save from outside the region."""
-    value = env[step.out] = step.run(*[env[i] for i in step.inputs])
+    """A fused region, or a launch of several (one kernel, several outputs): its values, and
+    what its steps' nodes save (an inner value, never read outside, is never saved)."""
+    values = step.run(*[env[i] for i in step.inputs])
+    outs = step.outs
+    if len(outs) == 1:
+        values = (values,)
+    for slot, value in zip(outs, values):
+        env[slot] = value
     for call in step.calls:
         if call.saves:
             saved = [None, *call.node.args]
             for position, slot in call.saves:
                 if position:
                     saved[position] = env[slot]
-                elif call.out == step.out:  # an inner value is never saved (`fusion.regions`)
-                    saved[0] = value
+                elif call.out in outs:
+                    saved[0] = env[call.out]
             call.node.saved = saved
 
 
