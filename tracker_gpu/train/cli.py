@@ -311,6 +311,9 @@ def main(argv=None):
             run(argv, stop=stop)
         except Interrupted as stopped:
             print(_stopped_line(stopped, argv), file=sys.stderr, flush=True)
+            if not stop.training:  # stopped while connecting: nothing is left to write, and
+                sys.stdout.flush()  # Dask's exit handlers would wait for the half-made client
+                os._exit(128 + stopped.signum)  # to give up connecting (up to 10 s)
             sys.exit(128 + stopped.signum)
         except (FloatingPointError, ConnectionError) as error:
             print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
