@@ -250,3 +250,34 @@ def test_the_docstring_examples(name):
 
     module = importlib.import_module(f"tracker_gpu.train.{name}")
     assert doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
+
+
+# --- mixed precision (here: the text job through the host build of the kernels is too slow
+# for the numpy-fused row)
+def test_the_text_job_saves_and_resumes_its_loss_scale(tmp_path, capsys):
+    common = ["--layers", "1", "--width", "16", "--heads", "2", "--context", "8",
+              "--batch-size", "4", "--steps", "6", "--sample-length", "0", "--plot", "",
+              "--no-progress"]  # fmt: skip
+    args = [*common, "--precision", "16"]
+    straight = text_cli.run(args)
+    asked = []
+    stop = lambda: asked.append(1) or (signal.SIGINT if len(asked) == 3 else None)  # noqa: E731
+    with pytest.raises(Interrupted):
+        text_cli.run([*args, "--save", str(tmp_path)], stop=stop)
+    info = tg.optim.read_checkpoint_info(str(tmp_path / "text.npz"))
+    assert info["settings"]["precision"] == "16" and info["step"] == 3
+    saved = tg.LossScale(**info["loss_scale"])
+    assert saved.good + saved.skipped == 3
+    capsys.readouterr()
+    resumed = text_cli.run([*common, "--resume", str(tmp_path)])
+    assert "computing in float16" in capsys.readouterr().out  # the checkpoint's precision
+    assert resumed.history["loss"] == straight.history["loss"]
+    for a, b in zip(_floating(resumed.model), _floating(straight.model)):
+        assert np.array_equal(a, b)
+
+
+def _floating(tree):
+    from tracker_gpu.pytree import tree_leaves
+
+    return [x for x in tree_leaves(tree) if getattr(x, "dtype", None) is not None
+            and np.issubdtype(np.asarray(x).dtype, np.floating)]  # fmt: skip
