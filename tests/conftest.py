@@ -150,6 +150,12 @@ NUMPY_ROW_ONLY = (
 )
 
 
+# Modules that test the host build of the CUDA kernels directly (against SciPy, mpmath, the
+# generic rules, NVRTC): they run the same in both rows that run every test, so once, in the
+# row named for that build.
+HOST_BUILD_ROW_ONLY = ("test_kernels", "test_half_kernels", "test_special_fused")
+
+
 def pytest_collection_modifyitems(config, items):
     row = config.getoption("backend")
     kept, dropped = [], []
@@ -159,6 +165,8 @@ def pytest_collection_modifyitems(config, items):
         name = module.__name__.rpartition(".")[2] if module is not None else ""
         if name in NUMPY_ROW_ONLY:
             keep = row == "numpy"
+        elif name in HOST_BUILD_ROW_ONLY:
+            keep = row == "numpy-fused"
         else:
             keep = row in EVERY_TEST or takes_backend or name in CHOOSE_THEIR_ROW
         (kept if keep else dropped).append(item)

@@ -118,6 +118,12 @@ def assert_close(backend, model, tensors, where):
         np.testing.assert_allclose(got, expected, rtol=RTOL, atol=1e-14, err_msg=f"{where}: {k}")
 
 
+def steps_on(backend):
+    """Dask recomputes the whole history of a lazy model at each comparison (20 steps took 5 to
+    7 s a rule there, 130 s in all): it compares the first steps, the other rows all of them."""
+    return 6 if backend.name == "dask" else STEPS
+
+
 def train_both(backend, rule, make, scheduler=None):
     """Our rule and PyTorch's optimiser on the same model and data; compared at every step."""
     model = {k: backend.asarray(v) for k, v in start().items()}
@@ -125,7 +131,7 @@ def train_both(backend, rule, make, scheduler=None):
     reference = make(list(tensors.values()))
     after = scheduler(reference) if scheduler else None
     state = optim.setup(rule, model)
-    for step, (x, y) in enumerate(data_stream()):
+    for step, (x, y) in enumerate(data_stream()[: steps_on(backend)]):
         _, (g, _, _) = tg.withgradient(our_loss, model, backend.asarray(x), backend.asarray(y))
         state, model = optim.update(state, model, g)
         reference.zero_grad()
