@@ -22,6 +22,7 @@ True
 (True, array([0.9, 1.9]), array([0., 0.]))
 """
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,25 +57,37 @@ class Leaf:
         counts `beta**t`) as 0-d float64 arrays beside the state's arrays, so that a recording
         reads them as inputs and every replay advances them, instead of a signature per step."""
         leaves = _flat(self.state)
-        if not any(_is_count(v) for v in leaves):
+        counts, array = False, None
+        for v in leaves:  # loops, not generators: this runs at every compiled call
+            if _is_count(v):
+                counts = True
+            elif array is None and is_array(v) and not isinstance(v, np.generic):
+                array = v
+        if not counts:
             return self
-        arrays = [v for v in leaves if is_array(v) and not isinstance(v, np.generic)]
-        if arrays:
-            xp, device = namespace_of(arrays[0]), device_of(arrays[0])
-        elif any(isinstance(v, np.generic) for v in leaves):  # a count a NumPy replay gave back
-            xp, device = np, "cpu"
+        if array is None and not any(isinstance(v, np.generic) for v in leaves):
+            return self
+        if array is None or type(array) is np.ndarray:  # NumPy scalars: a NumPy replay's
+            made = _numpy_count
         else:
-            return self
-
-        def counted(v):  # NumPy scalars too: what a replay on NumPy returns for 0-d arrays
-            if type(v) is tuple or type(v) is list:
-                return type(v)(counted(part) for part in v)
-            return xp.asarray(v, dtype=xp.float64, device=device) if _is_count(v) else v
-
-        return Leaf(self.rule, counted(self.state), self.frozen)
+            xp, device = namespace_of(array), device_of(array)
+            made = functools.partial(xp.asarray, dtype=xp.float64, device=device)
+        return Leaf(self.rule, _counted(self.state, made), self.frozen)
 
     def __repr__(self):
         return f"Leaf({self.rule!r}{', frozen' if self.frozen else ''})"
+
+
+_numpy_count = functools.partial(np.array, dtype=np.float64)
+
+
+def _counted(state, made):
+    """`state` with each count made an array by `made` (NumPy scalars too: what a replay on
+    NumPy returns for 0-d arrays)."""
+    kind = type(state)
+    if kind is tuple or kind is list:
+        return kind([_counted(part, made) for part in state])
+    return made(state) if _is_count(state) else state
 
 
 def _is_count(v):
