@@ -15,6 +15,7 @@ import numpy as np
 __all__ = [
     "SCALARS",
     "namespace_of",
+    "into",
     "is_array",
     "is_cupy",
     "is_numpy_namespace",
@@ -57,6 +58,21 @@ def namespace_of(x):
         xp = _resolve(x)
         _BY_TYPE[type(x)] = xp
     return xp
+
+
+def into(xp, function, x):
+    """`xp.<function>(x)`, written into `x` (an array the caller made and owns) where `xp` is
+    NumPy and `x` is floating: a new array as large as a transformer's activations is memory
+    to fault in at every step. Other libraries make a new one (CuPy and PyTorch from a pool).
+
+    >>> import numpy as np
+    >>> x = np.zeros(2)
+    >>> into(np, "exp", x) is x
+    True
+    """
+    if xp is np and type(x) is np.ndarray and x.dtype.kind == "f":
+        return getattr(np, function)(x, out=x)
+    return getattr(xp, function)(x)
 
 
 def _resolve(x):

@@ -10,7 +10,7 @@ matrix, so that convolutions and pools are matmuls and reductions, and `col2im` 
 import itertools
 import math
 
-from ..backend import device_of, namespace_of
+from ..backend import device_of, into, namespace_of
 from ..primitive import Primitive
 from ..rules.elementwise import add, multiply, subtract, tanh
 from ..rules.linalg import matmul, matrix_transpose
@@ -189,9 +189,18 @@ GELU_C, GELU_K = math.sqrt(2 / math.pi), 0.044715
 
 
 def _gelu_forward(xp, x):
+    # in place on the arrays made here: the activations are the largest arrays of a
+    # transformer, and each new one is memory to fault in (the same operations in the same order)
     inner = x * x
-    inner = ((inner * GELU_K + 1.0) * x) * GELU_C
-    return (xp.tanh(inner) + 1.0) * x * 0.5
+    inner *= GELU_K
+    inner += 1.0
+    inner *= x
+    inner *= GELU_C
+    out = into(xp, "tanh", inner)
+    out += 1.0
+    out *= x
+    out *= 0.5
+    return out
 
 
 def _gelu_vjp(g, ans, x):
@@ -203,10 +212,27 @@ def _gelu_vjp(g, ans, x):
         slope = multiply(multiply(x, subtract(1.0, multiply(t, t))), GELU_C)
         slope = multiply(slope, add(multiply(square, 3 * GELU_K), 1.0))
         return multiply(g, multiply(add(add(t, 1.0), slope), 0.5))
-    square = x * x
-    t = xp.tanh(((square * GELU_K + 1.0) * x) * GELU_C)
-    slope = x * (1.0 - t * t) * GELU_C * (square * (3 * GELU_K) + 1.0)
-    return g * ((t + 1.0 + slope) * 0.5)
+    square = x * x  # then as written above, in place on the arrays made here
+    t = square * GELU_K
+    t += 1.0
+    t *= x
+    t *= GELU_C
+    t = into(xp, "tanh", t)
+    slope = t * t
+    slope *= -1.0
+    slope += 1.0  # 1 - t^2, exactly
+    slope *= x
+    slope *= GELU_C
+    square *= 3 * GELU_K
+    square += 1.0
+    slope *= square
+    t += 1.0
+    t += slope
+    t *= 0.5
+    if g.dtype != t.dtype or g.shape != t.shape:
+        return g * t
+    t *= g
+    return t
 
 
 gelu_tanh = Primitive(

@@ -12,7 +12,7 @@ array([0.5, 0.5])
 
 import math
 
-from ..backend import namespace_of
+from ..backend import into, namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray
 from .elementwise import add, divide, exp, is_complex, mask, multiply, sqrt, subtract, tanh
@@ -63,8 +63,9 @@ def _softmax_forward(xp, x, /, *, axis=-1):
     check_axes("softmax", axis, x.ndim)
     if x.shape[axis] == 0:  # nothing to normalise (NumPy's max of nothing raises)
         return xp.zeros_like(x)
-    e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
-    return e / xp.sum(e, axis=axis, keepdims=True)
+    e = into(xp, "exp", x - xp.max(x, axis=axis, keepdims=True))
+    e /= xp.sum(e, axis=axis, keepdims=True)  # in place, as `into` says why
+    return e
 
 
 def _logsoftmax_forward(xp, x, /, *, axis=-1):
@@ -79,9 +80,23 @@ def _logsoftmax_forward(xp, x, /, *, axis=-1):
 softmax = Primitive(
     "softmax",
     _softmax_forward,
-    (lambda g, ans, x, axis=-1: ans * (g - _sum(g * ans, axis=axis, keepdims=True)),),
+    (lambda g, ans, x, axis=-1: _softmax_vjp(g, ans, axis),),
     saves="ans",
 )
+
+
+def _softmax_vjp(g, ans, axis):
+    """`ans * (g - sum(g * ans))`; on plain arrays with the library, in place on what it makes."""
+    xp = _plain(g, ans)
+    if xp is None:
+        return ans * (g - _sum(g * ans, axis=axis, keepdims=True))
+    out = g - xp.sum(g * ans, axis=axis, keepdims=True)
+    if out.dtype != ans.dtype or out.shape != ans.shape:
+        return ans * out
+    out *= ans
+    return out
+
+
 logsoftmax = Primitive(
     "logsoftmax",
     _logsoftmax_forward,
@@ -138,7 +153,8 @@ def _normalise_forward(xp, x, /, *, axes, eps=1e-5):
     real_only("normalise", x)
     centred = x - xp.mean(x, axis=axes, keepdims=True)
     variance = xp.mean(centred * centred, axis=axes, keepdims=True)
-    return centred / xp.sqrt(variance + eps)
+    centred /= xp.sqrt(variance + eps)  # in place on what this made, as `into` says why
+    return centred
 
 
 def _normalise_vjp(g, ans, x, *, axes, eps=1e-5):
@@ -149,7 +165,12 @@ def _normalise_vjp(g, ans, x, *, axes, eps=1e-5):
         centred = x - xp.mean(x, axis=axes, keepdims=True)
         sigma = xp.sqrt(xp.mean(centred * centred, axis=axes, keepdims=True) + eps)
         spread = g - xp.mean(g, axis=axes, keepdims=True)
-        return (spread - ans * xp.mean(g * ans, axis=axes, keepdims=True)) / sigma
+        slope = ans * xp.mean(g * ans, axis=axes, keepdims=True)
+        if not spread.dtype == slope.dtype == sigma.dtype or spread.shape != slope.shape:
+            return (spread - slope) / sigma
+        spread -= slope  # in place on what this made, as `into` says why
+        spread /= sigma
+        return spread
     centred = subtract(x, mean(x, axis=axes, keepdims=True))
     sigma = sqrt(add(mean(multiply(centred, centred), axis=axes, keepdims=True), eps))
     spread = subtract(g, mean(g, axis=axes, keepdims=True))
