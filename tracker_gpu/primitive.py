@@ -84,14 +84,19 @@ class Primitive:
         fused_forward = dispatch.FORWARDS.get(name)
         self.forward = forward if fused_forward is None else _fused_first(fused_forward, forward)
         self.vjps = vjps
+        self._first_vjp = next(iter(vjps), None)  # a variadic primitive's is by position
         self.fused = fused if fused is not None else dispatch.PULLBACKS.get(name)
         self.__doc__ = doc
         self._reads = _reads(saves, forward, vjps)
         self._plans = {}
 
     def __call__(self, *args, **kw):
-        if len(args) == 1 and type(args[0]) is TrackedArray and not (NOT_TRACKING or ACTIVE):
-            return _record_one(self, args[0], kw)  # the hot path: nothing to check
+        if len(args) == 1 and not (NOT_TRACKING or ACTIVE):
+            kind = type(args[0])
+            if kind is TrackedArray:
+                return _record_one(self, args[0], kw)  # the hot path: nothing to check
+            if kind is np.ndarray:  # a plain NumPy array, as in a vjp (sin's reads cos(x))
+                return self.forward(np, args[0], **kw)
         for a in args:
             if type(a) is TrackedArray:
                 return _record(self, args, kw)
@@ -110,6 +115,8 @@ class Primitive:
         return plan
 
     def pullback(self, node, args, kw, saved, g, nested, pending=None):
+        if len(args) == 1 and not nested and type(g) in dispatch.SKIPPED_TYPES:
+            return self._pullback_one(node, args[0], kw, saved, g)  # the hot path
         if nested:
             ans, values = tracked_values(node, args, saved, g)
         else:
@@ -133,6 +140,23 @@ class Primitive:
                 ga = _fit(ga, a, self.name)
             grads.append(ga)
         return grads
+
+    def _pullback_one(self, node, a, kw, saved, g):
+        """`pullback` of a one-argument primitive on a first-order pass, where the fused path
+        does not apply (`g` is of a type it skips): the same steps, fewer of them."""
+        vjp = self._first_vjp
+        if vjp is None or type(a) is not Node:
+            return (None,)
+        if saved is None:
+            ans, x = node, a
+        else:
+            ans, x = saved
+            if ans is None:
+                ans = node
+        ga = vjp(g, ans, x, **kw) if kw else vjp(g, ans, x)
+        if ga is not None and (ga.shape != a.shape or ga.dtype != a.dtype):
+            ga = _fit(ga, a, self.name)
+        return (ga,)
 
     def __repr__(self):
         return f"<tracked primitive {self.name}>"

@@ -108,8 +108,13 @@ def _count_references(root, stop, since=0):
                 "back was already used on this graph: a single-use pass (once=True) frees it. "
                 "Recompute the forward pass, or pass once=False to keep the graph for another pass."
             )
-        for parent in node.args:
-            if isinstance(parent, Node) and not _terminal(parent, stop, since):
+        for parent in node.args:  # `_terminal` inlined, exact type tests: the hot loop
+            if (
+                type(parent) is Node
+                and parent.rule is not None
+                and parent.serial >= since
+                and not (stop and id(parent) in stop)
+            ):
                 if parent._n:
                     parent._n += 1
                 else:
@@ -277,7 +282,7 @@ def _pull_back(root, seed, once, nested, stop, release=False, since=0):
             except Exception as error:
                 raise _pullback_error(rule, error, once) from error
         for parent, gp in zip(args, grads):
-            if not isinstance(parent, Node):
+            if type(parent) is not Node:  # no subclasses: the exact test is the quick one
                 continue
             if parent.rule is None or parent.serial < since or (stop and id(parent) in stop):
                 if gp is not None:

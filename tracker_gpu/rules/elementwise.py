@@ -12,6 +12,8 @@ array([1.])
 import math
 import operator
 
+import numpy as np
+
 from ..backend import SCALARS, device_of, is_complex_dtype, namespace_of
 from ..primitive import Primitive, no_gradient
 from ..tape import Node
@@ -271,6 +273,8 @@ conj = _unary("conj", lambda g, ans, x: conj(g), "")
 
 def is_complex(x):
     """Whether `x` (tracked or plain) holds complex numbers."""
+    if type(x) is np.ndarray:  # the common case first
+        return x.dtype.kind == "c"
     x = data(x)
     if type(x) in SCALARS:
         return type(x) is complex
