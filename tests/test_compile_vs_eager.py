@@ -371,3 +371,21 @@ def test_data_attribute_is_frozen_by_design():
     step = tg.compile(f)
     step(np.ones(3))
     assert float(step(np.full(3, 2.0))[0]) == 6.0 * 3.0  # eager: 6 * 6
+
+
+@pytest.mark.parametrize("fuse", [False, "exact"])
+def test_traced_flags_of_one_value_keep_their_own_slots(fuse):
+    """NumPy's booleans are two objects: `finite` and `grow`, both False at the recording, once
+    shared a slot, and the replay chose by `grow` where `f` chooses by `finite`."""
+
+    def f(scale, g):
+        finite = tg.all(tg.isfinite(g))
+        grow = tg.logical_and(finite, scale > 1e9)
+        return tg.where(finite, tg.where(grow, scale * 2.0, scale), scale / 2.0)
+
+    compiled = tg.compile(f, gradient=False, fuse=fuse)
+    scale = np.asarray(1024.0, np.float32)
+    for g in ([np.inf], [1.0], [1.0], [np.nan], [2.0]):
+        g = np.asarray(g)
+        assert float(compiled(scale, g)) == float(f(scale, g)), g
+    assert compiled.cache_info().misses == 1

@@ -16,6 +16,8 @@ recording), then each step's output in order. A step is one of
 from dataclasses import dataclass, field
 from weakref import ref as _weakref
 
+import numpy as np
+
 from .. import draws, recording
 from ..backend import namespace_of
 from ..checks import checking
@@ -62,6 +64,14 @@ class Walk:
     stop: list  # nodes
     counted: object  # (node, count) pairs (`Counted`)
     outputs: list = field(default_factory=list)  # [(node, slot)]
+
+
+def _own_identity(tracked):
+    """A traced NumPy scalar made a 0-d array of its own: values are found by identity while
+    recording, and NumPy's booleans are two objects (`np.True_`, `np.False_`), so that two
+    traced flags of one value (`finite` and `grow`, say) would share the slot of the last."""
+    if isinstance(tracked.data, np.generic):
+        tracked.data = np.asarray(tracked.data)
 
 
 def placed(steps, slots, others):
@@ -215,6 +225,7 @@ class Recorder:
             table.append(slot)
         else:
             self.slots[node.serial] = slot
+        _own_identity(out)
         self._remember(out.data, slot)
 
     def draw(self, rng, shape, like):
@@ -352,6 +363,7 @@ class Recorder:
 
     def _place(self, tracked, slot):
         self.slots[tracked._node.serial] = slot
+        _own_identity(tracked)
         self._remember(tracked.data, slot)
         self.nodes.append(tracked._node)
 
