@@ -132,12 +132,18 @@ def test_dynamic_scale_grows_after_its_period_and_halves_on_overflow():
     assert tg.LossScale(1.0).after(False).scale == 1.0  # not below the minimum
     static = tg.LossScale(16.0, dynamic=False)
     assert static.after(False).after(True).scale == 16.0
+    placed = static.placed(np.ones(1, np.float32)).after(np.asarray(False))
+    assert placed.state_dict() == static.after(False).state_dict()
 
 
-def test_loss_scaling_matches_pytorchs_gradscaler():
-    """The same scale schedule as torch.amp.GradScaler over finite and overflowing steps."""
+@pytest.mark.parametrize("placed", [False, True], ids=["host", "device"])
+def test_loss_scaling_matches_pytorchs_gradscaler(placed):
+    """The same scale schedule as torch.amp.GradScaler over finite and overflowing steps, with
+    the scaler's numbers on the host and as 0-d arrays (the finite flag then an array too)."""
     steps = [True, True, False, True, True, True, False, False, True]
     scaler = tg.LossScale(2.0**4, period=2)
+    if placed:
+        scaler = scaler.placed(np.ones(1, np.float32))
     param = torch.nn.Parameter(torch.ones(1))
     opt = torch.optim.SGD([param], lr=0.0)
     theirs = torch.amp.GradScaler("cpu", init_scale=2.0**4, growth_interval=2)
@@ -147,8 +153,10 @@ def test_loss_scaling_matches_pytorchs_gradscaler():
         theirs.scale(loss).backward()
         theirs.step(opt)
         theirs.update()
-        scaler = scaler.after(finite)
-        assert scaler.scale == theirs.get_scale()
+        scaler = scaler.after(np.asarray(finite) if placed else finite)
+        assert float(scaler.scale) == theirs.get_scale()
+    if placed:
+        assert scaler.state_dict()["skipped"] == steps.count(False)
 
 
 @pytest.mark.parametrize("compute", ["float16", "bfloat16"])

@@ -29,12 +29,14 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from . import namespace as _ns
 from . import nn, optim
-from .backend import half_dtype, is_array, is_floating_dtype, namespace_of
+from .backend import device_of, half_dtype, is_array, is_floating_dtype, namespace_of
 from .namespace import logsumexp as _logsumexp
 from .namespace import mean as _mean
 from .namespace import sum as _sum
-from .optim.tree import structure
+from .optim.state import Leaf
+from .optim.tree import structure, tree_map_with_path
 from .pytree import tree_leaves, tree_map
 from .rules.elementwise import astype
 from .tracked import data
@@ -187,15 +189,20 @@ crossentropy = in_float32(*IN_FLOAT32["crossentropy"])
 def all_finite(tree):
     """Whether every floating array of `tree` is finite, read back as a Python bool: one
     reduction per array, combined on the device, and one read."""
+    found = finite_flag(tree)
+    return True if found is None else bool(found)
+
+
+def finite_flag(tree):
+    """Whether every floating array of `tree` is finite, as a 0-d boolean array where the
+    arrays are (None without one): nothing read back, traced under `tg.compile`."""
     found = None
     for x in tree_leaves(tree):
-        x = data(x)
-        if not is_array(x) or not is_floating_dtype(x.dtype):
+        if not is_array(data(x)) or not is_floating_dtype(data(x).dtype):
             continue
-        xp = namespace_of(x)
-        ok = xp.all(xp.isfinite(x))
-        found = ok if found is None else xp.logical_and(found, ok)
-    return True if found is None else bool(found)
+        ok = _ns.all(_ns.isfinite(x))
+        found = ok if found is None else _ns.logical_and(found, ok)
+    return found
 
 
 @dataclass(frozen=True)
@@ -225,6 +232,15 @@ class LossScale:
     skipped: int = 0
 
     def __post_init__(self):
+        if self.on_device:  # made by `placed` from numbers checked here
+            for name in ("scale", "good", "skipped"):
+                value = data(getattr(self, name))
+                if not is_array(value) or tuple(value.shape) != ():
+                    raise TypeError(
+                        f"LossScale: {name} must be a Python number (placed on a device by "
+                        f"LossScale.placed, a 0-d array), got {value!r}"
+                    )
+            return
         for name in ("scale", "factor", "minimum"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -240,17 +256,47 @@ class LossScale:
         if self.period == 0:
             raise ValueError("LossScale: period must be at least 1 step")
 
+    @property
+    def on_device(self):
+        """Whether the scale and the counts are 0-d arrays (`on_device()` made them so)."""
+        return not isinstance(self.scale, (int, float))
+
+    def placed(self, like):
+        """This scaler with its scale (float32) and counts (int64) as 0-d arrays of `like`'s
+        library and device: `update` then decides on the device whether a step is taken,
+        with nothing read back (a step under `tg.compile`, a GPU's)."""
+        if self.on_device:
+            return self
+        like = data(like)
+        xp, device = namespace_of(like), device_of(like)
+        made = lambda v, dtype: xp.asarray(v, dtype=dtype, device=device)  # noqa: E731
+        return dataclasses.replace(
+            self,
+            scale=made(self.scale, xp.float32),
+            good=made(self.good, xp.int64),
+            skipped=made(self.skipped, xp.int64),
+        )
+
     def scaled(self, loss):
-        """`loss * scale` (a Python number: the loss keeps its dtype)."""
+        """`loss * scale` (the loss keeps its dtype)."""
+        if self.on_device:
+            return loss * astype(self.scale, data(loss).dtype)
         return loss * float(self.scale)
 
     def unscaled(self, grads):
         """The gradients divided by the scale, each in its own dtype (None stays None)."""
-        inverse = 1.0 / float(self.scale)
-        return tree_map(lambda g: g * inverse if is_array(data(g)) else g, grads)
+        if self.on_device:
+            inverse = 1.0 / self.scale
+            at = lambda g: g * astype(inverse, data(g).dtype)  # noqa: E731
+        else:
+            inverse = 1.0 / float(self.scale)
+            at = lambda g: g * inverse  # noqa: E731
+        return tree_map(lambda g: at(g) if is_array(data(g)) else g, grads)
 
     def after(self, finite):
         """The scaler after a step whose gradients were finite (`finite`) or not."""
+        if self.on_device:
+            return self._after_on_device(finite)
         if not finite:
             scale = max(self.scale / self.factor, self.minimum) if self.dynamic else self.scale
             return dataclasses.replace(self, scale=float(scale), good=0, skipped=self.skipped + 1)
@@ -258,17 +304,60 @@ class LossScale:
             return dataclasses.replace(self, scale=float(self.scale * self.factor), good=0)
         return dataclasses.replace(self, good=self.good + 1)
 
-    def update(self, state, model, grads, **options):
+    def _after_on_device(self, finite):
+        """`after` with the scale and counts as arrays and `finite` a 0-d boolean array."""
+        good = _ns.where(finite, self.good + 1, 0)
+        if not self.dynamic:
+            skipped = self.skipped + _ns.where(finite, 0, 1)
+            return dataclasses.replace(self, good=good, skipped=skipped)
+        grow = _ns.logical_and(finite, good >= self.period)
+        shrunk = _ns.maximum(self.scale / self.factor, float(self.minimum))
+        scale = _ns.where(finite, _ns.where(grow, self.scale * self.factor, self.scale), shrunk)
+        good = _ns.where(grow, 0, good)
+        skipped = self.skipped + _ns.where(finite, 0, 1)
+        return dataclasses.replace(self, scale=scale, good=good, skipped=skipped)
+
+    def update(self, state, model, grads, before_step=None, **options):
         """`(scaler, state, model)` after one step along the gradients of the scaled loss: the
         optimiser's `update` with the unscaled gradients if they are all finite, else the
-        state and model as they were (the step skipped). `options` go to `optim.update`."""
+        state and model as they were (the step skipped). `before_step`, a function of the
+        unscaled gradients, runs before the optimiser (clipping by global norm, as PyTorch's
+        `unscale_` then `clip_grad_norm_`); `options` go to `optim.update`.
+        On the device (`placed`), the step is computed whatever the gradients and each array
+        of the state and the model chosen by the finite flag: no value is read back."""
         grads = self.unscaled(grads)
+        prepared = grads if before_step is None else before_step(grads)
+        if self.on_device:
+            finite, state = finite_flag(grads), _counts_as_arrays(state)
+            stepped_state, stepped = optim.update(state, model, prepared, **options)
+            chosen = lambda new, old: (  # noqa: E731
+                _ns.where(finite, new, old) if is_array(data(new)) else new
+            )
+            state = tree_map(chosen, stepped_state, state)
+            return self.after(finite), state, tree_map(chosen, stepped, model)
         if not all_finite(grads):
             return self.after(False), state, model
-        state, model = optim.update(state, model, grads, **options)
+        state, model = optim.update(state, model, prepared, **options)
         return self.after(True), state, model
 
     def state_dict(self):
         """The scaler as JSON data, for `save_checkpoint(..., loss_scale=scaler.state_dict())`;
-        `LossScale(**info["loss_scale"])` makes it again."""
-        return dataclasses.asdict(self)
+        `LossScale(**info["loss_scale"])` makes it again (`placed` puts it back on a device)."""
+        out = dataclasses.asdict(self) if not self.on_device else {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+        }  # fmt: skip
+        if self.on_device:  # read back here, once per checkpoint
+            out.update(scale=float(data(self.scale)), good=int(data(self.good)),
+                       skipped=int(data(self.skipped)))  # fmt: skip
+        return out
+
+
+def _counts_as_arrays(state):
+    """`state` with each `Leaf`'s Python counts (Adam's `beta**t`) as 0-d arrays, as
+    `tg.compile` hands them to a recording: a skipped step then keeps them by choice on the
+    device, as it keeps the arrays."""
+    return tree_map_with_path(
+        lambda _, x: x.__tracker_compile__() if type(x) is Leaf else x,
+        state,
+        is_leaf=lambda x: type(x) is Leaf,
+    )

@@ -29,7 +29,7 @@ from .loop import (
     train,
     train_step,
 )
-from .mixed import DEFAULT, PRECISIONS, SCALED, described
+from .mixed import DEFAULT, PRECISIONS, described
 from .models import RECIPES
 from .plots import plot
 
@@ -185,7 +185,6 @@ def _plan(p, args):
             args.resumes[name] = _checkpoint(args.resume, name)
         args.settings[name] = settings
         settings["precision"] = _precision(args, saved.get(name, {}))
-        _check_compile(p, args, name, settings["precision"])
     missing = [name for name in args.names if name not in infos]
     if args.resume and missing:
         args.notes.append(f"no checkpoint in {args.resume} for {', '.join(missing)}: "
@@ -198,14 +197,6 @@ def _precision(args, saved):
     if args.workers or args.scheduler:
         return DEFAULT
     return args.precision or saved.get("precision", DEFAULT)
-
-
-def _check_compile(p, args, name, precision):
-    if args.compile and precision in SCALED:
-        given = "--precision 16" if args.precision else f"{name}'s checkpoint (precision 16)"
-        p.error(f"--compile cannot replay {given}: its loss scale checks on the host, at each "
-                "step, whether the gradients are finite; leave --compile out, or use "
-                "--precision bf16 (no loss scaling)")  # fmt: skip
 
 
 def _resume_infos(p, args):

@@ -19,7 +19,7 @@ from tracker_gpu.optim.tree import tree_map_with_path
 
 from .data import batches, digits
 from .devices import one_thread
-from .mixed import DEFAULT, SCALED, Mixed, restored
+from .mixed import DEFAULT, Mixed, restored, scaled, stepped
 from .models import RECIPES
 
 __all__ = [
@@ -72,47 +72,41 @@ def compiled_step():
     return step
 
 
-def _mixed_step(mixed, model, state, x, y):
+def _mixed_step(mixed, scaler, model, state, x, y):
     """`_step` under `mixed`: the loss scaled for the gradient, the gradients unscaled, and
     the step skipped where they are not finite (float16's scaler halves then)."""
 
-    def scaled(m):
+    def scaled_loss(m):
         loss, logits = loss_function(m, x, y, mixed)
-        return mixed.scaled(loss), (loss, logits)
+        return scaled(scaler, loss), (loss, logits)
 
     with mixed.quiet():
-        (_, (loss, logits)), (grads,) = tg.withgradient(scaled, model)
-        grads = mixed.unscaled(grads)
-        if mixed.finite(grads):
-            state, model = optim.update(state, model, grads)
-    return loss, logits, model, state
+        (_, (loss, logits)), (grads,) = tg.withgradient(scaled_loss, model)
+        scaler, state, model = stepped(scaler, state, model, grads)
+    return loss, logits, model, state, scaler
 
 
 def mixed_step(precision, compiled=False):
     """A `train_step` in `precision` ("32", "16" or "bf16": `mixed.PRECISIONS`): float32
     master weights, the model run in the half dtype, float16's loss scaled dynamically (the
-    step's `mixed.scaler`, saved in the checkpoints). `compiled` records it with `tg.compile`
-    (not under float16: the scaler reads on the host whether the gradients are finite).
+    step's `mixed.scaler`, saved in the checkpoints). `compiled` records it with `tg.compile`;
+    the scaler then lives on the device and a skipped step is chosen there.
 
     >>> step = mixed_step("16")
     >>> step.mixed.scaler.scale
     32768.0
     """
-    if compiled and precision in SCALED:
-        raise ValueError(
-            f"mixed_step: precision {precision} scales the loss by a scale that each step "
-            "reads back on the host, which tg.compile cannot replay; train it eagerly, or "
-            "compile precision bf16 (no scaling)"
-        )
     mixed = Mixed(precision)
 
-    def run(model, state, x, y):
-        return _mixed_step(mixed, model, state, x, y)
+    def run(model, state, x, y, scaler):
+        return _mixed_step(mixed, scaler, model, state, x, y)
 
     replay = tg.compile(run, gradient=False) if compiled else run
 
     def step(model, state, x, y):
-        loss, logits, model, state = replay(model, state, x, y)
+        scaler = mixed.carried(compiled, model)
+        with mixed.quiet():  # a replay's overflows too
+            loss, logits, model, state, mixed.scaler = replay(model, state, x, y, scaler)
         return tg.data(loss), tg.data(logits), model, state
 
     step.mixed = mixed

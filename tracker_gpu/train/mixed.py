@@ -14,9 +14,11 @@ from contextlib import nullcontext
 import numpy as np
 
 import tracker_gpu as tg
-from tracker_gpu.precision import all_finite
+from tracker_gpu import optim
+from tracker_gpu.backend import is_array
 
-__all__ = ["PRECISIONS", "DEFAULT", "policy_of", "scaler_of", "Mixed", "restored", "described"]
+__all__ = ["PRECISIONS", "DEFAULT", "policy_of", "scaler_of", "Mixed", "scaled", "stepped",
+           "restored", "described"]  # fmt: skip
 
 # --precision: the dtype the model computes in
 PRECISIONS = {"32": "float32", "16": "float16", "bf16": "bfloat16"}
@@ -40,7 +42,8 @@ def scaler_of(precision):
 
 class Mixed:
     """What a step needs to train in `precision`: the policy and, under float16, the loss
-    scaler, which each step replaces (`after`) and a checkpoint saves (`state_dict`)."""
+    scaler, which each step hands to its function and replaces with the one it returns (a
+    compiled step's holds arrays), and a checkpoint saves (`state_dict`)."""
 
     def __init__(self, precision=DEFAULT):
         self.precision = precision
@@ -56,25 +59,32 @@ class Mixed:
         """`model(x)` under the policy (float32 output), or as it is for "32"."""
         return model(x) if self.policy is None else self.policy(model, x)
 
-    def scaled(self, loss):
-        return loss if self.scaler is None else self.scaler.scaled(loss)
-
-    def unscaled(self, value):
-        """A value (a loss, a gradient tree) of the scaled loss back at its true scale."""
-        return value if self.scaler is None else self.scaler.unscaled(value)
-
-    def finite(self, grads):
-        """Whether a step along `grads` may be taken (always without a scaler), and the
-        scaler moved on: halved after a skip, doubled after `period` good steps."""
-        if self.scaler is None:
-            return True
-        ok = all_finite(grads)
-        self.scaler = self.scaler.after(ok)
-        return ok
+    def carried(self, compiled, model):
+        """The scaler a step hands to its function: on the device of `model`'s arrays when
+        the step is compiled (nothing read back at a step: `LossScale.placed`)."""
+        if self.scaler is None or not compiled:
+            return self.scaler
+        arrays = [x for x in tg.pytree.tree_leaves(model) if is_array(x)]
+        return self.scaler.placed(arrays[0])
 
     def state_dict(self):
         """The scaler's state for a checkpoint's `info` (None without one)."""
         return None if self.scaler is None else self.scaler.state_dict()
+
+
+def scaled(scaler, loss):
+    """`loss` multiplied by the scaler's scale (as it is without a scaler)."""
+    return loss if scaler is None else scaler.scaled(loss)
+
+
+def stepped(scaler, state, model, grads, before_step=None):
+    """`(scaler, state, model)` after one optimiser step along the gradients of the scaled
+    loss: unscaled, `before_step` applied (clipping), skipped where they are not finite
+    (`LossScale.update`); without a scaler, the step as it is."""
+    if scaler is not None:
+        return scaler.update(state, model, grads, before_step=before_step)
+    state, model = optim.update(state, model, grads if before_step is None else before_step(grads))
+    return None, state, model
 
 
 def described(precision):

@@ -16,7 +16,7 @@ import numpy as np
 from .arguments import check_modules, check_plot, number, option, signals, without
 from .devices import select_backend
 from .loop import Interrupted
-from .mixed import DEFAULT, PRECISIONS, SCALED, described
+from .mixed import DEFAULT, PRECISIONS, described
 from .plots import plot_text
 from .text_data import Text, baselines, corpus
 from .text_loop import TextConfig, compiled_text_step, mixed_text_step, text_step, train_text
@@ -127,17 +127,12 @@ def _config(p, args):
 
 
 def _precision(p, args, saved):
-    """`args.precision`: the one given, else the checkpoint's, else 32; refused with
-    `--compile` where the loss is scaled (float16)."""
+    """`args.precision`: the one given, else the checkpoint's, else 32."""
     args.notes = []
     if "precision" in saved and args.precision and args.precision != saved["precision"]:
         args.notes.append(f"saved with precision {saved['precision']}, going on with "
                           f"{args.precision}")  # fmt: skip
     args.precision = args.precision or saved.get("precision", DEFAULT)
-    if args.compile and args.precision in SCALED:
-        p.error("--compile cannot replay --precision 16: its loss scale checks on the host, at "
-                "each step, whether the gradients are finite; leave --compile out, or use "
-                "--precision bf16 (no loss scaling)")  # fmt: skip
 
 
 def _saved_settings(p, args):

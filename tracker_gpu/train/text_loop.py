@@ -15,7 +15,7 @@ from tracker_gpu.backend import on_device_of
 
 from .devices import one_thread
 from .loop import Interrupted
-from .mixed import DEFAULT, SCALED, Mixed, restored
+from .mixed import DEFAULT, Mixed, restored, scaled, stepped
 from .text_data import batch, windows
 from .transformer import CharTransformer, text_loss
 
@@ -99,46 +99,43 @@ def compiled_text_step():
     return step
 
 
-def _mixed_text_step(mixed, model, state, x, y):
+def _mixed_text_step(mixed, scaler, model, state, x, y):
     """`_step` under `mixed`: the loss scaled for the gradient, the gradients unscaled before
     they are clipped, and the step skipped where they are not finite."""
 
-    def scaled(m):
+    def scaled_loss(m):
         loss = text_loss(m, x, y, mixed)
-        return mixed.scaled(loss), loss
+        return scaled(scaler, loss), loss
 
     with mixed.quiet():
-        (_, loss), (grads,) = tg.withgradient(scaled, model)
-        grads = mixed.unscaled(grads)
-        if mixed.finite(grads):
-            clipped, _ = optim.clip_grad_norm(grads, MAX_NORM)
-            state, model = optim.update(state, model, clipped)
-    return loss, model, state
+        (_, loss), (grads,) = tg.withgradient(scaled_loss, model)
+        scaler, state, model = stepped(scaler, state, model, grads, _clipped)
+    return loss, model, state, scaler
+
+
+def _clipped(grads):
+    return optim.clip_grad_norm(grads, MAX_NORM)[0]
 
 
 def mixed_text_step(precision, compiled=False):
     """A `text_step` in `precision` ("32", "16" or "bf16"): float32 master weights, the model
     run in the half dtype, float16's loss scaled dynamically (`step.mixed.scaler`, saved in the
-    checkpoints); `compiled` records it with `tg.compile` (refused for float16, whose scaler
-    reads on the host whether the gradients are finite).
+    checkpoints); `compiled` records it with `tg.compile` (the scaler then on the device).
 
     >>> mixed_text_step("bf16").mixed.policy.compute_dtype
     'bfloat16'
     """
-    if compiled and precision in SCALED:
-        raise ValueError(
-            f"mixed_text_step: precision {precision} scales the loss by a scale each step reads "
-            "back on the host, which tg.compile cannot replay; train it eagerly, or compile bf16"
-        )
     mixed = Mixed(precision)
 
-    def run(model, state, x, y):
-        return _mixed_text_step(mixed, model, state, x, y)
+    def run(model, state, x, y, scaler):
+        return _mixed_text_step(mixed, scaler, model, state, x, y)
 
     replay = tg.compile(run, gradient=False) if compiled else run
 
     def step(model, state, x, y):
-        loss, model, state = replay(model, state, x, y)
+        scaler = mixed.carried(compiled, model)
+        with mixed.quiet():  # a replay's overflows too
+            loss, model, state, mixed.scaler = replay(model, state, x, y, scaler)
         return tg.data(loss), model, state
 
     step.mixed = mixed
