@@ -313,8 +313,10 @@ def _alike(value, like, shapes=False):
         return value is None or not shapes  # a field that defaults to None takes anything
     if isinstance(like, (bool, str)):
         return type(value) is type(like)
-    if isinstance(like, (int, float)):
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(like, (int, float)):  # a count: a number, or a 0-d array (a step that
+        # chose it on the device without reading it back: LossScale.placed)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return number or (is_array(value) and tuple(value.shape) == ())
     if isinstance(like, tuple):
         return (
             isinstance(value, tuple)
