@@ -67,10 +67,11 @@ class Walk:
 
 
 def _own_identity(tracked):
-    """A traced NumPy scalar made a 0-d array of its own: values are found by identity while
+    """A traced NumPy boolean made a 0-d array of its own: values are found by identity while
     recording, and NumPy's booleans are two objects (`np.True_`, `np.False_`), so that two
-    traced flags of one value (`finite` and `grow`, say) would share the slot of the last."""
-    if isinstance(tracked.data, np.generic):
+    traced flags of one value (`finite` and `grow`, say) would share the slot of the last.
+    (Other NumPy scalars are new objects, held while recording: their identity is theirs.)"""
+    if type(tracked.data) is np.bool_:
         tracked.data = np.asarray(tracked.data)
 
 
