@@ -312,6 +312,17 @@ def _no_tie_at(flat, v, positions, how):
     return all(sum(abs(c - pick(cs)) < GAP for c in cs) == 1 for cs in candidates.values())
 
 
+def select(xp, a, b, how):
+    """A choice made by the data, in `xp` (tracker_gpu or torch): elementwise by the sign of
+    `a` ("each"), or by two flags reduced from `a` and `b` ("flags": at a recording they may
+    be equal and differ at a replay)."""
+    if how == "each":
+        return xp.where(a > 0, a, b)
+    first = xp.any(a > 0.5)
+    both = xp.logical_and(first, xp.all(b < 1.5))
+    return xp.where(first, xp.where(both, a, b), b * 0.5)
+
+
 def apply_tg(convert):
     """How a step runs in tracker_gpu; `convert` makes a NumPy constant an array of the backend."""
 
@@ -329,6 +340,8 @@ def apply_tg(convert):
         if op == "where":
             other = p["scalar"] if "scalar" in p else args[1]
             return tg.where(convert(np.array(p["mask"], dtype=bool)), args[0], other)
+        if op == "select":
+            return select(tg, *args, p["how"])
         if op == "getitem":
             return args[0][_tg_key(p["key"], convert)]
         if op == "matmul":
@@ -366,6 +379,11 @@ def apply_torch(step, args):
     if op == "where":
         other = torch.tensor(p["scalar"], dtype=torch.float64) if "scalar" in p else args[1]
         return torch.where(torch.as_tensor(np.array(p["mask"], dtype=bool)), args[0], other)
+    if op == "select":  # no value at a threshold: a tie there
+        a, b = args
+        _guard(bool((a.abs() > 1e-6).all() and ((a - 0.5).abs() > 1e-6).all()))
+        _guard(bool(((b - 1.5).abs() > 1e-6).all()))
+        return select(torch, a, b, p["how"])
     if op == "getitem":
         return _torch_getitem(args[0], p["key"])
     if op == "matmul":

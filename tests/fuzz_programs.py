@@ -2,7 +2,8 @@
 
 A program starts from one input of up to 3 dimensions and applies one to `max_steps` operations
 (elementwise, arithmetic with random broadcasting, reductions, operations along an axis, shape
-changes, indexing, matmul, einsum, where, concat and stack, indexed updates `tg.at`), drawing
+changes, indexing, matmul, einsum, where with a fixed mask or one the values make, concat and
+stack, indexed updates `tg.at`), drawing
 new inputs or reusing values where a second operand is needed. The shape of each value comes
 from running the step on tracker_gpu's plain path; a program with a value of more than
 `MAX_SIZE` elements or 4 dimensions is rejected.
@@ -64,7 +65,7 @@ class _Builder:
 
     def step(self, a):
         shape = self.shapes[a]
-        kinds = ["unary", "binary", "reduce", "shape", "matmul", "where"]
+        kinds = ["unary", "binary", "reduce", "shape", "matmul", "where", "select"]
         if shape:
             kinds += ["along", "index", "index", "join", "einsum", "at"]
         kind = self.draw(st.sampled_from(kinds))
@@ -202,6 +203,12 @@ class _Builder:
             return self.add(Step("where", (a,), {"mask": mask, "scalar": 0.5}))
         b = self.value(other, reuse=a)
         return self.add(Step("where", (a, b), {"mask": mask}))
+
+    def select(self, a, shape):
+        """A `where` whose condition the values make (`fuzz_operations.select`)."""
+        how = self.draw(st.sampled_from(["each", "flags"]))
+        b = self.value(self.draw(_broadcast_partner(shape)), reuse=a)
+        return self.add(Step("select", (a, b), {"how": how}))
 
     def join(self, a, shape):
         draw = self.draw

@@ -26,6 +26,7 @@ the Hypothesis strategy that draws them is in `fuzz_programs.py`.
 """
 
 import contextlib
+import dataclasses
 import os
 import sys
 
@@ -165,7 +166,8 @@ def check_tracker_side(backend, program, out_t, loss_t, grads_t):
     inputs = [arrays[i] for i in variable]
     results = [("", tg.withgradient(loss, *inputs))]
     if program.seed % 4 == 3:  # a share (and every program of EACH_OPERATION) replayed too
-        results += _compiled(loss, inputs)
+        others = dataclasses.replace(program, seed=program.seed + 1009).arrays()
+        results += _compiled(loss, inputs, [backend.asarray(others[i]) for i in variable])
     for how, ((val, out), grads) in results:
         assert_close(backend, out, out_t, "output" + how)
         assert_same(backend, out, plain_out, "output, tracked and untracked" + how)
@@ -176,17 +178,19 @@ def check_tracker_side(backend, program, out_t, loss_t, grads_t):
             assert_close(backend, g, gt, f"gradient of input {i}" + how)
 
 
-def _compiled(loss, inputs):
-    """The replay of `loss` by tg.compile (after its recording), or nothing where the
-    recording refuses the program (a boolean mask, say: a shape that depends on the data)."""
+def _compiled(loss, inputs, others):
+    """The replay of `loss` by tg.compile on `inputs`, recorded on `others` (other values of
+    the same shapes: a value frozen at the recording, or two values that one recording mixed
+    up, shows), or nothing where the recording refuses the program (a boolean mask, say: a
+    shape that depends on the data)."""
     step = tg.compile(loss)
     try:
-        step(*inputs)
+        step(*others)
     except tg.RecordingError:
         return []
     replayed = step(*inputs)
     assert step.cache_info().hits == 1
-    return [(", replayed by tg.compile", replayed)]
+    return [(", recorded on other values and replayed by tg.compile", replayed)]
 
 
 def check_hvp(backend, program):
@@ -247,6 +251,10 @@ EACH_OPERATION = {
     **{f"{op}-all": _single(op, {"axis": None, "keepdims": True}) for op in REDUCTIONS},
     **{op: _single(op, {"axis": 0, "kw": ALONG_KW.get(op, {})}) for op in ALONG},
     "where": _single("where", {"mask": Mask([[True, False, True]])}, ((2, 3), (2, 1))),
+    **{
+        f"select-{how}": _single("select", {"how": how}, ((2, 3), (3,)))
+        for how in ("each", "flags")
+    },
     "getitem": _single("getitem", {"key": (slice(None, None, -1), Ints([2, 0, 2]))}),
     "getitem-mask": _single("getitem", {"key": Mask([[True, False, True], [False, True, True]])}),
     "getitem-basic": _single("getitem", {"key": (None, 1, slice(0, 3, 2))}),
@@ -295,7 +303,7 @@ def test_each_operation_agrees_with_torch(backend, name):
 # data: once each (PyTorch's gradient of a real loss of z = a + ib is dL/da + i dL/db, ours too).
 REAL_ONLY = set(
     "sigmoid relu clip maximum minimum hypot logaddexp atan2 max min var std logsumexp softmax "
-    "logsoftmax sort matmul".split()
+    "logsoftmax sort matmul select".split()
 )
 # min and max compare; PyTorch's scatter_reduce (the reference of "multiply") has no complex
 # gradient
