@@ -32,6 +32,8 @@ def tree_map(fn, tree, *rest):
 
 
 def _map(fn, tree, *rest):
+    if not rest:
+        return _map_one(fn, tree)
     for other in rest:
         _check_same_structure(tree, other)
     if isinstance(tree, dict):
@@ -48,6 +50,42 @@ def _map(fn, tree, *rest):
             object.__setattr__(out, name, _map(fn, *values))
         return out
     return fn(tree, *rest)
+
+
+def _map_one(fn, tree):
+    """`_map` of one tree, each type's kind of container looked up once: the common case
+    (every gradient pass maps the model's parameters in and its gradients out)."""
+    kind = type(tree)
+    how = _KINDS.get(kind)
+    if how is None:
+        how = _KINDS[kind] = _kind_of(kind)
+    if how is _LEAF:
+        return fn(tree)
+    if how is _DICT:
+        return kind([(k, _map_one(fn, v)) for k, v in tree.items()])
+    if how is _NAMED:
+        return kind(*[_map_one(fn, v) for v in tree])
+    if how is _SEQUENCE:
+        return kind([_map_one(fn, v) for v in tree])
+    out = _shallow_copy(tree)
+    for name in how:  # a dataclass: its field names
+        object.__setattr__(out, name, _map_one(fn, getattr(tree, name)))
+    return out
+
+
+_LEAF, _DICT, _NAMED, _SEQUENCE = "leaf", "dict", "named tuple", "sequence"
+_KINDS = {}  # type -> one of the above, or a dataclass's field names
+
+
+def _kind_of(kind):
+    if issubclass(kind, dict):
+        return _DICT
+    if issubclass(kind, tuple) and hasattr(kind, "_fields"):
+        return _NAMED
+    if issubclass(kind, (tuple, list)):
+        return _SEQUENCE
+    names = _dataclass_fields(kind)
+    return _LEAF if names is None else names
 
 
 def _children(x):
