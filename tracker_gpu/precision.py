@@ -258,7 +258,7 @@ class LossScale:
 
     @property
     def on_device(self):
-        """Whether the scale and the counts are 0-d arrays (`on_device()` made them so)."""
+        """Whether the scale and the counts are 0-d arrays (`placed` made them so)."""
         return not isinstance(self.scale, (int, float))
 
     def placed(self, like):
@@ -307,15 +307,15 @@ class LossScale:
     def _after_on_device(self, finite):
         """`after` with the scale and counts as arrays and `finite` a 0-d boolean array."""
         good = _ns.where(finite, self.good + 1, 0)
+        skipped = self.skipped + _ns.where(finite, 0, 1)
         if not self.dynamic:
-            skipped = self.skipped + _ns.where(finite, 0, 1)
             return dataclasses.replace(self, good=good, skipped=skipped)
         grow = _ns.logical_and(finite, good >= self.period)
         shrunk = _ns.maximum(self.scale / self.factor, float(self.minimum))
         scale = _ns.where(finite, _ns.where(grow, self.scale * self.factor, self.scale), shrunk)
-        good = _ns.where(grow, 0, good)
-        skipped = self.skipped + _ns.where(finite, 0, 1)
-        return dataclasses.replace(self, scale=scale, good=good, skipped=skipped)
+        return dataclasses.replace(
+            self, scale=scale, good=_ns.where(grow, 0, good), skipped=skipped
+        )
 
     def update(self, state, model, grads, before_step=None, **options):
         """`(scaler, state, model)` after one step along the gradients of the scaled loss: the
@@ -326,10 +326,10 @@ class LossScale:
         On the device (`placed`), the step is computed whatever the gradients and each array
         of the state and the model chosen by the finite flag: no value is read back."""
         grads = self.unscaled(grads)
-        prepared = grads if before_step is None else before_step(grads)
+        along = (lambda: grads) if before_step is None else (lambda: before_step(grads))
         if self.on_device:
             finite, state = finite_flag(grads), _counts_as_arrays(state)
-            stepped_state, stepped = optim.update(state, model, prepared, **options)
+            stepped_state, stepped = optim.update(state, model, along(), **options)
             chosen = lambda new, old: (  # noqa: E731
                 _ns.where(finite, new, old) if is_array(data(new)) else new
             )
@@ -337,15 +337,13 @@ class LossScale:
             return self.after(finite), state, tree_map(chosen, stepped, model)
         if not all_finite(grads):
             return self.after(False), state, model
-        state, model = optim.update(state, model, prepared, **options)
+        state, model = optim.update(state, model, along(), **options)  # clipped if stepped
         return self.after(True), state, model
 
     def state_dict(self):
         """The scaler as JSON data, for `save_checkpoint(..., loss_scale=scaler.state_dict())`;
         `LossScale(**info["loss_scale"])` makes it again (`placed` puts it back on a device)."""
-        out = dataclasses.asdict(self) if not self.on_device else {
-            f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-        }  # fmt: skip
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if self.on_device:  # read back here, once per checkpoint
             out.update(scale=float(data(self.scale)), good=int(data(self.good)),
                        skipped=int(data(self.skipped)))  # fmt: skip
