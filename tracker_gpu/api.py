@@ -391,6 +391,8 @@ def _traced_data(x, traced):
 
 def _input(x, nest, recorded=False):
     """The tracked input standing for a user's value, or None if it is not a parameter."""
+    if type(x) is np.ndarray and x.dtype.kind in "fc":  # the common case, without lookups
+        return leaf(x)
     if isinstance(x, TrackedArray):
         if x._node is not None and not recording.is_data(x._node):
             return identity(x) if nest or recorded else leaf(x.data)  # linked when nested

@@ -142,11 +142,18 @@ def _dataclass_fields(cls):
 
 
 def _shallow_copy(obj):
-    if hasattr(obj, "__dict__") and not hasattr(type(obj), "__slots__"):
-        out = object.__new__(type(obj))
+    kind = type(obj)
+    plain = _PLAIN.get(kind)
+    if plain is None:
+        plain = _PLAIN[kind] = hasattr(obj, "__dict__") and not hasattr(kind, "__slots__")
+    if plain:
+        out = object.__new__(kind)
         out.__dict__.update(obj.__dict__)
         return out
     return copy.copy(obj)
+
+
+_PLAIN = {}  # type -> whether a copy of its __dict__ copies an instance
 
 
 def tree_leaves(tree):

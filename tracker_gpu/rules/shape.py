@@ -11,7 +11,8 @@ import numpy as np
 
 from .. import backend, recording
 from ..backend import device_of, namespace_of
-from ..primitive import ByPosition, Primitive, fit_gradients_with
+from ..primitive import NOT_TRACKING, ByPosition, Primitive, fit_gradients_with, record
+from ..recording import ACTIVE
 from ..tracked import TrackedArray, data
 from .elementwise import astype, real
 
@@ -220,10 +221,21 @@ _index_adjoint = Primitive(
 
 def getitem(x, key):
     """`x[key]`, with integers, slices, None, ..., integer arrays and boolean masks."""
+    if type(x) is TrackedArray and x._node is not None and not (ACTIVE or NOT_TRACKING):
+        parts = key if type(key) is tuple else (key,)
+        if all(type(k) in _BASIC for k in parts):  # x[1:], x[:, 0]: nothing to normalise
+            if Ellipsis not in parts and builtins.sum(k is not None for k in parts) < x.ndim:
+                parts += (Ellipsis,)  # NumPy's implicit trailing slices, made explicit
+            value = _getitem_forward(x._xp, x.data, parts)
+            return record(value, x._xp, _getitem, (x._node, parts), _NO_KEYWORDS)
     xp = x._xp if isinstance(x, TrackedArray) else namespace_of(x)
     if recording.current() is not None and _traced_parts(key):
         return _traced_getitem(x, key)
     return _getitem(x, _normalize_key(xp, x, key))
+
+
+_BASIC = frozenset((int, slice, type(None), type(Ellipsis)))  # basic indexing: no array
+_NO_KEYWORDS = {}
 
 
 # --- integer arrays traced by tg.compile in a key: arguments of the node, read at each replay
