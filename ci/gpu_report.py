@@ -12,6 +12,9 @@ BENCHMARKS = {  # the steps whose tables the report shows, with their titles
     "memory": "Peak memory: `benchmarks/memory.py --backend cupy`",
     "train-step": "MLP training step: `benchmarks/train_step.py --backend cupy`",
     "compile": "MLP step replayed as a CUDA graph: `benchmarks/compile.py --backend cupy`",
+    "text": "The text job's step: `benchmarks/text.py --backend cupy`",
+    "text-bf16": "The text job's step in bfloat16: `benchmarks/text.py --backend cupy "
+    "--precision bf16`",
 }
 
 
@@ -210,4 +213,6 @@ def _targets(steps):
             found += [{"workload": r["name"], **t} for t in r.get("targets", [])]
         if s.figures.get("target"):
             found.append(s.figures["target"])
+        if isinstance(s.figures.get("targets"), list) and not s.figures.get("workloads"):
+            found += s.figures["targets"]  # as `_target_table` shows them
     return found

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -128,9 +129,34 @@ def test_ci_gpu_dry_run_lists_the_steps(tmp_path):
     for text in ("--system-site-packages", "--no-index", "--find-links", "ci/matrix cupy",
                  "tests/test_fused_fuzz.py", "TRACKER_GPU_FUZZ_EXAMPLES=", "benchmarks/kernels.py",
                  "train_step.py --backend cupy", "tracker_gpu.train --backend cupy",
+                 "text.py --backend cupy --json", "text.py --backend cupy --precision bf16",
                  "--device gpu:1", "device-check"):  # fmt: skip
         assert text in out, text
     assert not (tmp_path / "r.md").exists()
+
+
+@pytest.mark.parametrize("precision", ["32", "bf16", "16"])
+def test_text(tmp_path, precision):
+    """The text job's step, each contender on a tiny model: the same first loss (checked by the
+    script), rates and issue 25's targets written, in each precision."""
+    tiny = "--layers 1 --width 16 --heads 2 --context 8 --batch 4 --steps 2 --rounds 1".split()
+    out = run("text.py", *tiny, "--precision", precision, "--json", str(tmp_path / "t"))
+    document = json.loads((tmp_path / "t").read_text())
+    names = {"torch eager", "tracker_gpu eager", "tracker_gpu compiled"}
+    assert set(document["rates"]) == set(document["first"]) == names
+    assert all(rate > 0 for rate in document["rates"].values())
+    assert len(document["targets"]) == 3 and all("met" in t for t in document["targets"])
+    assert "tokens/s" in out and document["precision"] == precision
+
+
+def test_text_on_cupy_without_a_gpu_says_so():
+    if has_gpu():
+        pytest.skip("a GPU is present: text.py --backend cupy would time it")
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "text.py"), "--backend", "cupy"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 3 and "no GPU available" in proc.stderr
 
 
 def test_ci_gpu_without_wheels_fails_with_a_report(tmp_path):
@@ -212,3 +238,20 @@ def test_job_steps(tmp_path):
         calls = document["first_calls_s"][process]
         assert all(c["first"] > 0 and c["second"] > 0 for c in calls.values()), calls
     assert "target compiled faster" in out and "first calls" in out
+
+
+def test_the_gpu_report_shows_and_counts_a_steps_list_of_targets():
+    """A step whose figures hold a list of targets (the text job's, compile's) is counted in
+    the report's summary and shown in its table."""
+    sys.path.insert(0, str(ROOT / "ci"))
+    from gpu_report import render
+
+    targets = [
+        {"target": "eager at least 0.8x", "value": 0.9, "met": True},
+        {"target": "compiled faster", "value": 0.7, "met": False},
+    ]
+    step = SimpleNamespace(name="text", result="passed", note="", command="text.py", seconds=1.0,
+                           tail="", output="text step", figures={"targets": targets})  # fmt: skip
+    report = render({}, [step], "passed")
+    assert "Performance targets: 1 met, 1 missed" in report
+    assert "compiled faster" in report and "0.70 MISSED" in report
