@@ -114,11 +114,12 @@ def test_train_step(tmp_path):
     assert "tracker_gpu step" in out and "NumPy by hand" in out
 
 
-def test_train_step_on_cupy_without_a_gpu_says_so():
+@pytest.mark.parametrize("script", ["train_step.py", "text.py"])
+def test_a_gpu_benchmark_on_cupy_without_a_gpu_says_so(script):
     if has_gpu():
-        pytest.skip("a GPU is present: train_step.py --backend cupy would time it")
+        pytest.skip(f"a GPU is present: {script} --backend cupy would time it")
     proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "train_step.py"), "--backend", "cupy"],
+        [sys.executable, str(BENCHMARKS / script), "--backend", "cupy"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 3 and "no GPU available" in proc.stderr
@@ -147,16 +148,6 @@ def test_text(tmp_path, precision):
     assert all(rate > 0 for rate in document["rates"].values())
     assert len(document["targets"]) == 3 and all("met" in t for t in document["targets"])
     assert "tokens/s" in out and document["precision"] == precision
-
-
-def test_text_on_cupy_without_a_gpu_says_so():
-    if has_gpu():
-        pytest.skip("a GPU is present: text.py --backend cupy would time it")
-    proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "text.py"), "--backend", "cupy"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 3 and "no GPU available" in proc.stderr
 
 
 def test_ci_gpu_without_wheels_fails_with_a_report(tmp_path):
