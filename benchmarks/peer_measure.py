@@ -2,8 +2,9 @@
 
 `run_row` builds each library's call, checks its answer against NumPy by hand (that first call is
 the warm-up, and where asked its peak extra memory is measured: tracemalloc for the NumPy-based
-libraries, the resident high-water mark for PyTorch), then times the calls interleaved, with the
-objects that existed before frozen out of the garbage collector's sight. A `Row` holds a figure
+libraries, the resident high-water mark for PyTorch), then times the calls interleaved, and
+again in warm blocks (each library's calls back to back), with the objects that existed before
+frozen out of the garbage collector's sight. A `Row` holds a figure
 per library and its ratio to NumPy by hand.
 """
 
@@ -47,6 +48,29 @@ def interleaved_times(calls, repeats):
                 start = time.perf_counter()
                 call()
                 times[lib].append(time.perf_counter() - start)
+    return times
+
+
+def warm_block_times(calls, rounds, block_seconds=0.02):
+    """{library: seconds per call of each of `rounds` blocks}: each library's calls back to back
+    in a block of about `block_seconds` (at least one call), the libraries in turn block by
+    block. A library's own calls then follow each other, as in a training loop; the interleaved
+    times alternate the libraries call by call, which can slow a library's call that comes after
+    another's (PyTorch's, measured in issue 32: 230 µs alone, 400 to 590 µs between JAX's)."""
+    sizes = {}
+    for lib, call in calls.items():
+        start = time.perf_counter()
+        call()
+        sizes[lib] = max(1, min(200, round(block_seconds / (time.perf_counter() - start))))
+    times = {lib: [] for lib in calls}
+    with frozen_gc():
+        for _ in range(rounds):
+            for lib, call in calls.items():
+                gc.collect()
+                start = time.perf_counter()
+                for _ in range(sizes[lib]):
+                    call()
+                times[lib].append((time.perf_counter() - start) / sizes[lib])
     return times
 
 
@@ -144,12 +168,17 @@ class Row:
         if times:
             self.results[lib].update(value=statistics.median(times), best=min(times), times=times)
 
-    def value(self, lib):
-        return self.results.get(lib, {}).get("value")
+    def set_warm(self, lib, times):
+        """The median seconds of a call in warm blocks (`warm_block_times`), beside the figure."""
+        self.results[lib].update(warm=statistics.median(times), warm_times=times)
 
-    def ratio(self, lib, to="numpy"):
-        """`lib`'s figure over `to`'s (for times, the ratio of the medians)."""
-        mine, ref = self.value(lib), self.value(to)
+    def value(self, lib, warm=False):
+        return self.results.get(lib, {}).get("warm" if warm else "value")
+
+    def ratio(self, lib, to="numpy", warm=False):
+        """`lib`'s figure over `to`'s (for times, the ratio of the medians); `warm`: of the
+        warm blocks' figures."""
+        mine, ref = self.value(lib, warm), self.value(to, warm)
         return None if mine is None or not ref else mine / ref
 
     def as_dict(self):
@@ -159,6 +188,9 @@ class Row:
             if r["value"] is not None:
                 entry["display"] = r["value"] * self.scale
                 entry["ratio"] = self.ratio(lib)
+            if r.get("warm") is not None:
+                entry["warm_display"] = r["warm"] * self.scale
+                entry["warm_ratio"] = self.ratio(lib, warm=True)
             out["results"][lib] = entry
         return out
 
@@ -194,6 +226,8 @@ def run_row(row, builders, available, repeats, rtol=1e-9, large=None):
         calls[lib] = call
     for lib, seconds in interleaved_times(calls, repeats).items():
         row.set(lib, times=seconds)
+    for lib, seconds in warm_block_times(calls, max(3, min(repeats, 7))).items():
+        row.set_warm(lib, seconds)
     if large is None:
         return None
     mem = Row(row.workload, row.case + ", peak extra memory", "", kind="memory")

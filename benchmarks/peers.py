@@ -4,14 +4,15 @@
 
 Every workload runs for each library in this one process, on the same inputs: a warm-up, then
 the median of repeats, the libraries interleaved so that a slow spell of the machine hits them
-alike. Every figure is a ratio to the hand-written NumPy gradient measured in the same run, with
-the absolute time beside it. Each library's answer is checked against the hand-written one
-before it is timed (that first call is the warm-up). While a row is timed, the objects that
-existed before it are frozen out of the garbage collector's sight (gc.freeze), so a collection
-costs what the graph being built costs, not the four libraries imported here. A peer that is not
-installed is reported, not an error. The table is printed
-and written to `benchmarks/out/peers.json` and `peers.md`, followed by the targets of issue 7
-marked met or missed.
+alike (the figures the targets use), and again in warm blocks (each library's calls back to
+back, as a training loop makes them: a second table). Every figure is a ratio to the
+hand-written NumPy gradient measured in the same run, with the absolute time beside it. Each
+library's answer is checked against the hand-written one before it is timed (that first call is
+the warm-up). While a row is timed, the objects that existed before it are frozen out of the
+garbage collector's sight (gc.freeze), so a collection costs what the graph being built costs,
+not the four libraries imported here. A peer that is not installed is reported, not an error.
+The tables are printed and written to `benchmarks/out/peers.json` and `peers.md`, followed by
+the targets of issue 7 marked met or missed.
 
 This file is the command line, the run and the report (table, JSON, Markdown, targets); the
 workloads are in `peer_workloads.py`, and how they are timed and checked in `peer_measure.py`.
@@ -133,26 +134,29 @@ def targets(rows):
 
 
 # --- output
-def cell(row, lib):
+def cell(row, lib, warm=False):
     r = row.results.get(lib)
     if r is None:
         return ""
-    if r["value"] is None:
-        return r["status"]
-    value = r["value"] * row.scale
+    if row.value(lib, warm) is None:
+        return r["status"] if r["value"] is None else "n/a"
+    value = row.value(lib, warm) * row.scale
     shown = f"{value:.3g}" if value < 100 else f"{value:.0f}"
-    ratio = row.ratio(lib)
+    ratio = row.ratio(lib, warm=warm)
     if lib == "numpy" or ratio is None or row.kind == "memory":
         return shown
     return f"{shown} ({ratio:.2f}x)"
 
 
-def table(rows):
+def table(rows, warm=False):
+    """The table of the figures (`warm`: the time rows, timed in warm blocks)."""
     header = ["workload", "case", "unit"] + list(LIBS.values())
     body, last = [], None
     for row in rows:
+        if warm and row.kind != "time":
+            continue
         first = row.workload if row.workload != last else ""
-        body.append([first, row.case, row.unit] + [cell(row, lib) for lib in LIBS])
+        body.append([first, row.case, row.unit] + [cell(row, lib, warm) for lib in LIBS])
         last = row.workload
     return header, body
 
@@ -192,12 +196,22 @@ LEGEND = (
     "workloads[name] is a list of rows; results[library] has status ('ok', 'not installed', "
     "'not supported', 'n/a', 'failed (...)') and value: the median seconds of one call (time "
     "rows; times: every repeat, best: the fastest) or the peak extra bytes (memory rows); "
-    "display is value in the row's unit, ratio is value / NumPy by hand's value in this run"
+    "display is value in the row's unit, ratio is value / NumPy by hand's value in this run; "
+    "warm, warm_display and warm_ratio: the same for the calls timed in warm blocks (time rows; "
+    "warm_times: every block's seconds per call); the targets use the interleaved figures"
+)
+
+
+WARM = (
+    "The same calls timed in warm blocks (each library's calls back to back, about 20 ms a "
+    "block, the libraries in turn block by block), the median of a call; the table above and "
+    "the targets alternate the libraries call by call."
 )
 
 
 def report(rows, goals, info, versions, settings, out_dir):
     header, body = table(rows)
+    _, warm_body = table(rows, warm=True)
     goal_rows = [[g["target"], g["measured"], mark(g["met"])] for g in goals]
     goal_header = ["target (issue 7)", "measured", "met?"]
     ratios = "Each figure: absolute, then its ratio to NumPy by hand measured in this run."
@@ -208,6 +222,8 @@ def report(rows, goals, info, versions, settings, out_dir):
     )
     print(f"\n{about}\n{ratios}\n")
     print(text_table(header, body))
+    print(f"\n{WARM}\n")
+    print(text_table(header, warm_body))
     print()
     print(text_table(goal_header, goal_rows))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -228,6 +244,10 @@ def report(rows, goals, info, versions, settings, out_dir):
         f"{about}. {ratios}",
         "",
         markdown_table(header, body),
+        "",
+        WARM,
+        "",
+        markdown_table(header, warm_body),
         "",
         markdown_table(goal_header, goal_rows),
         "",

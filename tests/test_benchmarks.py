@@ -38,6 +38,8 @@ def check_row(row):
     for lib in ("numpy", "tracker_gpu"):
         assert results[lib]["status"] == "ok", (row["case"], lib, results[lib])
         assert results[lib]["value"] > 0 or row["kind"] == "memory", (row["case"], lib)
+        if row["kind"] == "time":  # timed in warm blocks too
+            assert results[lib]["warm"] > 0 and results[lib]["warm_ratio"] > 0, row["case"]
     for lib in PEERS:
         assert results[lib]["status"] in ALLOWED, (row["case"], lib, results[lib])
 
@@ -53,7 +55,7 @@ def test_peers_quick(tmp_path):
     assert document["targets"] and all("met" in t for t in document["targets"])
     markdown = (tmp_path / "peers.md").read_text()
     for text in (markdown, out):
-        assert "tracker_gpu" in text and "NumPy by hand" in text
+        assert "tracker_gpu" in text and "NumPy by hand" in text and "warm blocks" in text
 
 
 def test_peers_only(tmp_path):
