@@ -40,15 +40,7 @@ def interleaved_times(calls, repeats):
     What exists before is frozen out of the garbage collector's sight (`gc.freeze`), so that a
     collection during a call costs what the call's own objects cost, not the rest of this
     process (four libraries imported); garbage left by one call is collected before the next."""
-    times = {lib: [] for lib in calls}
-    with frozen_gc():
-        for _ in range(repeats):
-            for lib, call in calls.items():
-                gc.collect()
-                start = time.perf_counter()
-                call()
-                times[lib].append(time.perf_counter() - start)
-    return times
+    return _rounds(calls, repeats, dict.fromkeys(calls, 1))
 
 
 def warm_block_times(calls, rounds, block_seconds=0.02):
@@ -62,6 +54,12 @@ def warm_block_times(calls, rounds, block_seconds=0.02):
         start = time.perf_counter()
         call()
         sizes[lib] = max(1, min(200, round(block_seconds / (time.perf_counter() - start))))
+    return _rounds(calls, rounds, sizes)
+
+
+def _rounds(calls, rounds, sizes):
+    """{library: seconds per call of each round}: in each round, each library's `sizes[lib]`
+    calls back to back, the garbage of the one before collected first."""
     times = {lib: [] for lib in calls}
     with frozen_gc():
         for _ in range(rounds):

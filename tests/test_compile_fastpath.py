@@ -188,3 +188,32 @@ def test_alternating_signatures_each_keep_their_program(order):
         val, (grad,) = f(inputs[name])
         assert np.allclose(grad, np.cos(inputs[name]))
     assert f.cache_info().misses == 2
+
+
+def test_keyword_arguments_take_the_fast_path_and_keep_their_values(monkeypatch):
+    calls = counting_signatures(monkeypatch)
+
+    def f(x, y, scale=1.0, shift=None):
+        out = tg.sum(x * y) * scale
+        return out if shift is None else out + tg.sum(shift)
+
+    compiled, x, y = tg.compile(f), np.arange(3.0), np.ones(3)
+    for shift in (np.ones(2), np.ones(2) * 2, np.ones(2) * 3):
+        for scale in (2.0, 2.0, 3.0, 2.0):
+            got = compiled(x, y, shift=shift, scale=scale)  # the names in another order
+            want = tg.withgradient(lambda x, y, s=scale, h=shift: f(x, y, s, h), x, y)
+            assert float(got.val) == float(want.val)
+            assert all(np.array_equal(a, b) for a, b in zip(got.grad, want.grad))
+    assert compiled.cache_info().misses == 2  # scale 2.0 and 3.0: a number is in the signature
+    assert len(calls) < 12  # most calls matched without describing the arguments
+
+
+def test_a_positional_call_shaped_like_a_keyword_call_is_not_taken_for_it():
+    """A keyword call is matched as (mark, args, keywords): a positional call whose arguments
+    are a tuple and a dict of the same shapes is another signature."""
+    f = tg.compile(lambda a, b=None, k=None: tg.sum(a[0] if isinstance(a, tuple) else a) * 2.0)
+    x = np.ones(2)
+    for _ in range(3):
+        f(x, k=np.ones(1))
+    f((x,), {"k": np.ones(1)})
+    assert f.cache_info().misses == 2

@@ -119,8 +119,8 @@ class Compiled:
         functools.update_wrapper(self, f, updated=())
 
     def __call__(self, *args, **kwargs):
-        if not kwargs and self._matcher is not None:
-            ran = self._fast(args)
+        if self._matcher is not None:
+            ran = self._fast(_matched(args, kwargs))
             if ran is not None:
                 return _plain(ran)
         memo = {}
@@ -129,6 +129,7 @@ class Compiled:
         args = tuple(
             _prepared(top_level(a, i) if i in chosen else a, memo) for i, a in enumerate(args)
         )
+        kwargs_given = kwargs
         if kwargs:  # by name: the order they are written in does not matter
             kwargs = {k: _prepared(kwargs[k], memo) for k in sorted(kwargs)}
             key, arrays = signature_and_arrays((args, kwargs))
@@ -144,15 +145,15 @@ class Compiled:
         self._programs.move_to_end(key)
         if program is _EAGER:
             return _plain(self._eager(args, kwargs))
-        if not kwargs and not warned:
-            self._match_next(key, args, original)
+        if not warned:
+            self._match_next(key, _matched(args, kwargs), _matched(original, kwargs_given))
         return _plain(program.run(arrays))
 
-    def _fast(self, args):
-        """The replay's result if `args` have the signature of the last call that replayed
-        and its guards hold (`fastpath.py`), else None."""
+    def _fast(self, given):
+        """The replay's result if the arguments (`_matched`) have the signature of the last
+        call that replayed and its guards hold (`fastpath.py`), else None."""
         key, match = self._matcher
-        arrays = match(args)
+        arrays = match(given)
         variants = None if arrays is None else self._programs.get(key)
         program = None if variants is None else _holding(variants)
         if program is None or program is _EAGER:
@@ -341,6 +342,15 @@ def _with_keywords(f, kwargs):
     if not kwargs:
         return f
     return functools.update_wrapper(functools.partial(f, **kwargs), f, updated=())
+
+
+def _matched(args, kwargs):
+    """What a matcher checks of a call: its positional arguments, or, with keyword arguments,
+    those and the keywords in the order of their names, behind a mark that no positional call
+    holds (the arrays in the order the signature finds them)."""
+    if not kwargs:
+        return args
+    return (_KEYWORDS, args, {k: kwargs[k] for k in sorted(kwargs)})
 
 
 def _top_level_number(x):
