@@ -73,10 +73,13 @@ class Stop:
 
 
 @contextlib.contextmanager
-def signals():
+def signals(before_training=None):
     """Within the block, SIGINT and SIGTERM ask the job to stop after the current step (the
-    `Stop` yielded says so); before training starts, they stop it at once. A second signal
-    acts as it would without this. Outside the main thread, nothing is caught."""
+    `Stop` yielded says so); before training starts, they stop it at once: `Interrupted` is
+    raised, or `before_training(signum)` is called, which ends the process itself (an exception
+    raised into whatever the main thread waits in, Dask's connecting client, may be caught
+    there). A second signal acts as it would without this. Outside the main thread, nothing is
+    caught."""
     stop = Stop()
     if threading.current_thread() is not threading.main_thread():
         yield stop
@@ -88,6 +91,8 @@ def signals():
         for s, old in previous.items():  # a second signal acts as it would have
             signal.signal(s, old)
         if not stop.training:
+            if before_training is not None:
+                before_training(signum)
             raise Interrupted(signum, "the job", 0, 0, None)
 
     for s in previous:

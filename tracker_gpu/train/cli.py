@@ -297,14 +297,11 @@ def main(argv=None):
         from .text_cli import main as text_main
 
         return text_main(argv[1:])
-    with signals() as stop, _one_line_warnings():
+    with signals(before_training=_stopping_at_once(argv)) as stop, _one_line_warnings():
         try:
             run(argv, stop=stop)
         except Interrupted as stopped:
             print(_stopped_line(stopped, argv), file=sys.stderr, flush=True)
-            if not stop.training:  # stopped while connecting: nothing is left to write, and
-                sys.stdout.flush()  # Dask's exit handlers would wait for the half-made client
-                os._exit(128 + stopped.signum)  # to give up connecting (up to 10 s)
             sys.exit(128 + stopped.signum)
         except (FloatingPointError, ConnectionError) as error:
             print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
@@ -416,6 +413,21 @@ def _train_one(args, name, data, step, stop):
 
 
 # --- signals -------------------------------------------------------------------------------
+
+
+def _stopping_at_once(argv):
+    """What a signal before training does: the one line, and the process ends there. Nothing
+    is left to write; Dask's exit handlers would wait for a half-made client to give up
+    connecting (up to 10 s), and an exception raised while it connects may be caught inside."""
+
+    def stop_now(signum):
+        line = _stopped_line(Interrupted(signum, "the job", 0, 0, None), argv)
+        with contextlib.suppress(RuntimeError, OSError):  # stdout may be mid-write
+            sys.stdout.flush()
+        os.write(2, (line + "\n").encode())
+        os._exit(128 + signum)
+
+    return stop_now
 
 
 def _stopped_line(stopped, argv):
