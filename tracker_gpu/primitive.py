@@ -278,7 +278,7 @@ def _record(prim, args, kw):
                 parents.append(a._node)
                 mask |= bit
         else:
-            plain_arrays = plain_arrays or type(a) not in SCALARS
+            plain_arrays = plain_arrays or type(a) not in _NOT_ARRAYS
             values.append(a)
             parents.append(a)
         bit <<= 1
@@ -467,6 +467,10 @@ def _check_number(name, args):
 
 def _as_number(y):
     return y.item() if isinstance(y, (np.ndarray, np.generic)) and y.ndim == 0 else y
+
+
+# Operands that are never arrays: numbers, and an index's parts (a key of getitem)
+_NOT_ARRAYS = frozenset((*SCALARS, slice, tuple, type(None), type(Ellipsis)))
 
 
 def _library_with_plain_operands(xp, values):

@@ -224,8 +224,7 @@ def getitem(x, key):
     if type(x) is TrackedArray and x._node is not None and not (ACTIVE or NOT_TRACKING):
         parts = key if type(key) is tuple else (key,)
         if all(type(k) in _BASIC for k in parts):  # x[1:], x[:, 0]: nothing to normalise
-            if Ellipsis not in parts and builtins.sum(k is not None for k in parts) < x.ndim:
-                parts += (Ellipsis,)  # NumPy's implicit trailing slices, made explicit
+            parts = _with_trailing_ellipsis(parts, len(x.shape))
             value = _getitem_forward(x._xp, x.data, parts)
             return record(value, x._xp, _getitem, (x._node, parts), _NO_KEYWORDS)
     xp = x._xp if isinstance(x, TrackedArray) else namespace_of(x)
@@ -304,7 +303,7 @@ def _normalize_key(xp, x, key):
 def _with_trailing_ellipsis(key, ndim):
     """Make NumPy's implicit trailing slices explicit (`x[i]` of a matrix), as the standard asks."""
     parts = key if isinstance(key, tuple) else (key,)
-    if any(k is Ellipsis or backend.is_array(k) for k in parts):
+    if any(k is Ellipsis or (type(k) not in _BASIC and backend.is_array(k)) for k in parts):
         return key
     if builtins.sum(k is not None for k in parts) >= ndim:
         return key
