@@ -300,12 +300,13 @@ def mlp_steppers(batch):
 def launch_counts(batch, steps=2):
     """`(compiled, eager, program)`: the kernel launches of one replayed MLP step (the program a
     CUDA graph captures, its fusion the CUDA target's) and of one eager step, each a
-    `launches.Count`, counted on NumPy arrays inside `cuda.on_host()` (no GPU needed)."""
+    `launches.Count`, counted on NumPy arrays inside `cuda.on_host()` (no GPU needed), with
+    the checks that would read a GPU's arrays back off (`sync_checks(False)`), as on CuPy."""
     from tracker_gpu.compiler import cuda_target, launches
 
     x, labels, model = make_problem(batch)
     rule = optim.Adam(LR, (BETA1, BETA2), EPS)
-    with tg.cuda.on_host(), cuda_target.numpy_too():
+    with tg.cuda.on_host(), cuda_target.numpy_too(), tg.sync_checks(False):
         step = tg.compile(tracker_step, gradient=False)
         current = (model, optim.setup(rule, model))
         for _ in range(steps):

@@ -114,6 +114,20 @@ __global__ void logsoftmax_bwd_acc(const S* y, const S* g, const S* prev, S* acc
     }
 }
 
+// One-hot targets from integer class labels, a row per label: out[r, j] = (labels[r] == j),
+// and a row of nan where the label lies outside [0, cols), so the loss is nan, as the generic
+// rule's unchecked form (`rules/losses.py`) gives it.
+template <typename S>
+__global__ void onehot_fwd(const long long* labels, S* out, long long rows, long long cols) {
+    typedef compute_t<S> T;
+    const T nan = T(__longlong_as_double(0x7ff8000000000000LL));
+    FOR_EACH_ROW(r) {
+        const long long label = labels[r];
+        const bool valid = label >= 0 && label < cols;
+        FOR_EACH_COLUMN(j) out[r * cols + j] = store<S>(valid ? T(label == j) : nan);
+    }
+}
+
 // Per-row sums of the targets times logsoftmax(x): the loss is minus their sum (over rows, then
 // divided by the rows for a mean), computed on the device. A zero target adds nothing, even
 // against a class masked with a -inf logit (0 * -inf would be nan), as the generic forward.

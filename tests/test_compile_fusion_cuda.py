@@ -314,6 +314,31 @@ def test_the_mlp_step_launches_fewer_kernels_compiled():
     assert "adam_step" not in compiled.names
     assert program.launches == 1 and compiled.names.count("tg_fused_0") == 1, compiled
     assert compiled.kernels == eager.kernels - 4 + 1  # adam_step four times: one launch
+    # the same library calls: no gradient of the data batch, which nothing reads
+    assert compiled.library == eager.library, (compiled, eager)
+
+
+@pytest.mark.skipif(not launches.available(), reason="no headers of Python and NumPy")
+def test_an_interpreted_replay_differentiates_toward_its_inputs_only():
+    """The batch (an argument, traced) reaches the loss through an operation of its own; a
+    replay on the fused path computes the weight's gradient, as eager does, and nothing for
+    the batch: the same library calls as the eager step, replay after replay."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((5, 3))
+
+    def step(w, x):
+        return tg.withgradient(lambda w: tg.sum(tg.tanh((x * 2.0) @ w)), w)
+
+    with on_host(), tg.sync_checks(False):
+        compiled = tg.compile(step, gradient=False)
+        for call in range(4):
+            x = rng.standard_normal((7, 5))
+            expected = step(w, x)
+            got = compiled(w, x)
+            assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1][0], expected[1][0])
+            if call >= 2:
+                counted = launches.count(compiled, w, x)
+                assert counted == launches.count(step, w, x), (call, counted)
 
 
 def test_the_mlp_step_fused_is_the_unfused_replay_bit_for_bit():

@@ -183,6 +183,51 @@ def test_logitcrossentropy_kernels(dtype, shape, soft):
     assert_agree(acc, expected, ulps=4 * cols, scale=np.abs(g / rows), what="pullback")
 
 
+# one-hot targets: labels in range, out of it on both sides, at int64's ends
+LABELS = np.array([0, 3, 9, -1, 10, 2**62, -(2**63), 2**63 - 1, 5], dtype=np.int64)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "labels",
+    [LABELS, LABELS.astype(np.int32), np.arange(12, dtype=np.uint8) % 11,
+     np.resize(LABELS, (3, 40))[:, ::2], np.zeros(0, dtype=np.int64)],
+    ids=["int64", "int32", "uint8", "2-d strided", "empty"],
+)  # fmt: skip
+def test_onehot_forward_agrees_with_the_generic_rule_everywhere(dtype, labels):
+    """The fused one-hot (one launch) equals the generic rule's unchecked form bit for bit: 0
+    and 1 in range, a row of nan out of it."""
+    from tracker_gpu.cuda.dispatch import FORWARDS, on_host, recording
+    from tracker_gpu.rules.losses import _onehot_forward
+
+    dtype = np.dtype(pytest.importorskip("ml_dtypes").bfloat16 if dtype == "bfloat16" else dtype)
+    like = dict(name="loss", classes=10, axis=labels.ndim, ndim=labels.ndim + 1, dtype=dtype,
+                device="cpu", check=False)  # fmt: skip
+    with on_host(), recording() as log:
+        fused = FORWARDS["onehot"](labels, **like)
+    assert ("launch", "onehot_fwd") in log
+    expected = _onehot_forward(np, labels, **like)
+    assert fused.dtype == expected.dtype and fused.shape == expected.shape
+    assert np.array_equal(fused.astype(np.float64), expected.astype(np.float64), equal_nan=True)
+
+
+def test_the_loss_of_class_labels_is_the_generic_one_through_the_fused_one_hot():
+    from tracker_gpu.cuda.dispatch import generic_only, on_host, recording
+
+    logits = np.random.default_rng(3).standard_normal((len(LABELS), 10))
+    in_range = LABELS % 10
+    with tg.sync_checks(False):
+        for labels in (in_range, LABELS):  # out of range: nan on both paths
+            loss = lambda z, labels=labels: tg.nn.logitcrossentropy(z, labels)
+            with on_host(), recording() as log:
+                fused = tg.withgradient(loss, logits)
+            with generic_only():
+                expected = tg.withgradient(loss, logits)
+            assert ("launch", "onehot_fwd") in log
+            assert np.array_equal(fused[0], expected[0], equal_nan=True)
+            assert np.allclose(fused[1][0], expected[1][0], rtol=1e-12, atol=0, equal_nan=True)
+
+
 # (shape, axes): LayerNorm (outer 1), BatchNorm of images and of features, GroupNorm, all axes
 NORMALISE_CASES = [((3, 10), (1,)), ((4, 3, 2, 5), (0, 2, 3)), ((37, 3), (0,)),
                    ((2, 3, 300), (2,)), ((5, 7), (0, 1))]  # fmt: skip
@@ -300,7 +345,7 @@ CHECKED = (
     | {f"{n}_bwd_acc" for n in BINARY.values()}
     | {f"{n}_bwd_reduce" for n in BINARY.values()}
     | {"reduce_finish", "sumsq_bwd_acc", "mse_bwd_acc"}
-    | {"logitcrossentropy_fwd", "logitcrossentropy_bwd_acc"}
+    | {"logitcrossentropy_fwd", "logitcrossentropy_bwd_acc", "onehot_fwd"}
     | {"descent_step", "momentum_step", "nesterov_step", "adam_step"}
     | {"softmax_fwd", "softmax_bwd_acc", "logsoftmax_fwd", "logsoftmax_bwd_acc"}
     | {"normalise_fwd", "normalise_bwd_acc", "lstm_fwd", "lstm_bwd_acc"}

@@ -12,6 +12,7 @@ serve it, and on a GPU the whole replay is one CUDA graph (`graphs.py`).
 """
 
 import copy
+import math
 import sys
 import threading
 import warnings
@@ -22,10 +23,10 @@ from .. import draws, recording
 from ..backend import is_array, is_cupy, namespace_of
 from ..cuda.dispatch import on_host_now
 from ..pytree import tree_leaves, tree_map
-from ..tape import replay
+from ..tape import Node, replay
 from ..tracked import TrackedArray
 from . import backward, fusion, graphs, loops
-from .codegen import _calls, _order, generate
+from .codegen import _calls, _leading_to_stop, _order, _walked, generate
 from .recorder import Call, Draw, Walk, slots_by_id
 
 __all__ = ["Program"]
@@ -169,7 +170,8 @@ class Program:
         """The environment after running the steps one by one on `arrays`."""
         env = list(self.start)
         env[: self.inputs] = arrays
-        if self._releases is None:
+        if self._releases is None:  # the first replay
+            _prune_walks(self.steps)
             self._releases = _last_uses(self.steps, self.outputs)
         for step, released in zip(self.steps, self._releases):
             _RUN[type(step)](step, env)
@@ -329,6 +331,36 @@ def _run_fused(step, env):
 
 
 _RUN = {Call: _run_call, Draw: _run_draw, Walk: _run_walk, fusion.Fused: _run_fused}
+
+
+class _Constant:
+    """A walked node's argument that leads to none of the walks' inputs, as its pullback sees
+    it: a constant of its shape and dtype, which no vjp is asked to differentiate."""
+
+    __slots__ = ("shape", "dtype")
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: math.prod(self.shape))
+
+    def __init__(self, node):
+        self.shape, self.dtype = node.shape, node.dtype
+
+
+def _prune_walks(steps):
+    """An interpreted replay's walks pull back only into arguments that lead to an input of
+    one of them, as the generated replay's do (`codegen._order`): the data batch of a
+    training step gets no gradient (a matrix product on a GPU). The others are made
+    `_Constant`s in the program's own nodes, where every walk has inputs to stop at."""
+    walks = [step for step in steps if type(step) is Walk]
+    if not walks or not all(walk.stop for walk in walks):
+        return
+    walked = [_walked(walk) for walk in walks]
+    useful = set()
+    for walk, nodes in zip(walks, walked):
+        useful |= _leading_to_stop(walk, sorted(nodes, key=lambda node: node.serial))
+    for node in (node for nodes in walked for node in nodes):
+        if any(type(a) is Node and id(a) not in useful for a in node.args):
+            node.args = tuple(_Constant(a) if type(a) is Node and id(a) not in useful else a
+                              for a in node.args)  # fmt: skip
 
 
 def _last_uses(steps, outputs):

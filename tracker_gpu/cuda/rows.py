@@ -1,11 +1,12 @@
 """Fused row-wise operations over the last axis: softmax and logsoftmax (forward and
-pullback) and the softmax cross-entropy of logits (forward and pullback), one block per row
+pullback), the softmax cross-entropy of logits (forward and pullback) and the one-hot targets it
+makes of class labels (forward), one block per row
 (`kernels/softmax.cu`). Rows longer than MAX_COLUMNS take the generic path: a block per row
 would leave most of a GPU idle when such rows are few. float16 and bfloat16 rows are computed in
 float32 (the row's maximum, sums and the cross-entropy's per-row sums included)."""
 
-from .dispatch import register
-from .fused import accumulate, device_scalar, readable, ready, tracked
+from .dispatch import register, takes
+from .fused import STORAGE, accumulate, device_scalar, readable, ready, tracked
 from .launch import MAX_GRID, empty, empty_like, launch
 from .sources import compute_dtype
 
@@ -99,3 +100,21 @@ def logitcrossentropy_pullback(ans, args, values, kw, g, pending):
     total = accumulate("logitcrossentropy_bwd_acc", pending, args[0], logits, operands,
                        (rows, cols), grid=min(rows, MAX_GRID), block=row_block(cols))  # fmt: skip
     return [total, None]
+
+
+@register("forward", "onehot")
+def onehot_forward(labels, /, *, classes, axis, ndim, dtype, check, **_):
+    """One-hot targets of `dtype` from integer class labels, the classes on the last axis, in
+    one launch; a label out of range gives a row of nan. Where the rule checks the range
+    (`check`: a synchronisation, the host's default) the generic rule runs instead."""
+    if check or not (axis == ndim - 1 and labels.ndim == ndim - 1 and takes(labels)):
+        return None
+    if str(dtype) not in STORAGE or labels.dtype.kind not in "iu":
+        return None
+    if labels.dtype != "int64" or not labels.flags.c_contiguous:
+        labels = labels.astype("int64", order="C")
+    out = empty((*labels.shape, classes), labels, dtype)
+    rows = labels.size
+    launch("onehot_fwd", out.dtype, min(max(rows, 1), MAX_GRID), labels, out, rows, classes,
+           block=row_block(classes))  # fmt: skip
+    return out
