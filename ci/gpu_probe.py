@@ -59,10 +59,22 @@ def _cupy_facts():
             names=[n.decode() if isinstance(n, bytes) else n for n in names],
             cuda_driver_api=_cuda_version(runtime.driverGetVersion()),
             cuda_runtime=_cuda_version(runtime.runtimeGetVersion()),
+            cupy_bfloat16=_has_bfloat16(cupy),
         )
     except Exception as error:
         facts.update(gpus=0, why=f"CuPy cannot use the GPU: {type(error).__name__}: {error}")
     return facts
+
+
+def _has_bfloat16(cupy):
+    """Whether CuPy makes arrays of ml_dtypes' bfloat16 (CuPy 14.2 does not)."""
+    try:
+        import ml_dtypes
+
+        cupy.zeros(2, dtype=ml_dtypes.bfloat16)
+    except Exception:
+        return False
+    return True
 
 
 def _torch_facts():

@@ -13,6 +13,7 @@ BENCHMARKS = {  # the steps whose tables the report shows, with their titles
     "train-step": "MLP training step: `benchmarks/train_step.py --backend cupy`",
     "compile": "MLP step replayed as a CUDA graph: `benchmarks/compile.py --backend cupy`",
     "text": "The text job's step: `benchmarks/text.py --backend cupy`",
+    "text-16": "The text job's step in float16: `benchmarks/text.py --backend cupy --precision 16`",
     "text-bf16": "The text job's step in bfloat16: `benchmarks/text.py --backend cupy "
     "--precision bf16`",
 }

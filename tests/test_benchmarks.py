@@ -132,7 +132,8 @@ def test_ci_gpu_dry_run_lists_the_steps(tmp_path):
     for text in ("--system-site-packages", "--no-index", "--find-links", "ci/matrix cupy",
                  "tests/test_fused_fuzz.py", "TRACKER_GPU_FUZZ_EXAMPLES=", "benchmarks/kernels.py",
                  "train_step.py --backend cupy", "tracker_gpu.train --backend cupy",
-                 "text.py --backend cupy --json", "text.py --backend cupy --precision bf16",
+                 "text.py --backend cupy --json", "text.py --backend cupy --precision 16",
+                 "text.py --backend cupy --precision bf16",
                  "--device gpu:1", "device-check"):  # fmt: skip
         assert text in out, text
     assert not (tmp_path / "r.md").exists()
@@ -159,6 +160,29 @@ def test_ci_gpu_without_wheels_fails_with_a_report(tmp_path):
     text = report.read_text()
     assert "FAILED: setup" in text and "ci/gpu prepare" in text
     assert "## Machine" in text and "## A second GPU" in text
+
+
+def _ci_gpu_module():
+    import importlib.machinery
+    import importlib.util
+
+    sys.path.insert(0, str(CI_GPU.parent))
+    try:
+        loader = importlib.machinery.SourceFileLoader("ci_gpu", str(CI_GPU))
+        module = importlib.util.module_from_spec(importlib.util.spec_from_loader("ci_gpu", loader))
+        loader.exec_module(module)
+    finally:
+        sys.path.remove(str(CI_GPU.parent))
+    return module
+
+
+def test_ci_gpu_times_bfloat16_only_where_cupy_has_it():
+    ci_gpu = _ci_gpu_module()
+    args = SimpleNamespace(only=["text-16", "text-bf16"])
+    run_steps, skipped = ci_gpu.plan_steps(args, {"gpus": 1, "cupy": "14.2.0"})
+    assert run_steps == ["text-16"] and "no bfloat16" in skipped["text-bf16"]
+    run_steps, skipped = ci_gpu.plan_steps(args, {"gpus": 1, "cupy_bfloat16": True})
+    assert run_steps == ["text-16", "text-bf16"] and not skipped
 
 
 def test_ci_gpu_machine_facts():
