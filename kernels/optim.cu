@@ -71,3 +71,35 @@ __global__ void adam_step(const S* x, const S* dx, const S* m, const S* v, S* x_
         x_out[i] = store<S>(xi - delta);
     }
 }
+
+// The loss scaler's check (`precision.finite_flag`): whether every element of up to eight arrays
+// of one storage type is finite, each block writing whether its share of them is into
+// partial[blockIdx.x] (the caller reduces the partials). Array k is x_k of n_k elements (n_k = 0
+// for a slot not used). A value v is finite exactly when v - v is 0 (inf - inf and nan are nan).
+template <typename S>
+__global__ void finite_partials(const S* x0, const S* x1, const S* x2, const S* x3, const S* x4,
+                                const S* x5, const S* x6, const S* x7, long long n0,
+                                long long n1, long long n2, long long n3, long long n4,
+                                long long n5, long long n6, long long n7,
+                                unsigned char* partial) {
+    typedef compute_t<S> T;
+    __shared__ int lanes[256];
+    const S* xs[8] = {x0, x1, x2, x3, x4, x5, x6, x7};
+    const long long ns[8] = {n0, n1, n2, n3, n4, n5, n6, n7};
+    int finite = 1;
+    for (int k = 0; k < 8; ++k) {
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < ns[k];
+             i += (long long)blockDim.x * gridDim.x) {
+            const T v = load(xs[k][i]);
+            finite &= (v - v == T(0));
+        }
+    }
+    const int t = threadIdx.x;
+    lanes[t] = finite;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if (t < w) lanes[t] &= lanes[t + w];
+        __syncthreads();
+    }
+    if (t == 0) partial[blockIdx.x] = (unsigned char)lanes[0];
+}

@@ -7,7 +7,7 @@ Broadcast arithmetic is checked through its fused pullback in test_fused_path.py
 
 import numpy as np
 import pytest
-from domain import assert_agree, domain
+from domain import assert_agree, domain, special_values
 
 import tracker_gpu as tg
 from tracker_gpu.cuda import host, launch
@@ -228,6 +228,35 @@ def test_the_loss_of_class_labels_is_the_generic_one_through_the_fused_one_hot()
             assert np.allclose(fused[1][0], expected[1][0], rtol=1e-12, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("count", [1, 8, 11])
+def test_the_finite_check_agrees_with_the_generic_rule_everywhere(dtype, count):
+    """The loss scaler's check on the fused path (`finite_partials`, one launch per eight
+    arrays) against the generic `all(isfinite(x))` of each array, combined: every special
+    value of the dtype, alone in any one of `count` arrays of sizes that are not a multiple of
+    the block (an empty one among them), and none."""
+    from tracker_gpu.cuda.dispatch import FORWARDS, on_host, recording
+    from tracker_gpu.precision import _all_finite_forward
+
+    half = pytest.importorskip("ml_dtypes").bfloat16 if dtype == "bfloat16" else None
+    dtype = np.dtype(half or dtype)
+    specials = special_values(np.float32 if half else dtype).astype(dtype)
+    sizes = [(300, 0, 1, 5, 513, 2, 64, 3, 7, 1000, 9)[k] for k in range(count)]
+    rng = np.random.default_rng(count)
+    arrays = [(rng.standard_normal(n) * 100).astype(dtype) for n in sizes]
+    placed = [(v, k) for v in specials for k in range(count) if sizes[k]]
+    cases = [(None, None, None)] + [(v, k, int(rng.integers(sizes[k]))) for v, k in placed]
+    for value, k, at in cases:
+        given = [a.copy() for a in arrays]
+        if value is not None:
+            given[k][at] = value
+        with on_host(), recording() as log:
+            fused = FORWARDS["all_finite"](*given)
+        expected = _all_finite_forward(np, *given)
+        assert bool(fused) == bool(expected), (value, k, at)
+        assert [n for kind, n in log if kind == "launch"] == ["finite_partials"] * -(-count // 8)
+
+
 # (shape, axes): LayerNorm (outer 1), BatchNorm of images and of features, GroupNorm, all axes
 NORMALISE_CASES = [((3, 10), (1,)), ((4, 3, 2, 5), (0, 2, 3)), ((37, 3), (0,)),
                    ((2, 3, 300), (2,)), ((5, 7), (0, 1))]  # fmt: skip
@@ -346,7 +375,7 @@ CHECKED = (
     | {f"{n}_bwd_reduce" for n in BINARY.values()}
     | {"reduce_finish", "sumsq_bwd_acc", "mse_bwd_acc"}
     | {"logitcrossentropy_fwd", "logitcrossentropy_bwd_acc", "onehot_fwd"}
-    | {"descent_step", "momentum_step", "nesterov_step", "adam_step"}
+    | {"descent_step", "momentum_step", "nesterov_step", "adam_step", "finite_partials"}
     | {"softmax_fwd", "softmax_bwd_acc", "logsoftmax_fwd", "logsoftmax_bwd_acc"}
     | {"normalise_fwd", "normalise_bwd_acc", "lstm_fwd", "lstm_bwd_acc"}
 )

@@ -194,6 +194,31 @@ def test_an_overflowing_step_is_skipped_and_training_goes_on(compute, tmp_path):
     assert tg.LossScale(**info["loss_scale"]) == scaler
 
 
+def test_the_device_scalers_check_is_one_launch_on_the_fused_path():
+    """A placed scaler on the fused path (`on_host()`, CuPy's stand-in) checks the four
+    gradients in one launch and one reduction, and skips and steps as the generic path does."""
+    from tracker_gpu.cuda import generic_only, on_host, recording
+
+    model, (x, labels) = mlp(), data()
+    results = []
+    for fused in (True, False):
+        scaler = tg.LossScale(2.0**8, period=2).placed(x)
+        state, current, checks = optim.setup(optim.Adam(0.01), model), model, []
+        for factor in (1.0, np.nan, 1.0):  # nan: every gradient nan, the step skipped
+            loss = lambda m, s=scaler, k=factor: s.scaled(nn.logitcrossentropy(m(x), labels) * k)
+            with np.errstate(all="ignore"), tg.sync_checks(False):
+                with on_host() if fused else generic_only(), recording() as log:
+                    _, (grads,) = tg.withgradient(loss, current)
+                    scaler, state, current = scaler.update(state, current, grads)
+            checks.append([name for kind, name in log if kind == "launch"].count("finite_partials"))
+        results.append((scaler.state_dict(), current, checks))
+    (fused_scaler, fused_model, fused_checks), (scaler, model_after, generic_checks) = results
+    assert fused_checks == [1, 1, 1] and generic_checks == [0, 0, 0]
+    assert fused_scaler == scaler and fused_scaler["skipped"] == 1
+    for a, b in zip(fused_model.layers, model_after.layers):
+        assert np.allclose(a.weight, b.weight, rtol=1e-6) and np.allclose(a.bias, b.bias, rtol=1e-6)
+
+
 def test_a_float16_scale_too_large_overflows_the_gradients_and_halves_until_it_fits():
     policy = tg.Policy(compute_dtype="float16")
     model, (x, labels) = mlp(), data()

@@ -364,7 +364,7 @@ def no_gradient(name, forward, *, signature=None, shaped_by_data=False):
         values = [data(a) for a in args]
         kw = {k: data(v) for k, v in kw.items()} if kw else kw
         xp = tracked._xp if tracked is not None else _namespace_of_plain(values)
-        value = forward(xp, *values, **kw)
+        value = traced.forward(xp, *values, **kw)  # a fused forward registered first
         return value if tracked is None else constants(value, tracked._xp)
 
     function.__name__ = function.__qualname__ = name

@@ -1,11 +1,13 @@
 """Fused optimiser steps: one launch per parameter, into fresh buffers (nothing is mutated), with
-the generic rule's scalars computed here in double precision as the rule computes them."""
+the generic rule's scalars computed here in double precision as the rule computes them; and the
+loss scaler's check that every gradient is finite, one launch per eight arrays and one
+reduction of their blocks' answers."""
 
 import math
 
 from .dispatch import register
 from .fused import ready
-from .launch import empty_like, grid_for, launch
+from .launch import MAX_GRID, empty, empty_like, grid_for, launch, library
 
 __all__ = []
 
@@ -58,3 +60,25 @@ def adam_step(rule, x, dx, state):
            1 - beta1, 1 - beta2, rule.epsilon * correction, scale, rule.eta, rule.eta * scale,
            decay, mode)  # fmt: skip
     return out, (m_out, v_out, (beta1_t * beta1, beta2_t * beta2))
+
+
+FINITE_SLOTS = 8  # the arrays one launch of `finite_partials` reads
+
+
+@register("forward", "all_finite")
+def all_finite(*arrays):
+    """Whether every element of `arrays` (C-contiguous, of one floating dtype) is finite, a
+    0-d boolean array as the generic rule's `all(isfinite(x))` for each, combined: one launch
+    per eight arrays writes each block's answer, one reduction of them gives the flag."""
+    if not arrays or not ready(*arrays):
+        return None
+    first, blocks = arrays[0], min(grid_for(max(a.size for a in arrays)), MAX_GRID, 1024)
+    groups = [arrays[i : i + FINITE_SLOTS] for i in range(0, len(arrays), FINITE_SLOTS)]
+    partial = empty((len(groups) * blocks,), first, "bool")
+    for j, group in enumerate(groups):
+        unused = FINITE_SLOTS - len(group)
+        pointers = [*group, *(first,) * unused]
+        sizes = [a.size for a in group] + [0] * unused
+        launch("finite_partials", first.dtype, blocks, *pointers, *sizes,
+               partial[j * blocks : (j + 1) * blocks])  # fmt: skip
+    return library(first).all(partial)
