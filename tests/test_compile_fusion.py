@@ -474,6 +474,25 @@ def test_a_gradient_that_is_none_takes_the_steps_one_by_one():
     assert fused.run(single).dtype == np.float32
 
 
+def test_a_reductions_numpy_scalar_runs_the_kernel(monkeypatch):
+    """A region reading a 0-d value that NumPy's reduction gives as a scalar (a clipping
+    factor, say) runs its kernel on it at every replay, not the steps one by one."""
+
+    def scaled(x, y):
+        factor = 1.0 / (tg.sqrt(tg.sum(x * x)) + 1e-6)
+        return tg.abs(y * factor + 0.25) * 1.5 - y
+
+    x, y = domain((5,), np.float64, seed=8, special=0.0), domain((3, 4), np.float64, seed=9)
+    step = tg.compile(scaled, gradient=False, fuse=True)
+    step(x, y)
+    stepwise = []
+    original = fusion._stepwise
+    monkeypatch.setattr(fusion, "_stepwise", lambda *a: stepwise.append(1) or original(*a))
+    for _ in range(3):
+        _same_bits(_quiet(step, x, y), _quiet(lambda: tg.data(scaled(x, y))), "a scalar in")
+    assert step.programs()[0].fused >= 1 and not stepwise
+
+
 # --- the compiler and the cache
 def test_no_compiler_replays_unfused_with_one_warning(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-for-tracker-gpu")
