@@ -31,6 +31,11 @@ eagerly: wall time (the best of three) and peak memory (tracemalloc, a run of it
 ratios in this run; then the second call (the first replay, generating) and a later replay.
 `--record-ops 1000000` for a million; `--recording-only` measures this alone.
 
+Half regions: a chain of 11 elementwise operations on 1000x1000 arrays of float16, bfloat16 and
+float32, replayed unfused (NumPy's and ml_dtypes' loops) and fused (one region, each operation
+of a half type computed in float32 and rounded to it, as those loops do), median of `--repeats`
+calls interleaved.
+
 Launches: the kernels one replayed MLP step launches (what its CUDA graph holds, its
 regions fused by the CUDA target) beside an eager step's, counted on the host build
 (`tracker_gpu/compiler/launches.py`: the fused path's kernels, and the arrays library calls
@@ -357,6 +362,41 @@ def guard_cost(calls=20000):
     return len(guards), check, (time.perf_counter() - start) / (calls // 10) * 1e6
 
 
+# --- half precision: a region of float16 or bfloat16 operations, each rounded
+def _half_chain(x, w):
+    y = tg.maximum(x * w + w, w - x) / (w * w + x)
+    return tg.minimum(tg.sqrt(tg.abs(y)) - y * y, x + 2)
+
+
+def half_regions(size=1000, repeats=5):
+    """`{dtype: {"unfused": ms, "fused": ms}}`: a chain of 11 operations on (size, size) arrays
+    in float16 and bfloat16 (and float32, for scale), replayed unfused (NumPy's and ml_dtypes'
+    loops) and fused (one region: each operation in float32, rounded to the half type)."""
+    import ml_dtypes
+
+    rng, found = np.random.default_rng(0), {}
+    for dtype in (np.float16, ml_dtypes.bfloat16, np.float32):
+        x = rng.standard_normal((size, size)).astype(dtype)
+        w = rng.standard_normal(size).astype(dtype)
+        steps = {"unfused": tg.compile(_half_chain, gradient=False, fuse=False),
+                 "fused": tg.compile(_half_chain, gradient=False, fuse=True)}  # fmt: skip
+        with np.errstate(all="ignore"):
+            for step in steps.values():
+                step(x, w), step(x, w)  # records, then generates (and builds)
+            calls = {k: lambda s=s, x=x, w=w: s(x, w) for k, s in steps.items()}
+            times = interleaved(calls, repeats)
+        assert steps["fused"].programs()[0].fused == 1
+        found[np.dtype(dtype).name] = {k: t * 1e3 for k, t in times.items()}
+    return found
+
+
+def report_halves(found):
+    print("a chain of 11 operations on 1000x1000 arrays, ms per call (unfused: NumPy's loops):")
+    for name, ms in found.items():
+        print(f"  {name:9s} unfused {ms['unfused']:7.2f}  fused {ms['fused']:7.2f}  "
+              f"({ms['unfused'] / ms['fused']:.1f}x)")  # fmt: skip
+
+
 # --- recording a long chain
 def recording(ops, runs=3):
     """`{"eager"|"recording"|"first replay"|"replay": {"s": seconds, "MB": peak}}` of the
@@ -547,6 +587,8 @@ def main():
     found = recording(args.record_ops) if args.record_ops else None
     if found:
         report_recording(found, args.record_ops)
+    halves = half_regions()
+    report_halves(halves)
     count, check, call = guard_cost()
     print(f"guards: {count} globals checked before each replay, {check:.2f} us per call "
           f"(the whole compiled call of that function: {call:.1f} us)")  # fmt: skip
@@ -555,7 +597,9 @@ def main():
             units = {"chains": "us per op", "MLP step": "us", "guards": "us per call"}
             guards = {"count": count, "check": check, "call": call}
             units["recording"] = "s, MB peak"
+            units["half regions"] = "ms per call"
             document = {"unit": units, "rows": rows, "guards": guards, "recording": found,
+                        "half regions": halves,
                         "launches": counted}  # fmt: skip
             json.dump(document, f, indent=1)
 

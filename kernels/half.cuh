@@ -58,6 +58,14 @@ static inline float tg_float_of(unsigned int u) {
     return f;
 }
 
+#if defined(__F16C__)
+#include <immintrin.h>
+// x86's F16C instructions, where the host build is made for a CPU that has them (the fused
+// loops of tg.compile, built with -march=native): the same correctly rounded conversions as the
+// integer definitions below (nan widened quiet too), in one instruction each.
+static inline float tg_half_to_float(unsigned short h) { return _cvtsh_ss(h); }
+static inline unsigned short tg_float_to_half(float f) { return _cvtss_sh(f, 0); }  // nearest
+#else
 // A nan is widened quiet, as the hardware's conversions give it: the C++ library's pow treats a
 // signalling nan as no nan (pow(nan, 0) is 1 on the device and in NumPy, nan here otherwise).
 static inline float tg_half_to_float(unsigned short h) {
@@ -83,6 +91,7 @@ static inline unsigned short tg_float_to_half(float f) {
     const float shifted = tg_float_of(a) + 0.5f;
     return (unsigned short)(sign | (tg_bits_of(shifted) - 0x3f000000u));
 }
+#endif
 
 static inline float tg_bfloat16_to_float(unsigned short b) {
     const unsigned int u = (unsigned int)b << 16;

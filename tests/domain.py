@@ -9,10 +9,18 @@ import numpy as np
 SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, -2.0, np.inf, -np.inf, np.nan]
 
 
+def _finfo(dtype):
+    try:
+        import ml_dtypes  # its finfo knows bfloat16 as well as NumPy's own types
+    except ImportError:
+        return np.finfo(dtype)
+    return ml_dtypes.finfo(dtype)
+
+
 def special_values(dtype):
     """Every special value of `dtype`: zeros, units, the smallest subnormal and normal, the
     largest finite, infinities and nan, each with both signs."""
-    info = np.finfo(dtype)
+    info = _finfo(dtype)
     tiny = [info.smallest_subnormal, info.tiny, info.eps]
     huge = [info.max, np.sqrt(info.max), 1 / info.eps]
     values = SPECIAL + tiny + huge + [-v for v in tiny + huge]

@@ -221,8 +221,11 @@ def _installed(module):
 def test_compile(tmp_path):
     out = run("compile.py", "--ops", "40", "--repeats", "2", "--batch", "8", "--record-ops",
               "2000", "--json", str(tmp_path / "c"))  # fmt: skip
-    rows = json.loads((tmp_path / "c").read_text())["rows"]
+    document = json.loads((tmp_path / "c").read_text())
+    rows = document["rows"]
     assert set(rows) == {"chain y*c", "chain mixed", "MLP step"}
+    assert set(document["half regions"]) == {"float16", "bfloat16", "float32"}
+    assert all(ms > 0 for row in document["half regions"].values() for ms in row.values())
     for row in rows.values():
         assert {"tracker_gpu eager", "tracker_gpu compiled", "NumPy by hand"} <= set(row)
         assert all(us > 0 for us in row.values())

@@ -29,6 +29,8 @@ import tracker_gpu as tg
 from tracker_gpu import nn
 from tracker_gpu.compiler import fusion, loops
 
+BF16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+
 pytestmark = pytest.mark.skipif(loops.compiler() is None, reason="no C++ compiler")
 
 
@@ -140,8 +142,10 @@ def _apply(step, values, inputs):
 
 
 def _finite(y):
-    """`y` where it is finite and not huge, else 0: a sum that `back` takes (a finite loss)."""
-    return tg.where(tg.abs(y) < 1e30, y, 0.0)
+    """`y` where it is finite and not huge, else 0: a sum that `back` takes (a finite loss); a
+    half type's made float32 first (its sum would overflow)."""
+    y = tg.where(tg.abs(y) < 1e30, y, 0.0)
+    return tg.astype(y, np.float32) if np.dtype(y.dtype) in fusion.HALVES else y
 
 
 def _inputs(rng, n, dtypes, seed):
@@ -167,7 +171,9 @@ def _quiet(function, *args):
         return function(*args)
 
 
-DTYPES = {"float32": [np.float32], "float64": [np.float64], "mixed": [np.float32, np.float64]}
+DTYPES = {"float32": [np.float32], "float64": [np.float64], "mixed": [np.float32, np.float64],
+          "float16": [np.float16], "bfloat16": [BF16],
+          "halves": [np.float16, np.float32, BF16]}  # fmt: skip
 STATS = {"programs": 0, "fused": 0, "regions": 0, "chains": 0, "outputs": 0, "several": 0}
 
 
@@ -221,7 +227,8 @@ def test_transcendental_programs_within_ulps(seed, dtypes):
         got = _quiet(forward, *inputs)
         assert got.dtype == expected.dtype
         assert_agree(got, expected, ulps=4, signed_zeros=True, what=f"{name} after {plan}")
-        assert forward.programs()[0].fused == 1
+        if dtypes in ("float32", "float64", "mixed"):  # the half types' may be cut or left
+            assert forward.programs()[0].fused == 1
 
 
 def test_the_fuzzer_fused():
@@ -250,6 +257,46 @@ def test_a_chain_of_ten_operations_is_one_kernel():
     program = step.programs()[0]
     assert program.fused == 1 and program.source.count("FK") == 1, program.source
     np.testing.assert_allclose(step(x), tg.data(chain10(x)), rtol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+def test_a_half_chain_is_one_kernel_rounding_each_operation(dtype):
+    """float16 and bfloat16 load and store the half type and compute each operation in float32,
+    rounded to the half type after each, as NumPy and ml_dtypes do: bit for bit over the whole
+    domain (subnormals, overflow to infinity, nan), where rounding once at the end would not."""
+
+    def chain(x, w):
+        y = tg.maximum(x * w + w, w - x) / (w * w + x)
+        return tg.minimum(tg.sqrt(tg.abs(y)) - y * y, x + 2)
+
+    x, w = domain((40, 30), dtype, seed=11), domain((30,), dtype, seed=12)
+    step = tg.compile(chain, gradient=False, fuse=True)
+    _quiet(step, x, w)
+    got, expected = _quiet(step, x, w), _quiet(lambda: tg.data(chain(x, w)))
+    assert step.programs()[0].fused == 1 and got.dtype == dtype
+    _same_bits(got.astype(np.float32), expected.astype(np.float32), "the chain")
+    with np.errstate(all="ignore"):  # the same in float32 rounded once: not the same
+        once = tg.data(chain(x.astype(np.float32), w.astype(np.float32))).astype(dtype)
+    assert not np.array_equal(once.astype(np.float32), expected.astype(np.float32), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+def test_the_loops_half_conversions_are_numpys_for_every_value(dtype):
+    """Every value of the half type through a region that widens it, computes in float32 and
+    rounds back (F16C's instructions where the loops are built for a CPU that has them, the
+    integer conversions elsewhere): NumPy's and ml_dtypes' answers bit for bit."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(dtype)
+    factors = np.asarray([1.0, 1.0009765625, 0.7, 3.0, 1e-3], np.float32)
+
+    def round_trips(x):
+        wide = tg.astype(x, np.float32)
+        return tg.astype(tg.astype(wide * factors[:, None] + wide * 0.0, np.float32), dtype)
+
+    step = tg.compile(round_trips, gradient=False, fuse=True)
+    _quiet(step, x)
+    got, expected = _quiet(step, x), _quiet(lambda: tg.data(round_trips(x)))
+    assert step.programs()[0].fused == 1
+    _same_bits(got.astype(np.float32), expected.astype(np.float32), "round trips")
 
 
 def test_multiplications_by_numbers_fuse_with_their_gradient():

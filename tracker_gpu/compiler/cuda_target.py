@@ -40,7 +40,7 @@ from ..backend import is_cupy, is_numpy_namespace
 from ..cuda.dispatch import on_host_now
 from ..cuda.host import HostLibrary
 from ..cuda.launch import _function, empty, grid_for, launch, on_device
-from ..cuda.sources import EXACT_OPTIONS, Family
+from ..cuda.sources import EXACT_OPTIONS, Family, header
 from . import fusion, loops
 from .codegen import _order
 from .recorder import Call, Walk
@@ -280,10 +280,9 @@ def _kernel(family, name, group):
     NumPy one as the scalar NumPy's own operations give)."""
     outputs = {}  # slot -> (shape, dtype)
     for segment in group.segments:
-        types = loops._types(segment.region())
+        dtypes = loops._dtypes(segment.region())
         for j, slot in segment.outputs:
-            dtype = np.dtype(bool) if types[j] == "bool" else np.dtype(segment.ops[j][1])
-            outputs[slot] = (segment.shape, dtype)
+            outputs[slot] = (segment.shape, np.dtype(dtypes[j]))
     total = sum(int(np.prod(s.shape)) for s in group.segments)
     order = [slot for m in group.members for slot in m.outs]
 
@@ -344,8 +343,11 @@ _LOOP = (
 
 def source(launches):
     """The CUDA source of the launches' kernels, `tg_fused_<k>`: a template over T (unused: the
-    types are the regions' own) calling one device function per segment."""
-    return "".join(_launch_source(f"tg_fused_{k}", g) for k, g in enumerate(launches))
+    types are the regions' own) calling one device function per segment; `half.cuh` first
+    where a value is of a half type."""
+    regions = [segment.region() for group in launches for segment in group.segments]
+    halves = header("half") if loops.uses_halves(regions) else ""
+    return halves + "".join(_launch_source(f"tg_fused_{k}", g) for k, g in enumerate(launches))
 
 
 def _launch_source(name, group):
@@ -371,10 +373,11 @@ __global__ void {name}({", ".join(params)}) {{
 
 
 def _segment_params(region, outputs, prefix=""):
-    types = loops._types(region)
+    dtypes = loops._dtypes(region)
     inputs = [f"const {loops._ctype(dtype)}* {prefix}x{k}" for k, (dtype, _) in
               enumerate(region.inputs)]  # fmt: skip
-    return inputs + [f"{types[j]}* {prefix}y{m}" for m, (j, _) in enumerate(outputs)]
+    stored = [loops._ctype(dtypes[j]) for j, _ in outputs]
+    return inputs + [f"{ctype}* {prefix}y{m}" for m, ctype in enumerate(stored)]
 
 
 def _segment_function(name, region, outputs):
@@ -398,9 +401,12 @@ def _segment_function(name, region, outputs):
             if mask[a]:
                 later = [lengths[b] for b in range(a + 1, d) if mask[b]]
                 terms.append(f"c{a} * {int(np.prod(later))}LL" if later else f"c{a}")
-        ctype = loops._ctype(region.inputs[k][0])
-        lines.append(f"    const {ctype} a{k} = x{k}[{' + '.join(terms) or '0'}];")
+        dtype = region.inputs[k][0]
+        value = loops.loaded(f"x{k}[{' + '.join(terms) or '0'}]", dtype)
+        lines.append(f"    const {loops._compute(dtype)} a{k} = {value};")
     lines += [f"    {line}" for line in loops._body(region)]
-    lines += [f"    y{m}[i] = t{j};" for m, (j, _) in enumerate(outputs)]
+    dtypes = loops._dtypes(region)
+    lines += [f"    y{m}[i] = {loops.stored(f't{j}', dtypes[j])};"
+              for m, (j, _) in enumerate(outputs)]  # fmt: skip
     lines.append("}")
     return "\n".join(lines) + "\n"

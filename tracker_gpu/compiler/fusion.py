@@ -2,14 +2,16 @@
 
 After recording, the forward steps (`Call`s) that are elementwise operations this pass knows
 (`OPS`: arithmetic with broadcasting, the standard's unary functions, `maximum`, `minimum`,
-`where`, `clip`, comparisons, casts between float32 and float64, `relu` and `sigmoid`, with
-Python numbers as weakly typed constants) are grouped into regions. A step joins the region
-of the steps that read its value; where something outside the region reads it too (a pullback
-that saved it, another step, the result), the region writes it out as one more output of the
-same loop, provided that the value has the region's shape and that every outside reader comes
-after the region (which stands where its last step stood). Each region that pays becomes one
-`Fused` step that reads the region's inputs once and writes its outputs once; the replaced
-steps stay with it, so that the backward pass pulls their nodes back exactly as before.
+`where`, `clip`, comparisons, casts between the float dtypes, `relu` and `sigmoid`, with Python
+numbers as weakly typed constants; float16 and bfloat16 too, each operation computed in float32
+and rounded to the half type, as NumPy and ml_dtypes compute it) are grouped into regions. A
+step joins the region of the steps that read its value; where something outside the region
+reads it too (a pullback that saved it, another step, the result), the region writes it out as
+one more output of the same loop, provided that the value has the region's shape and that every
+outside reader comes after the region (which stands where its last step stood). Each region
+that pays becomes one `Fused` step that reads the region's inputs once and writes its outputs
+once; the replaced steps stay with it, so that the backward pass pulls their nodes back exactly
+as before.
 
 A region computes what the steps computed, operation for operation, each in the dtype NumPy
 computes it in (`np.result_type`, Python numbers weak), inputs cast as NumPy casts them: the
@@ -40,8 +42,24 @@ from .recorder import Call, Walk
 
 __all__ = ["Fused", "Region", "Target", "HOST", "fuse", "regions", "OPS", "INEXACT"]
 
-FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # what backward chains take
 BOOL = np.dtype(bool)
+
+
+def _halves():
+    """float16, and ml_dtypes' bfloat16 where it is installed."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return (np.dtype(np.float16),)
+    return np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)
+
+
+# What forward regions compute in: a half type's operation in float32, rounded to it, as NumPy
+# and ml_dtypes compute each (exact for the correctly rounded operations: float32 has more than
+# twice the bits of either, so rounding twice rounds as once).
+HALVES = _halves()
+VALUES = FLOATS + HALVES
 
 
 @dataclass
@@ -169,42 +187,48 @@ def _promoted(kinds):
     arrays = _arrays(kinds)
     if not arrays:
         return None
-    return np.result_type(*(k[1] for k in arrays), *(k[1] for k in kinds if k[0] == "weak"))
+    try:
+        return np.result_type(*(k[1] for k in arrays), *(k[1] for k in kinds if k[0] == "weak"))
+    except TypeError:  # float16 and bfloat16 have none: the step stays NumPy's (ml_dtypes')
+        return None
 
 
 def _check_binary(op, out, kinds, step):
-    if len(kinds) != 2 or step.kw or out not in FLOATS:
+    if len(kinds) != 2 or step.kw or out not in VALUES:
         return False
-    if any(k[0] == "none" or (k[0] == "array" and k[1] not in (*FLOATS, BOOL)) for k in kinds):
+    if any(k[0] == "none" or (k[0] == "array" and k[1] not in (*VALUES, BOOL)) for k in kinds):
         return False
     return _promoted(kinds) == out
 
 
 def _check_unary(op, out, kinds, step):
+    if op == "sigmoid" and out in HALVES:  # several operations in the rule, each rounded
+        return False
     return (len(kinds) == 1 and not step.kw and kinds[0][0] == "array"
-            and kinds[0][1] == out and out in FLOATS)  # fmt: skip
+            and kinds[0][1] == out and out in VALUES)  # fmt: skip
 
 
 def _check_compare(op, out, kinds, step):
     if len(kinds) != 2 or step.kw or out != BOOL:
         return False
-    if any(k[0] == "none" or (k[0] == "array" and k[1] not in FLOATS) for k in kinds):
+    if any(k[0] == "none" or (k[0] == "array" and k[1] not in VALUES) for k in kinds):
         return False
-    return _promoted(kinds) in FLOATS
+    promoted = _promoted(kinds)  # None is no dtype (though np.dtype(None) is float64)
+    return promoted is not None and promoted in VALUES
 
 
 def _check_where(op, out, kinds, step):
-    if len(kinds) != 3 or step.kw or out not in FLOATS:
+    if len(kinds) != 3 or step.kw or out not in VALUES:
         return False
     condition, *values = kinds
     if condition[0] != "array" or condition[1] != BOOL:
         return False
-    return all(k[0] == "weak" or (k[0] == "array" and k[1] in FLOATS) for k in values)
+    return all(k[0] == "weak" or (k[0] == "array" and k[1] in VALUES) for k in values)
 
 
 def _check_clip(op, out, kinds, step):
     """`clip(x, lo, hi)` with bounds that are None or numbers (not nan)."""
-    if len(kinds) != 3 or step.kw or out not in FLOATS:
+    if len(kinds) != 3 or step.kw or out not in VALUES:
         return False
     x, *bounds = kinds
     if x[0] != "array" or x[1] != out or all(b[0] == "none" for b in bounds):
@@ -213,9 +237,11 @@ def _check_clip(op, out, kinds, step):
 
 
 def _check_astype(op, out, kinds, step):
-    if out not in FLOATS or set(step.kw) - {"copy"}:
+    if out not in VALUES or set(step.kw) - {"copy"}:
         return False
-    return kinds[0][0] == "array" and kinds[0][1] in FLOATS
+    if out in HALVES and kinds[0][1] == np.float64:  # through float32 would round twice
+        return False
+    return kinds[0][0] == "array" and kinds[0][1] in VALUES
 
 
 _CHECKS = {"binary": _check_binary, "unary": _check_unary, "compare": _check_compare,

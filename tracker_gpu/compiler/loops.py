@@ -6,7 +6,10 @@ strides of its broadcast, the region's operations written with the expression co
 generated CUDA kernels (`cuda/codegen.py`: its `C` table and its constants), each operation in
 the C type of the dtype NumPy computes it in. Only the loop differs from a GPU kernel. What
 depends on inputs broadcast along every axis only (Adam's bias corrections, from 0-d step
-counts) is computed once, before the loops, as NumPy computes it once on 0-d arrays.
+counts) is computed once, before the loops, as NumPy computes it once on 0-d arrays. float16
+and bfloat16 are stored as the half types of `kernels/half.cuh` and each operation on them is
+computed in float and rounded to the half type, as NumPy and ml_dtypes compute it (F16C's
+conversions where the CPU has them).
 
 The functions of one program are one source, built by the C++ compiler found on the PATH (`CXX`
 names another; a name that finds nothing means no compiler) with IEEE semantics kept
@@ -41,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cuda.codegen import C, constant
+from ..cuda.sources import header
 
 __all__ = [
     "build",
@@ -58,7 +62,8 @@ FLAGS = ["-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fno
 VECTORISE = True  # the machine's instruction set (-march=native); False: scalar loops
 THREADS = [1 << 20, 0]  # from how many elements a region runs on threads, and on how many
 RELEASE_FROM = 1 << 15  # from how many elements a call releases the GIL
-_CTYPE = {"float32": "float", "float64": "double", "bool": "bool"}
+_HALF = {"float16": "tg_half", "bfloat16": "tg_bfloat16"}  # stored so, computed in float
+_CTYPE = {"float32": "float", "float64": "double", "bool": "bool", **_HALF}
 _PRELUDE = r"""#include <cmath>
 #include <cstring>
 using std::cos; using std::cosh; using std::exp; using std::expm1; using std::fabs;
@@ -70,6 +75,7 @@ static inline double __longlong_as_double(long long bits) {
     return value;
 }
 """
+HALF_PRELUDE = "#define __device__\n#define __forceinline__ inline\n"  # half.cuh on the host
 COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
 # what `C` does not name, in the same notation: the rules' own forwards, operation for operation
 _MORE = {
@@ -127,7 +133,30 @@ def default_fuse():
 
 # --- the source
 def _ctype(dtype):
+    """The C type an array of `dtype` is stored as."""
     return _CTYPE[str(dtype)]
+
+
+def _compute(dtype):
+    """The C type a value of `dtype` is computed in: float for the half types (`half.cuh`)."""
+    return "float" if str(dtype) in _HALF else _CTYPE[str(dtype)]
+
+
+def loaded(expression, dtype):
+    """An element of an array of `dtype`, widened to its compute type (exact)."""
+    return f"load({expression})" if str(dtype) in _HALF else expression
+
+
+def stored(expression, dtype):
+    """A computed value as an element of an array of `dtype` (rounded once for a half type)."""
+    return f"store<{_HALF[str(dtype)]}>({expression})" if str(dtype) in _HALF else expression
+
+
+def uses_halves(regions):
+    """Whether any value of `regions` is of a half type (their source needs `half.cuh`)."""
+    dtypes = {str(d) for r in regions for d, _ in r.inputs} | {
+        str(d) for r in regions for _, d, _ in r.ops}  # fmt: skip
+    return bool(dtypes & set(_HALF))
 
 
 def _merged(region):
@@ -162,15 +191,22 @@ def _literal(value, dtype):
 
 
 def _types(region):
-    """The C type of each op's value."""
-    return ["bool" if op in COMPARISONS else _ctype(dtype) for op, dtype, _ in region.ops]
+    """The C type of each op's value, as computed (float for a half type)."""
+    return ["bool" if op in COMPARISONS else _compute(dtype) for op, dtype, _ in region.ops]
+
+
+def _dtypes(region):
+    """The dtype of each op's value (bool for a comparison)."""
+    return [np.dtype(bool) if op in COMPARISONS else dtype for op, dtype, _ in region.ops]
 
 
 def _body(region):
-    """The statements computing each op's value `t<j>` from the inputs' values `a<k>`."""
+    """The statements computing each op's value `t<j>` from the inputs' values `a<k>` (each
+    in its compute type). An op of a half type is computed in float and rounded to the half
+    type, as NumPy (and ml_dtypes) compute each operation: the next one reads it rounded."""
     types, lines = _types(region), []
     for j, (op, dtype, operands) in enumerate(region.ops):
-        compute = _ctype(dtype)
+        compute = _compute(dtype)
         values = []
         for position, (kind, what) in enumerate(operands):
             if kind == "const":
@@ -179,17 +215,27 @@ def _body(region):
             if kind == "none":
                 values.append(None)
                 continue
-            name, ctype = (f"a{what}", _ctype(region.inputs[what][0])) if kind == "in" else (
+            name, ctype = (f"a{what}", _compute(region.inputs[what][0])) if kind == "in" else (
                 f"t{what}", types[what])  # fmt: skip
             keep = op == "where" and position == 0  # the condition stays a bool
             values.append(name if keep or ctype == compute else f"static_cast<T>({name})")
-        statement = _expression(op, values, f"t{j}")
+        statement = _expression(op, values, f"t{j}", str(dtype))
+        if types[j] != "bool" and str(dtype) in _HALF:
+            statement += f" t{j} = load({stored(f't{j}', dtype)});"
         lines.append(f"{types[j]} t{j}; {{ typedef {compute} T; {statement} }}")
     return lines
 
 
-def _expression(op, values, t):
-    """The statement(s) giving the op's local `t` its value."""
+# NumPy's float16 maximum and minimum keep the first operand on a tie (+0 and -0), where its
+# float32 and float64 loops (and ml_dtypes' bfloat16) keep the second
+_FLOAT16 = {
+    "maximum": "({0} >= {1} || {0} != {0} ? {0} : {1})",
+    "minimum": "({0} <= {1} || {0} != {0} ? {0} : {1})",
+}
+
+
+def _expression(op, values, t, dtype=None):
+    """The statement(s) giving the op's local `t` (of `dtype`) its value."""
     if op == "sigmoid":  # the rule's forward: exp(-|x|), then a selection of two quotients
         x = values[0]
         return (f"const T e = exp(-fabs({x})); {t} = ({x} >= T(0) ? T(1) / (T(1) + e) "
@@ -201,7 +247,7 @@ def _expression(op, values, t):
         if lo is None:
             return f"{t} = {C['minimum'].format(x, hi)};"
         return f"T r = {x} < {lo} ? {lo} : {x}; {t} = r > {hi} ? {hi} : r;"
-    template = _MORE.get(op) or C[op]
+    template = (dtype == "float16" and _FLOAT16.get(op)) or _MORE.get(op) or C[op]
     return f"{t} = {template.format(*values)};"
 
 
@@ -225,7 +271,8 @@ def _function(name, region):
     invariant = [not any(mask) for mask in masks]
     hoisted = _hoisted(region, invariant)
     written = region.written()
-    out_types = [_types(region)[j] for j in written]
+    out_dtypes = [_dtypes(region)[j] for j in written]
+    out_types = [_ctype(dtype) for dtype in out_dtypes]
     inputs = [_ctype(dtype) for dtype, _ in region.inputs]
     params = [f"const {t}* __restrict x{k}" for k, t in enumerate(inputs)]
     params += [f"{t}* __restrict y{m}" for m, t in enumerate(out_types)]
@@ -238,9 +285,9 @@ def _function(name, region):
                 later = [f"n{b}" for b in range(a + 1, d) if mask[b]] or ["1LL"]
                 lines.append(f"    const long long s{k}_{a} = {' * '.join(later)};")
     body = _body(region)
-    for k, ctype in enumerate(inputs):
+    for k, (dtype, _) in enumerate(region.inputs):
         if invariant[k]:
-            lines.append(f"    const {ctype} a{k} = x{k}[0];")
+            lines.append(f"    const {_compute(dtype)} a{k} = {loaded(f'x{k}[0]', dtype)};")
     lines += [f"    {body[j]}" for j in sorted(hoisted)]
     for a in range(d - 1):
         first, last = ("lo", "hi") if a == 0 else ("0", f"n{a}")
@@ -256,9 +303,13 @@ def _function(name, region):
     for k, mask in enumerate(masks):
         if not invariant[k]:
             index = f"o{k} + i" if mask[d - 1] else f"o{k}"
-            lines.append(f"        const {inputs[k]} a{k} = x{k}[{index}];")
+            dtype = region.inputs[k][0]
+            lines.append(
+                f"        const {_compute(dtype)} a{k} = {loaded(f'x{k}[{index}]', dtype)};"
+            )
     lines += [f"        {line}" for j, line in enumerate(body) if j not in hoisted]
-    lines += [f"        y{m}[oy + i] = t{j};" for m, j in enumerate(written)]
+    lines += [f"        y{m}[oy + i] = {stored(f't{j}', out_dtypes[m])};"
+              for m, j in enumerate(written)]  # fmt: skip
     lines.append("    }")
     lines += ["    }"] * (d - 1)
     lines.append("}")
@@ -282,7 +333,8 @@ def source(regions, head=16, items=24):
     """The C++ source of the regions' functions, `tg_region_<k>`; `head`: the size of a Python
     object's header, where an ndarray's data pointer follows (NumPy's `PyArrayObject_fields`);
     `items`: where a tuple's items begin (CPython's `PyTupleObject`)."""
-    prelude = (_PRELUDE + f"#define TG_DATA(p) (*(char**)((char*)(p) + {head}))\n"
+    halves = HALF_PRELUDE + header("half") if uses_halves(regions) else ""
+    prelude = (_PRELUDE + halves + f"#define TG_DATA(p) (*(char**)((char*)(p) + {head}))\n"
                f"#define TG_ITEM(t, k) (*(void**)((char*)(t) + {items} + 8 * (k)))\n"
                + _PROBE)  # fmt: skip
     return prelude + "".join(_function(f"tg_region_{k}", r) for k, r in enumerate(regions))
