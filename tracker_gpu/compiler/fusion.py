@@ -416,7 +416,7 @@ def fuse(program, arrays, orders, build, exact=False, target=None):
     return steps, len(found)
 
 
-NUMPY_SCALARS = frozenset(np.dtype(c).type for c in "efdgbhilqBHILQ?")
+NUMPY_SCALARS = frozenset(np.dtype(c).type for c in "efdgbhilqBHILQ?") | {d.type for d in HALVES}
 
 
 def _guarded(kernel, region, calls, inputs, start, outs):
