@@ -58,13 +58,23 @@ static inline float tg_float_of(unsigned int u) {
     return f;
 }
 
-#if defined(__F16C__)
-#include <immintrin.h>
-// x86's F16C instructions, where the host build is made for a CPU that has them (the fused
-// loops of tg.compile, built with -march=native): the same correctly rounded conversions as the
-// integer definitions below (nan widened quiet too), in one instruction each.
-static inline float tg_half_to_float(unsigned short h) { return _cvtsh_ss(h); }
-static inline unsigned short tg_float_to_half(float f) { return _cvtss_sh(f, 0); }  // nearest
+#if defined(__F16C__) && defined(__FLT16_MAX__)
+// The compiler's _Float16, where the host build is made for an x86 CPU with F16C (the fused
+// loops of tg.compile, built with -march=native): its conversions are F16C's instructions, the
+// same correctly rounded conversions as the integer definitions below (nan widened quiet too),
+// in one instruction each.
+static inline float tg_half_to_float(unsigned short h) {
+    _Float16 v;
+    std::memcpy(&v, &h, sizeof v);
+    return (float)v;
+}
+
+static inline unsigned short tg_float_to_half(float f) {
+    const _Float16 v = (_Float16)f;  // to nearest even
+    unsigned short h;
+    std::memcpy(&h, &v, sizeof h);
+    return h;
+}
 #else
 // A nan is widened quiet, as the hardware's conversions give it: the C++ library's pow treats a
 // signalling nan as no nan (pow(nan, 0) is 1 on the device and in NumPy, nan here otherwise).

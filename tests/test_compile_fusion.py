@@ -177,8 +177,17 @@ DTYPES = {"float32": [np.float32], "float64": [np.float64], "mixed": [np.float32
 STATS = {"programs": 0, "fused": 0, "regions": 0, "chains": 0, "outputs": 0, "several": 0}
 
 
-@pytest.mark.parametrize("dtypes", list(DTYPES))
-@pytest.mark.parametrize("seed", range(12))
+FLOAT_DTYPES = ("float32", "float64", "mixed")
+
+
+def _seeds(floats, halves):
+    """`(seed, dtypes)` pairs: `floats` seeds of float32, float64 and mixed, `halves` of the
+    half types' (whose programs take longer to build)."""
+    counts = {name: floats if name in FLOAT_DTYPES else halves for name in DTYPES}
+    return [(seed, name) for name, count in counts.items() for seed in range(count)]
+
+
+@pytest.mark.parametrize(("seed", "dtypes"), _seeds(12, 4))
 def test_arithmetic_programs_bit_for_bit(seed, dtypes):
     """Correctly rounded operations only: the fused replay is the eager run bit for bit, its
     values (returned as they are) and its gradients (of their sum)."""
@@ -208,8 +217,7 @@ def test_arithmetic_programs_bit_for_bit(seed, dtypes):
         STATS["several"] += sum(count > 1 for count in written)
 
 
-@pytest.mark.parametrize("dtypes", list(DTYPES))
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(("seed", "dtypes"), _seeds(8, 3))
 def test_transcendental_programs_within_ulps(seed, dtypes):
     """With one function of the C library's (exp, log, sin, tanh, sigmoid, ...) after exact
     arithmetic: the fused values are within 4 units in the last place of NumPy's, with the
@@ -227,7 +235,7 @@ def test_transcendental_programs_within_ulps(seed, dtypes):
         got = _quiet(forward, *inputs)
         assert got.dtype == expected.dtype
         assert_agree(got, expected, ulps=4, signed_zeros=True, what=f"{name} after {plan}")
-        if dtypes in ("float32", "float64", "mixed"):  # the half types' may be cut or left
+        if dtypes in FLOAT_DTYPES:  # the half types' may be cut or left
             assert forward.programs()[0].fused == 1
 
 
