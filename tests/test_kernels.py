@@ -209,6 +209,8 @@ def test_onehot_forward_agrees_with_the_generic_rule_everywhere(dtype, labels):
     expected = _onehot_forward(np, labels, **like)
     assert fused.dtype == expected.dtype and fused.shape == expected.shape
     assert np.array_equal(fused.astype(np.float64), expected.astype(np.float64), equal_nan=True)
+    with on_host():  # labels on another device than the scores': the generic rule's to refuse
+        assert FORWARDS["onehot"](labels, **{**like, "device": "gpu:1"}) is None
 
 
 def test_the_loss_of_class_labels_is_the_generic_one_through_the_fused_one_hot():

@@ -5,6 +5,9 @@ makes of class labels (forward), one block per row
 would leave most of a GPU idle when such rows are few. float16 and bfloat16 rows are computed in
 float32 (the row's maximum, sums and the cross-entropy's per-row sums included)."""
 
+import numpy as np
+
+from ..backend import device_of
 from .dispatch import register, takes
 from .fused import STORAGE, accumulate, device_scalar, readable, ready, tracked
 from .launch import MAX_GRID, empty, empty_like, launch
@@ -103,11 +106,14 @@ def logitcrossentropy_pullback(ans, args, values, kw, g, pending):
 
 
 @register("forward", "onehot")
-def onehot_forward(labels, /, *, classes, axis, ndim, dtype, check, **_):
+def onehot_forward(labels, /, *, classes, axis, ndim, dtype, check, device, **_):
     """One-hot targets of `dtype` from integer class labels, the classes on the last axis, in
     one launch; a label out of range gives a row of nan. Where the rule checks the range
-    (`check`: a synchronisation, the host's default) the generic rule runs instead."""
+    (`check`: a synchronisation, the host's default), or the labels are on another device
+    than the scores (`device`), the generic rule runs instead."""
     if check or not (axis == ndim - 1 and labels.ndim == ndim - 1 and takes(labels)):
+        return None
+    if device != ("cpu" if type(labels) is np.ndarray else device_of(labels)):
         return None
     if str(dtype) not in STORAGE or labels.dtype.kind not in "iu":
         return None
