@@ -416,9 +416,6 @@ def fuse(program, arrays, orders, build, exact=False, target=None):
     return steps, len(found)
 
 
-NUMPY_SCALARS = frozenset(np.dtype(c).type for c in "efdgbhilqBHILQ?") | {d.type for d in HALVES}
-
-
 def _guarded(kernel, region, calls, inputs, start, outs):
     """The kernel, called on arrays of the recorded dtypes and shapes (made C-contiguous where
     they are not; a NumPy scalar made a 0-d array); anything else (a gradient that is None,
@@ -429,7 +426,7 @@ def _guarded(kernel, region, calls, inputs, start, outs):
     def checked(values):
         ready = []
         for value, (dtype, shape) in zip(values, expected):
-            if type(value) in NUMPY_SCALARS:  # a reduction's 0-d result, as NumPy gives it
+            if isinstance(value, np.generic):  # a reduction's 0-d result, as NumPy gives it
                 value = np.asarray(value)
             if type(value) is not ndarray or value.dtype != dtype or value.shape != shape:
                 return _stepwise(calls, slots, values, start, outs)

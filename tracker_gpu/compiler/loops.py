@@ -190,14 +190,14 @@ def _literal(value, dtype):
     return f"T({converted.hex()})"
 
 
-def _types(region):
-    """The C type of each op's value, as computed (float for a half type)."""
-    return ["bool" if op in COMPARISONS else _compute(dtype) for op, dtype, _ in region.ops]
-
-
 def _dtypes(region):
     """The dtype of each op's value (bool for a comparison)."""
     return [np.dtype(bool) if op in COMPARISONS else dtype for op, dtype, _ in region.ops]
+
+
+def _types(region):
+    """The C type of each op's value, as computed (float for a half type)."""
+    return [_compute(dtype) for dtype in _dtypes(region)]
 
 
 def _body(region):

@@ -7,7 +7,7 @@ import math
 
 from .dispatch import register
 from .fused import ready
-from .launch import MAX_GRID, empty, empty_like, grid_for, launch, library
+from .launch import empty, empty_like, grid_for, launch, library
 
 __all__ = []
 
@@ -72,7 +72,7 @@ def all_finite(*arrays):
     per eight arrays writes each block's answer, one reduction of them gives the flag."""
     if not arrays or not ready(*arrays):
         return None
-    first, blocks = arrays[0], min(grid_for(max(a.size for a in arrays)), MAX_GRID, 1024)
+    first, blocks = arrays[0], min(grid_for(max(a.size for a in arrays)), 1024)
     groups = [arrays[i : i + FINITE_SLOTS] for i in range(0, len(arrays), FINITE_SLOTS)]
     partial = empty((len(groups) * blocks,), first, "bool")
     for j, group in enumerate(groups):
