@@ -1,6 +1,7 @@
 """The benchmark scripts run to the end and write what they promise (no timing is asserted)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -183,6 +184,33 @@ def test_ci_gpu_times_bfloat16_only_where_cupy_has_it():
     assert run_steps == ["text-16"] and "no bfloat16" in skipped["text-bf16"]
     run_steps, skipped = ci_gpu.plan_steps(args, {"gpus": 1, "cupy_bfloat16": True})
     assert run_steps == ["text-16", "text-bf16"] and not skipped
+
+
+def test_ci_gpu_runs_the_pytest_steps_on_workers_when_asked(tmp_path):
+    out = run(CI_GPU, "--dry-run", "--workers", "6", "--only", "matrix", "--only", "fuzz")
+    assert "ci/matrix cupy -- -n 6" in out
+    assert "test_fused_fuzz.py --backend cupy -q -p no:cacheprovider -n 6" in out
+    assert " -n " not in run(CI_GPU, "--dry-run", "--only", "matrix", "--only", "fuzz")
+
+
+def test_a_ci_gpu_step_out_of_time_is_interrupted_and_still_reports(monkeypatch):
+    """A step past its limit gets SIGINT first (pytest then writes its summary), also where the
+    shell that started ci/gpu made SIGINT ignored, and is killed only after the grace period."""
+    import signal
+
+    ci_gpu = _ci_gpu_module()
+    monkeypatch.setattr(ci_gpu, "GRACE", 20)
+    child = (
+        "import time\n"
+        "try:\n    print('started', flush=True); time.sleep(60)\n"
+        "except KeyboardInterrupt:\n    print('interrupted: the summary', flush=True)\n"
+    )
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job of a shell
+    try:
+        rc, output = ci_gpu.run([sys.executable, "-c", child], ROOT, dict(os.environ), 2)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert rc == 124 and "interrupted: the summary" in output and "stopped after 2 s" in output
 
 
 def test_ci_gpu_machine_facts():
