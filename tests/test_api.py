@@ -65,6 +65,24 @@ def test_gradient_of_several_arguments_and_numbers():
     assert float(gx) == 4.0 and float(gy) == 4.0
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_number_beside_an_array_is_a_parameter_of_its_library(backend, compiled):
+    """A Python number differentiated beside arrays of a library that does not mix with NumPy's
+    (CuPy, PyTorch, array-api-strict) becomes a 0-d array of that library, on their device."""
+    x = backend.asarray([1.0, 2.0])
+    gradient = tg.compile(lambda x, a: tg.sum(x * a * a), gradient=True) if compiled else None
+    for a in (2.0, 3.0):  # a second call replays the compiled step
+        if compiled:
+            gx, ga = gradient(x, a).grad
+        else:
+            gx, ga = tg.gradient(lambda x, a: tg.sum(x * a * a), x, a)
+        assert np.array_equal(backend.to_numpy(gx), [a * a, a * a])
+        assert float(backend.to_numpy(ga)) == 2 * a * 3.0  # d/da of a² (1 + 2)
+        if backend.name != "dask":
+            assert tg.backend.device_of(ga) == backend.device
+            assert tg.backend.namespace_of(ga) is tg.backend.namespace_of(tg.data(gx))
+
+
 def test_gradient_over_named_tuples_lists_and_dataclasses():
     Pair = namedtuple("Pair", "w b")
 

@@ -300,7 +300,7 @@ def track_inputs(args, nest, chosen=None):
     """
     if chosen is None:
         chosen = frozenset(range(len(args)))
-    args = tuple(top_level(a, i) if i in chosen else a for i, a in enumerate(args))
+    args = top_levels(args, chosen)
     inputs, given = {}, {}
     tracked_args = tuple(
         _track(a, inputs, given, nest) if i in chosen else _as_data(a) for i, a in enumerate(args)
@@ -332,11 +332,32 @@ def _as_data(tree):
     return tree_map(lambda x: _traced_data(x, traced), tree)
 
 
-def top_level(x, position):
-    """A top-level float (complex) becomes a 0-d float64 (complex128) array, a parameter; the
-    surprising cases warn."""
+def top_levels(args, chosen):
+    """`args` with each top-level number at the positions `chosen` made a parameter."""
+    home = _home(args) if any(type(a) in (float, complex) for a in args) else None
+    return tuple(top_level(a, i, home) if i in chosen else a for i, a in enumerate(args))
+
+
+def _home(args):
+    """`(namespace, device)` of the arguments' first array of a library that does not mix with
+    NumPy's arrays (CuPy, PyTorch, array-api-strict), or None."""
+    for x in tree_leaves(args):
+        x = x.data if isinstance(x, TrackedArray) else x
+        if backend.is_array(x) and not isinstance(x, (np.ndarray, np.generic)):
+            if not backend.is_lazy(x):  # Dask takes NumPy's arrays as operands
+                return backend.namespace_of(x), backend.device_of(x)
+    return None
+
+
+def top_level(x, position, home=None):
+    """A top-level float (complex) becomes a 0-d float64 (complex128) array, a parameter: of the
+    library and device of the other arguments' arrays (`home`), else NumPy's. The surprising
+    cases warn."""
     if type(x) in (float, complex):
-        return np.asarray(x)
+        if home is None:
+            return np.asarray(x)
+        xp, device = home
+        return xp.asarray(x, dtype=xp.float64 if type(x) is float else xp.complex128, device=device)
     if type(x) is int:
         _warn(
             f"argument {position} is the integer {x}: integers are data and get no gradient; "

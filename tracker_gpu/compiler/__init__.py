@@ -47,7 +47,7 @@ from ..api import (
     backprop,
     gradients_in_place,
     positions,
-    top_level,
+    top_levels,
     track_inputs,
     withgradient,
 )
@@ -126,9 +126,7 @@ class Compiled:
         memo = {}
         chosen = positions(self.wrt, len(args))  # a Python number outside wrt stays one
         original, warned = args, any(_top_level_number(args[i]) for i in chosen)
-        args = tuple(
-            _prepared(top_level(a, i) if i in chosen else a, memo) for i, a in enumerate(args)
-        )
+        args = tuple(_prepared(a, memo) for a in top_levels(args, chosen))
         kwargs_given = kwargs
         if kwargs:  # by name: the order they are written in does not matter
             kwargs = {k: _prepared(kwargs[k], memo) for k in sorted(kwargs)}
