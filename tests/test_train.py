@@ -74,14 +74,31 @@ def test_a_stopped_run_resumes_bit_for_bit(backend, data, tmp_path):
         assert np.array_equal(backend.to_numpy(ours[key]), backend.to_numpy(theirs[key])), key
 
 
-def test_a_nan_loss_is_a_clear_error(backend, data):
-    model = train_module.mlp(rng=np.random.default_rng(0), xp=backend.xp, device=backend.device)
+def _poisoned(model):
     last = model.layers[-1]
-    poisoned = dataclasses.replace(last, bias=last.bias * math.nan)
-    model = nn.Chain(*model.layers[:-1], poisoned)
-    state = optim.setup(optim.Adam(), model)
-    with pytest.raises(tg.BackError, match="loss is nan"):
-        train_module.train_step(model, state, data.train_x[:4, ...], data.train_y[:4])
+    return nn.Chain(*model.layers[:-1], dataclasses.replace(last, bias=last.bias * math.nan))
+
+
+@pytest.mark.parametrize("synchronised", [True, False], ids=["checked", "unchecked"])
+def test_a_nan_loss_is_a_clear_error(backend, data, synchronised):
+    """A step's check of its loss reads the loss back: always on the host, on a GPU only where
+    synchronised checks are asked for. Unchecked (a GPU's default), the loop's check of the
+    epoch's loss names the epoch."""
+    model = train_module.mlp(rng=np.random.default_rng(0), xp=backend.xp, device=backend.device)
+    state = optim.setup(optim.Adam(), _poisoned(model))
+    with tg.sync_checks(synchronised):
+        if synchronised:
+            with pytest.raises(tg.BackError, match="loss is nan"):
+                train_module.train_step(
+                    _poisoned(model), state, data.train_x[:4, ...], data.train_y[:4]
+                )
+
+        def step(model, state, x, y):
+            return train_module.train_step(_poisoned(model), state, x, y)
+
+        where = dict(xp=backend.xp, device=backend.device, data=data, epochs=1, step=step)
+        with pytest.raises(FloatingPointError, match="mlp: the loss became nan in epoch 1"):
+            train_module.train("mlp", **where)
 
 
 def test_the_command_line(tmp_path, capsys):
