@@ -69,7 +69,10 @@ def test_jacfwd_equals_the_reverse_mode_jacobian(backend, name):
     x, y = (backend.asarray(rng.standard_normal(s)) for s in shapes)
     forward = tg.jacfwd(lambda x: f(x, y), x)
     reverse = tg.jacobian(lambda x: f(x, y), x)
-    np.testing.assert_allclose(backend.to_numpy(forward), backend.to_numpy(reverse), rtol=1e-12)
+    forward, reverse = backend.to_numpy(forward), backend.to_numpy(reverse)
+    # the two modes add the same products in other orders (a GPU's BLAS too): an entry that
+    # cancels to near zero is as exact as the largest entry, not as itself
+    np.testing.assert_allclose(forward, reverse, rtol=1e-12, atol=1e-14 * np.abs(reverse).max())
 
 
 # --- wrt
