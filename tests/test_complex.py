@@ -3,6 +3,10 @@ dL/da + i dL/db), on every backend: elementwise functions, reductions, shape and
 operations against finite differences along both axes of each element; the same functions
 against PyTorch's autograd; second derivatives; the fused path and `broadcast`."""
 
+import sys
+import types
+
+import array_api_compat.numpy
 import numpy as np
 import pytest
 from helpers import check_like, lazy_options, numpy_of, on_backend
@@ -173,6 +177,23 @@ def test_shape_and_indexing_pass_complex_gradients(backend, name):
             "take_along_axis": lambda z: tg.take_along_axis(z, index, axis=1),
         }[name]
     check_complex(backend, f, backend.asarray(complex_values((3, 4))))
+
+
+def test_a_scatter_add_that_refuses_complex_adds_the_parts(monkeypatch):
+    """CuPy's scatter-add (the pullback of indexing) refuses complex dtypes; imitated on NumPy."""
+
+    def real_only(z, key, values):
+        if z.dtype.kind == "c" or values.dtype.kind == "c":
+            raise TypeError("add.at of a complex dtype")
+        np.add.at(z, key, values)
+
+    monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(scatter_add=real_only))
+    monkeypatch.setattr(tg.backend, "is_cupy", lambda x: isinstance(x, np.ndarray))
+    key, values = (np.array([0, 2, 0]), slice(1, None)), complex_values((3, 2))
+    z = tg.backend.scatter_add(array_api_compat.numpy, np.zeros((3, 3), complex), key, values)
+    expected = np.zeros((3, 3), complex)
+    np.add.at(expected, key, values)
+    np.testing.assert_array_equal(z, expected)
 
 
 @pytest.mark.parametrize(

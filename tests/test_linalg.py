@@ -10,6 +10,7 @@ from helpers import check, check_like, check_nested, numpy_of
 import tracker_gpu as tg
 from tracker_gpu.rules import linalg as linalg_rules
 from tracker_gpu.tape import PullbackError
+from tracker_gpu.testing import gradcheck
 
 la = tg.linalg
 
@@ -363,6 +364,23 @@ def test_forward_matches_numpy(backend, name, tracked):
     out = f(*[tg.param(x) for x in xs]) if tracked else f(*xs)
     assert tg.istracked(out) == tracked
     np.testing.assert_allclose(numpy_of(backend, out), reference, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["solve-broadcast", "solve-batch-vector"])
+def test_solve_broadcasts_for_a_library_that_does_not(monkeypatch, name):
+    """CuPy's solve broadcasts no batch dimensions and takes no vector against a batch of
+    matrices (imitated on NumPy): solve makes both explicit, in the forward pass and pullback."""
+    _, (a, b), reference = CASES[name]
+    expected, numpy_solve = reference(a, b), np.linalg.solve
+
+    def unbroadcasting(a, b):
+        if b.ndim > 1 and a.shape[:-1] != b.shape[:-1]:
+            raise ValueError("a must have (..., M, M) shape and b must have (..., M, K)")
+        return numpy_solve(a, b)
+
+    monkeypatch.setattr(np.linalg, "solve", unbroadcasting)
+    np.testing.assert_allclose(tg.data(la.solve(a, b)), expected, rtol=1e-12)
+    assert gradcheck(la.solve, a, b)
 
 
 # --- behaviour checks against independent NumPy references

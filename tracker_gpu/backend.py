@@ -18,6 +18,7 @@ __all__ = [
     "into",
     "is_array",
     "is_cupy",
+    "is_cupy_device",
     "is_numpy_namespace",
     "is_lazy",
     "device_of",
@@ -150,6 +151,11 @@ def on_device_of(x):
     return contextlib.nullcontext()
 
 
+def is_cupy_device(device):
+    """True for a CuPy device (a CUDA device); never imports CuPy."""
+    return type(device).__module__.split(".")[0] == "cupy"
+
+
 def on_accelerator(x):
     """True for data in an accelerator's memory (a CuPy array, a PyTorch CUDA tensor), where
     reading a value on the host waits for the device."""
@@ -272,7 +278,7 @@ def scatter_add(xp, z, key, values):
     if is_cupy(z):
         import cupyx
 
-        cupyx.scatter_add(z, key, values)
+        _by_real_parts(cupyx.scatter_add, z, key, values)
         return z
     shape = z.shape
     positions = xp.reshape(xp.arange(size_of(z), device=device_of(z)), shape)[key]
@@ -282,6 +288,17 @@ def scatter_add(xp, z, key, values):
         return xp.reshape(z, (-1,)).index_add(0, positions, values).reshape(shape)
     onehot = positions[:, None] == xp.arange(size_of(z), device=device_of(z))[None, :]
     return z + xp.reshape(values[None, :] @ xp.astype(onehot, values.dtype), shape)
+
+
+def _by_real_parts(scatter, z, key, values):
+    """`scatter(z, key, values)` (in place), a complex `z` as two scatters into the views of its
+    real and imaginary parts: CuPy's atomic add refuses complex dtypes. Complex addition is
+    addition of the parts, so each element's sum is the same."""
+    if not is_complex_dtype(z.dtype):
+        scatter(z, key, values)
+        return
+    scatter(z.real, key, values.real)
+    scatter(z.imag, key, values.imag)
 
 
 # --- dtypes and devices across libraries

@@ -32,7 +32,15 @@ import importlib
 
 import numpy as np
 
-from ..backend import device_of, dtype_in, is_array, is_lazy, library_of_device, namespace_of
+from ..backend import (
+    device_of,
+    dtype_in,
+    is_array,
+    is_cupy_device,
+    is_lazy,
+    library_of_device,
+    namespace_of,
+)
 from ..primitive import Primitive, no_gradient
 from ..tracked import TrackedArray, constant, data
 from .elementwise import astype, complex_dtype, conj, is_complex, multiply, real_dtype
@@ -407,7 +415,8 @@ def bound_functions(default):
         xp = library_of_device(device, default)
         if xp is np:  # NumPy's own takes no dtype; array-api-compat's wrapper does
             xp = importlib.import_module("array_api_compat.numpy")
-        make = lambda _, d: getattr(xp.fft, kind)(n, d=d, dtype=dtype_in(xp, dtype), device=device)
+        dtype = dtype_in(xp, dtype)
+        make = lambda _, d: _made_on(device, getattr(xp.fft, kind), n, d=d, dtype=dtype)
         if isinstance(d, TrackedArray):  # a constant of the spacing's value (read by a replay)
             return no_gradient(kind, make)(d)
         made = make(xp, d)
@@ -432,6 +441,15 @@ def bound_functions(default):
         return frequencies("rfftfreq", n, d, dtype, device)
 
     return {"fftfreq": fftfreq, "rfftfreq": rfftfreq}
+
+
+def _made_on(device, make, *args, **kwargs):
+    """`make(*args, **kwargs)` on `device`. array-api-compat's CuPy frequencies take no CUDA
+    device ("cpu" or None only), so there `device` is made CuPy's current one for the call."""
+    if is_cupy_device(device):
+        with device:
+            return make(*args, **kwargs)
+    return make(*args, **kwargs, device=device)
 
 
 _numpy_frequencies = bound_functions(np)

@@ -10,6 +10,8 @@ Both of those modules build on this one, which imports neither, so the imports g
 `linalg` re-exports the four rules, as part of the whole extension.
 """
 
+import numpy as np
+
 from ..backend import device_of, namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray, data
@@ -86,8 +88,14 @@ matmul = Primitive(
 
 # --- solve and inverse
 def _solve_forward(xp, a, b):
+    """The standard's solve on any library: CuPy's takes neither a vector against a batch of
+    matrices nor batch dimensions to broadcast, so both are made explicit here."""
     if b.ndim == 1:  # a vector, whatever a's batch shape (the standard's rule)
-        return xp.linalg.solve(a, b[:, None])[..., 0]
+        return _solve_forward(xp, a, b[:, None])[..., 0]
+    if tuple(a.shape[:-2]) != tuple(b.shape[:-2]):
+        batch = np.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
+        a = xp.broadcast_to(a, batch + tuple(a.shape[-2:]))
+        b = xp.broadcast_to(b, batch + tuple(b.shape[-2:]))
     return xp.linalg.solve(a, b)
 
 
