@@ -4,7 +4,8 @@ SciPy's `scipy.special` for NumPy (imported on first use: the `special` extra), 
 for PyTorch, `cupyx.scipy.special` for CuPy, and for Dask the function of its chunks' library
 applied chunk by chunk (`dask.array.elemwise`: the functions are elementwise). A library that
 lacks a function raises a `NotImplementedError` naming the function and the library; nothing is
-computed by hand here, and nothing goes through the host behind an array's back.
+computed by hand here, and nothing goes through the host behind an array's back. So the values
+are the library's, at the edges too (CuPy's `j0(inf)` is 0, SciPy's nan: the README lists them).
 
 SciPy's own Array API dispatch (`SCIPY_ARRAY_API=1`) reaches the same libraries, but only when
 the variable is set before SciPy is first imported (a process-wide switch that changes SciPy for
@@ -39,6 +40,10 @@ PICKED = {
     "airybi": ("airy", 2),
     "airybiprime": ("airy", 3),
 }
+
+# Functions of an integer order `(n, x)` that get the order as an array: CuPy's `polygamma`
+# compares it with 0 elementwise, which a Python int answers with a bool.
+ARRAY_ORDERS = {"polygamma"}
 
 _CACHE = {}
 
@@ -94,6 +99,8 @@ def _scipy_function(name, module, library):
     f = getattr(_import(module, name, library), scipy_name, None)
     if f is None:
         raise NotImplementedError(f"tg.special.{name}: {library} has no {scipy_name}")
+    if name in ARRAY_ORDERS:
+        return _with_array_order(f)
     return f if pick is None else _picking(f, pick)
 
 
@@ -109,6 +116,16 @@ def _import(module, name, library):
         raise NotImplementedError(
             f"tg.special.{name} on {library} needs {module}, which cannot be imported ({e}); {hint}"
         ) from e
+
+
+def _with_array_order(f):
+    """`f(n, x)`, given its order `n` as a 0-d array of `x`'s library on `x`'s device."""
+
+    def with_array_order(n, x):
+        xp = array_api_compat.array_namespace(x)
+        return f(xp.asarray(n, device=array_api_compat.device(x)), x)
+
+    return with_array_order
 
 
 def _picking(f, i):
