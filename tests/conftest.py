@@ -153,7 +153,12 @@ NUMPY_ROW_ONLY = (
 # Modules that test the host build of the CUDA kernels directly (against SciPy, mpmath, the
 # generic rules, NVRTC): they run the same in both rows that run every test, so once, in the
 # row named for that build.
-HOST_BUILD_ROW_ONLY = ("test_kernels", "test_half_kernels", "test_special_fused")
+HOST_BUILD_ROW_ONLY = (
+    "test_kernels",
+    "test_half_kernels",
+    "test_special_fused",
+    "test_compare_rules",
+)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -465,6 +465,20 @@ def test_a_mask_and_where_fuse():
     _same_bits(_quiet(step, x, w), _quiet(lambda: tg.data(f(x, w))), "where and clip")
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, BF16], ids=lambda d: np.dtype(d).name)
+def test_a_clip_by_one_bound_is_the_dtypes_maximum(dtype):
+    """A clip by one bound is NumPy's maximum (minimum) of the dtype: on a tie of +0 and -0,
+    float16's keeps x, float32's and bfloat16's the bound (float16's region once took the
+    float32 rule)."""
+    x = np.array([-0.0, 0.0, 1.0, -1.0, np.nan], dtype)
+    for lo, hi in ((0.0, None), (-0.0, None), (None, 0.0), (None, -0.0)):
+        f = lambda x, lo=lo, hi=hi: tg.clip(x * 1.0, min=lo, max=hi) * 1.0  # noqa: E731
+        step = tg.compile(f, gradient=False, fuse=True)
+        _quiet(step, x)
+        assert step.programs()[0].fused == 1
+        _same_bits(_quiet(step, x), _quiet(lambda f=f: tg.data(f(x))), f"clip({lo}, {hi})")
+
+
 def test_exact_fusion_leaves_the_c_library_out():
     """`fuse="exact"`: tanh stays NumPy's, the arithmetic around it is fused; bit for bit."""
 

@@ -344,10 +344,10 @@ _LOOP = (
 def source(launches):
     """The CUDA source of the launches' kernels, `tg_fused_<k>`: a template over T (unused: the
     types are the regions' own) calling one device function per segment; `half.cuh` first
-    where a value is of a half type."""
+    where a value is of a half type, then `compare.cuh`."""
     regions = [segment.region() for group in launches for segment in group.segments]
-    halves = header("half") if loops.uses_halves(regions) else ""
-    return halves + "".join(_launch_source(f"tg_fused_{k}", g) for k, g in enumerate(launches))
+    prelude = (header("half") if loops.uses_halves(regions) else "") + header("compare")
+    return prelude + "".join(_launch_source(f"tg_fused_{k}", g) for k, g in enumerate(launches))
 
 
 def _launch_source(name, group):

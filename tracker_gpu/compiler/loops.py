@@ -81,7 +81,7 @@ COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
 _MORE = {
     "identity": "{0}",
     "astype": "{0}",  # the operand is cast to the result's type
-    "relu": "({0} > T(0) ? {0} : T(0))",
+    "relu": "(TG_DAZ({0}) > T(0) ? {0} : T(0))",
 }
 _PROBE = r"""extern "C" long long tg_data_of(void* t) { return (long long)TG_DATA(TG_ITEM(t, 0)); }
 """
@@ -227,28 +227,32 @@ def _body(region):
 
 
 # NumPy's float16 maximum and minimum keep the first operand on a tie (+0 and -0), where its
-# float32 and float64 loops (and ml_dtypes' bfloat16) keep the second
-_FLOAT16 = {
-    "maximum": "({0} >= {1} || {0} != {0} ? {0} : {1})",
-    "minimum": "({0} <= {1} || {0} != {0} ? {0} : {1})",
-}
+# float32 and float64 loops (and ml_dtypes' bfloat16) keep the second; on the device (the CUDA
+# target's kernels) every dtype takes CuPy's rule (kernels/compare.cuh)
+_FLOAT16 = {"maximum": "TG_MAXIMUM_FIRST({0}, {1})", "minimum": "TG_MINIMUM_FIRST({0}, {1})"}
 
 
 def _expression(op, values, t, dtype=None):
     """The statement(s) giving the op's local `t` (of `dtype`) its value."""
     if op == "sigmoid":  # the rule's forward: exp(-|x|), then a selection of two quotients
         x = values[0]
-        return (f"const T e = exp(-fabs({x})); {t} = ({x} >= T(0) ? T(1) / (T(1) + e) "
+        return (f"const T e = exp(-fabs({x})); {t} = (TG_DAZ({x}) >= T(0) ? T(1) / (T(1) + e) "
                 f": e / (T(1) + e));")  # fmt: skip
     if op == "clip":
-        x, lo, hi = values
-        if hi is None:
-            return f"{t} = {C['maximum'].format(x, lo)};"
-        if lo is None:
-            return f"{t} = {C['minimum'].format(x, hi)};"
-        return f"T r = {x} < {lo} ? {lo} : {x}; {t} = r > {hi} ? {hi} : r;"
+        return _clip(t, *values, first=dtype == "float16")
     template = (dtype == "float16" and _FLOAT16.get(op)) or _MORE.get(op) or C[op]
     return f"{t} = {template.format(*values)};"
+
+
+def _clip(t, x, lo, hi, first):
+    """clip(x, lo, hi), a bound None where not given: by both bounds x is kept on a tie (NumPy's
+    clip and the Array API's); by one bound, NumPy's maximum (minimum) on the host, the Array
+    API's clip on the device (kernels/compare.cuh)."""
+    if lo is None or hi is None:
+        macro = ("TG_CLIP_LO" if hi is None else "TG_CLIP_HI") + ("_FIRST" if first else "")
+        return f"{t} = {macro}({x}, {lo if hi is None else hi});"
+    return (f"T r = TG_DAZ({x}) < TG_DAZ({lo}) ? {lo} : {x}; "
+            f"{t} = TG_DAZ(r) > TG_DAZ({hi}) ? {hi} : r;")  # fmt: skip
 
 
 def _hoisted(region, invariant):
@@ -334,7 +338,8 @@ def source(regions, head=16, items=24):
     object's header, where an ndarray's data pointer follows (NumPy's `PyArrayObject_fields`);
     `items`: where a tuple's items begin (CPython's `PyTupleObject`)."""
     halves = HALF_PRELUDE + header("half") if uses_halves(regions) else ""
-    prelude = (_PRELUDE + halves + f"#define TG_DATA(p) (*(char**)((char*)(p) + {head}))\n"
+    prelude = (_PRELUDE + halves + header("compare")
+               + f"#define TG_DATA(p) (*(char**)((char*)(p) + {head}))\n"
                f"#define TG_ITEM(t, k) (*(void**)((char*)(t) + {items} + 8 * (k)))\n"
                + _PROBE)  # fmt: skip
     return prelude + "".join(_function(f"tg_region_{k}", r) for k, r in enumerate(regions))

@@ -51,16 +51,19 @@ C = {
     "cosh": "cosh({0})",
     "tanh": "tanh({0})",
     "abs": "fabs({0})",
-    "sign": "({0} != {0} ? {0} : T(({0} > T(0)) - ({0} < T(0))))",  # nan stays nan
-    "maximum": "({0} > {1} || {0} != {0} ? {0} : {1})",  # nan wins, as NumPy's maximum
-    "minimum": "({0} < {1} || {0} != {0} ? {0} : {1})",
+    # Comparisons, maximum and minimum take a float subnormal and a tie of +0 and -0 as the
+    # arrays' library does (the NVRTC build CuPy's, the host build NumPy's: kernels/compare.cuh);
+    # sign, maximum and minimum keep nan
+    "sign": "({0} != {0} ? {0} : T((TG_DAZ({0}) > T(0)) - (TG_DAZ({0}) < T(0))))",
+    "maximum": "TG_MAXIMUM({0}, {1})",
+    "minimum": "TG_MINIMUM({0}, {1})",
     "where": "({0} ? {1} : {2})",
-    "gt": "({0} > {1})",
-    "ge": "({0} >= {1})",
-    "lt": "({0} < {1})",
-    "le": "({0} <= {1})",
-    "eq": "({0} == {1})",
-    "ne": "({0} != {1})",
+    "gt": "(TG_DAZ({0}) > TG_DAZ({1}))",
+    "ge": "(TG_DAZ({0}) >= TG_DAZ({1}))",
+    "lt": "(TG_DAZ({0}) < TG_DAZ({1}))",
+    "le": "(TG_DAZ({0}) <= TG_DAZ({1}))",
+    "eq": "(TG_DAZ({0}) == TG_DAZ({1}))",
+    "ne": "(TG_DAZ({0}) != TG_DAZ({1}))",
 }
 # tg.special's functions: `tg_<name>` of kernels/special.cuh (CUDA's math library on the device,
 # the header's own definitions where CUDA has none and on the host), which a text using one of
@@ -125,12 +128,13 @@ def family(compiled, scalars, needed=None):
 
 def _headers(compiled, needed):
     """The headers the text needs: kernels/special.cuh where it calls a special function, and
-    kernels/half.cuh."""
+    kernels/half.cuh and kernels/compare.cuh."""
     roots = [compiled.out]
     if needed:
         roots += [p for p, need in zip(compiled.partials, needed) if need]
     special = any(node.op in SPECIAL for node in topological(roots))
-    return (header("special") + "\n" if special else "") + header("half") + "\n"
+    texts = ([header("special")] if special else []) + [header("half"), header("compare")]
+    return "".join(text + "\n" for text in texts)
 
 
 def _inputs(scalars):
