@@ -277,3 +277,52 @@ def test_an_lstm_step_is_one_launch_each_way():
         _, (g,) = tg.withgradient(lambda m: tg.sum(m(x) ** 2), lstm)
     assert launches(log).count("lstm_fwd") == 5
     assert g.cell.Wi.shape == (16, 3)
+
+
+KEYS = {
+    "repeated": (np.array([3, 0, 3, 3, -1, 0]),),
+    "rows of a batch": (np.array([[1, 4, 1], [4, 4, 0]]),),
+    "arrays and a slice": (np.array([0, -1, 0, 4]), slice(1, 4), np.array([[2], [2], [6], [-7]])),
+    "a new axis": (None, np.array([2, 2, 1])),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("name", sorted(KEYS))
+def test_indexing_by_integer_arrays_pulls_back_in_numpys_order(name, dtype):
+    """The pullback of indexing by integer arrays (an embedding's) adds each position's
+    elements in order, one rounding each, in one launch without atomics: bit for bit NumPy's
+    add.at, and the same from run to run (CuPy's scatter-add is neither)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5, 6, 7)).astype(dtype)
+    key = KEYS[name]
+    w = rng.standard_normal(x[key].shape).astype(dtype)  # the gradient that is scattered
+
+    def f(x):
+        return tg.sum(x[key] * w)
+
+    (generic,) = tg.gradient(f, x)
+    with on_host(), recording() as log:
+        (fused,) = tg.gradient(f, x)
+    assert "scatter_add_ordered" in launches(log)
+    assert fused.dtype == generic.dtype and np.array_equal(fused, generic)
+
+
+def test_a_compiled_replay_pulls_back_an_embedding_in_numpys_order():
+    """Indices given to a compiled function are read anew by each replay (a node of their
+    own): its pullback is the same ordered launch, bit for bit the eager gradient."""
+    rng = np.random.default_rng(5)
+    weight = rng.standard_normal((12, 16)).astype(np.float32)
+    w = rng.standard_normal((4, 8, 16)).astype(np.float32)
+
+    def loss(weight, ids):
+        return tg.sum(tg.take(weight, tg.reshape(ids, (-1,)), axis=0) * w.reshape(32, 16))
+
+    compiled = tg.compile(loss, gradient=True, wrt=0)
+    for seed in range(3):  # the recording, then replays with other indices
+        ids = np.random.default_rng(seed).integers(0, 12, (4, 8))
+        (expected, _) = tg.gradient(loss, weight, ids)
+        with on_host(), recording() as log:
+            (fused, _) = compiled(weight, ids).grad
+        assert "scatter_add_ordered" in launches(log)
+        assert np.array_equal(fused, expected)

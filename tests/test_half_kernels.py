@@ -33,7 +33,7 @@ from tracker_gpu.cuda.sources import HALF_C_TYPES, Family, families, family, hea
 pytestmark = pytest.mark.skipif(not host.available(), reason="no C++ compiler for the host build")
 
 HALVES = {"float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
-HALF_FAMILIES = {"binary", "optim", "softmax", "sumsq", "unary"}
+HALF_FAMILIES = {"binary", "optim", "scatter", "softmax", "sumsq", "unary"}
 EPS32 = float(np.finfo(np.float32).eps)
 EPS = {name: float(ml_dtypes.finfo(d).eps) for name, d in HALVES.items()}
 SUBNORMAL = {name: float(ml_dtypes.finfo(d).smallest_subnormal) for name, d in HALVES.items()}

@@ -52,6 +52,15 @@ def test_every_source_compiles_with_nvrtc(name, arch):
     compile_with_nvrtc(family(name), name, arch)
 
 
+@pytest.mark.parametrize("name", families())
+def test_every_source_rounds_each_operation_on_both_targets(name):
+    """No contraction of a * b + c into one rounding (NVRTC contracts unless told not to), on
+    the device as here: a fused Adam step has the generic rule's bits, so an eager step and its
+    compiled replay agree on a GPU too (they differed by an ulp before)."""
+    assert "--fmad=false" in family(name).nvrtc_options()
+    assert "-ffp-contract=off" in host.host_flags(family(name))
+
+
 def generic_unary(name, g, y, x):
     """The rule's own (generic, Array API) vjp, on NumPy."""
     with np.errstate(all="ignore"):
@@ -231,6 +240,29 @@ def test_the_loss_of_class_labels_is_the_generic_one_through_the_fused_one_hot()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_the_ordered_scatter_add_is_numpys_add_at_everywhere(dtype):
+    """The pullback of indexing by integer arrays (`scatter_add_ordered`): every special value
+    of the dtype added at positions named up to 9 times, in order, bit for bit `np.add.at`."""
+    from tracker_gpu.cuda.dispatch import FORWARDS, on_host, recording
+
+    half = pytest.importorskip("ml_dtypes").bfloat16 if dtype == "bfloat16" else None
+    values = special_values(np.dtype(half or dtype).name if half is None else "float32")
+    values = np.resize(values, 300).astype(half or dtype)
+    rows = np.random.default_rng(7).integers(-6, 6, 100)
+    key = (rows, slice(None))
+    g = values.reshape(100, 3)
+    with on_host(), recording() as log:
+        fused = FORWARDS["index_adjoint"](g, (6, 3), key)
+    assert ("launch", "scatter_add_ordered") in log
+    expected = np.zeros((6, 3), g.dtype)
+    with np.errstate(all="ignore"):
+        np.add.at(expected, key, g)
+    fused, expected = fused.astype(np.float64), expected.astype(np.float64)  # exact: widening
+    np.testing.assert_array_equal(fused, expected)  # nan where nan
+    assert np.array_equal(np.signbit(fused), np.signbit(expected))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("count", [1, 8, 11])
 def test_the_finite_check_agrees_with_the_generic_rule_everywhere(dtype, count):
     """The loss scaler's check on the fused path (`finite_partials`, one launch per eight
@@ -380,6 +412,7 @@ CHECKED = (
     | {"descent_step", "momentum_step", "nesterov_step", "adam_step", "finite_partials"}
     | {"softmax_fwd", "softmax_bwd_acc", "logsoftmax_fwd", "logsoftmax_bwd_acc"}
     | {"normalise_fwd", "normalise_bwd_acc", "lstm_fwd", "lstm_bwd_acc"}
+    | {"scatter_add_ordered"}
 )
 
 

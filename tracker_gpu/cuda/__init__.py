@@ -5,7 +5,7 @@ name in `dispatch`, the one place that decides whether they run.
 Importing this package never imports CuPy.
 """
 
-from . import dispatch, elementwise, layers, rows, steps  # noqa: F401  (they register themselves)
+from . import dispatch, elementwise, layers, rows, scatter, steps  # noqa: F401  (they register)
 from .dispatch import generic_only, on_host, recording
 
 __all__ = ["on_host", "generic_only", "recording"]

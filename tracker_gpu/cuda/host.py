@@ -169,10 +169,8 @@ def compile_shared(text, tag, flags=()):
 
 def host_flags(family):
     """The C++ compiler's flags standing for the family's NVRTC options: `--fmad=false` (no
-    contraction) is `-ffp-contract=off`; `-std=c++17` the same standard."""
-    flags = []
-    if "--fmad=false" in family.options:
-        flags.append("-ffp-contract=off")
+    contraction) is `-ffp-contract=off`; a standard it names (`-std=c++17`) the same standard."""
+    flags = ["-ffp-contract=off"] if "--fmad=false" in family.nvrtc_options() else []
     flags += [option for option in family.options if option.startswith("-std=")]
     return tuple(flags)
 
