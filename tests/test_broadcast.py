@@ -5,6 +5,7 @@ build of the same generated code)."""
 import math
 import sys
 from collections import OrderedDict
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from test_kernels import compile_with_nvrtc
 
 import tracker_gpu as tg
 from tracker_gpu.broadcast import _CACHE
-from tracker_gpu.cuda import codegen, host, on_host, recording
+from tracker_gpu.cuda import codegen, generic_only, host, on_host, recording
 from tracker_gpu.testing import gradcheck
 
 broadcast_module = sys.modules["tracker_gpu.broadcast"]  # tg.broadcast is the function
@@ -81,6 +82,20 @@ def test_second_derivatives_through_broadcast():
     x = np.linspace(-1.0, 1.0, 5)
     fused = tg.hessian(lambda x: tg.sum(tg.broadcast(lambda v: tg.sin(v) * v**3, x)), x)
     assert np.allclose(np.diag(fused), -np.sin(x) * x**3 + 6 * np.cos(x) * x**2 + 6 * np.sin(x) * x)
+
+
+def test_a_negative_zero_number_stays_negative_where_a_fill_drops_its_sign(backend):
+    """CuPy fills any zero with a memset (-0.0 becomes +0.0): the generic path's Python numbers
+    and the fused path's device scalars keep a negative zero, as the plain expression does."""
+    memset = SimpleNamespace(
+        full=lambda shape, value, **kw: np.full(shape, 0.0 if value == 0 else value, **kw),
+        zeros=np.zeros,
+    )
+    assert np.signbit(tg.backend.full_exactly(memset, (), -0.0, dtype=np.float32))
+    x = backend.asarray([0.0, -0.0, 1.0])
+    with generic_only():
+        value = tg.data(tg.broadcast(lambda a, b: tg.where(a > 5, a, b), x, -0.0))
+    assert np.signbit(backend.to_numpy(value)).all()
 
 
 def test_python_numbers_as_arguments():

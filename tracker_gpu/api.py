@@ -357,7 +357,8 @@ def top_level(x, position, home=None):
         if home is None:
             return np.asarray(x)
         xp, device = home
-        return xp.asarray(x, dtype=xp.float64 if type(x) is float else xp.complex128, device=device)
+        dtype = xp.float64 if type(x) is float else xp.complex128
+        return backend.full_exactly(xp, (), x, dtype=dtype, device=device)
     if type(x) is int:
         _warn(
             f"argument {position} is the integer {x}: integers are data and get no gradient; "

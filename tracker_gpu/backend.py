@@ -7,6 +7,7 @@ detected through `sys.modules`, so importing tracker_gpu never imports it.
 
 import contextlib
 import importlib
+import math
 import sys
 
 import array_api_compat
@@ -19,6 +20,7 @@ __all__ = [
     "is_array",
     "is_cupy",
     "is_cupy_device",
+    "full_exactly",
     "is_numpy_namespace",
     "is_lazy",
     "device_of",
@@ -149,6 +151,21 @@ def on_device_of(x):
     if is_cupy(x):
         return x.device
     return contextlib.nullcontext()
+
+
+def full_exactly(xp, shape, value, dtype=None, device=None):
+    """`xp.full(shape, value, ...)`, a negative zero kept: CuPy writes a fill of any zero with a
+    memset, which makes -0.0 +0.0 (and then `minimum(x, -0.0)` of a zero x differs from the
+    plain expression's).
+
+    >>> import numpy as np
+    >>> float(full_exactly(np, (), -0.0))
+    -0.0
+    """
+    where = {} if device is None else {"device": device}  # CuPy's own functions take none
+    if type(value) is float and value == 0 and math.copysign(1.0, value) < 0:
+        return -xp.zeros(shape, dtype=dtype, **where)
+    return xp.full(shape, value, dtype=dtype, **where)
 
 
 def is_cupy_device(device):

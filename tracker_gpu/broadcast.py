@@ -19,7 +19,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .backend import SCALARS, device_of, is_floating_dtype, namespace_of
+from .backend import SCALARS, device_of, full_exactly, is_floating_dtype, namespace_of
 from .cuda import codegen
 from .expr import ONE, RULES, SPECIAL, ZERO, Expr, const, partials, topological
 from .primitive import ByPosition, Primitive
@@ -200,7 +200,7 @@ class _Numbers:
         if self.dtype is None:
             self.dtype = _computing_dtype(self.xp, self.arrays)
         device = device_of(data(self.arrays[0])) if self.arrays else None
-        return self.xp.asarray(value, dtype=self.dtype, device=device)
+        return full_exactly(self.xp, (), value, dtype=self.dtype, device=device)
 
 
 def _computing_dtype(xp, arrays):

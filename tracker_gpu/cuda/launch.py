@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..backend import on_device_of
+from ..backend import full_exactly, on_device_of
 from .dispatch import note
 from .sources import SCALAR_TYPES, STORAGE_TYPES, Family, compute_dtype, family, kernels
 
@@ -141,7 +141,7 @@ def scalar(value, like):
     """A 0-d array holding `value` with the dtype and device of `like` (recorded)."""
     note(("alloc", like.itemsize))
     with on_device(like):
-        return library(like).full((), value, dtype=like.dtype)
+        return full_exactly(library(like), (), value, dtype=like.dtype)
 
 
 def device_int64(values, like):
