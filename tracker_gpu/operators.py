@@ -15,7 +15,15 @@ array([4., 6.])
 from .backend import SCALARS
 from .primitive import NOT_TRACKING, record, saved_values
 from .recording import ACTIVE
-from .rules.elementwise import PLAIN_FUNCTIONS, add, divide, multiply, pow, subtract
+from .rules.elementwise import (
+    PLAIN_FUNCTIONS,
+    add,
+    divide,
+    multiply,
+    pow,
+    pow_in_place,
+    subtract,
+)
 from .rules.indexed import in_place_operator
 from .tracked import TrackedArray
 
@@ -76,6 +84,7 @@ _IN_PLACE = {
     "add": "+", "sub": "-", "mul": "*", "truediv": "/", "pow": "**", "floordiv": "//",
     "mod": "%", "matmul": "@", "and": "&", "or": "|", "xor": "^", "lshift": "<<", "rshift": ">>",
 }  # fmt: skip
+_AS_WRITTEN_IN_PLACE = {"pow": _operators(pow_in_place)[0]}  # where the library's value differs
 for _name, _symbol in _IN_PLACE.items():
-    _method = getattr(TrackedArray, f"__{_name}__")
+    _method = _AS_WRITTEN_IN_PLACE.get(_name) or getattr(TrackedArray, f"__{_name}__")
     setattr(TrackedArray, f"__i{_name}__", in_place_operator(_symbol, _method))

@@ -14,7 +14,7 @@ import operator
 
 import numpy as np
 
-from ..backend import SCALARS, device_of, is_complex_dtype, namespace_of
+from ..backend import SCALARS, device_of, is_complex_dtype, is_cupy, namespace_of
 from ..primitive import Primitive, no_gradient
 from ..tape import Node
 from ..tracked import TrackedArray, data
@@ -182,6 +182,20 @@ def _pow_vjp_y(g, ans, x, y):
 
 
 pow = _binary("pow", lambda xp, x, y: x**y, _pow_vjp_x, _pow_vjp_y, ("x y", "x ans"))
+
+
+def _pow_as_written_in_place(xp, x, y):
+    """The value of `x **= y`: CuPy computes `x ** 2` by squaring but `x **= 2` by pow, which
+    differ in the last bit; elsewhere, and where the power would not fit in `x`, `x ** y`."""
+    if not (is_cupy(x) and type(y) in SCALARS) or xp.result_type(x, y) != x.dtype:
+        return x**y
+    out = x.copy()
+    out **= y
+    return out
+
+
+# `x **= y` on a tracked array (the operators bind it): `pow`, as the library writes it in place
+pow_in_place = _binary("pow", _pow_as_written_in_place, _pow_vjp_x, _pow_vjp_y, ("x y", "x ans"))
 remainder = _binary(
     "remainder",
     lambda xp, x, y: x % y,
