@@ -1,7 +1,9 @@
 """What ci/gpu finds on the machine (`ci/gpu machine`), and the check of a gradient on GPU 1
 (`ci/gpu device-check`). Both run with the venv's python, so they see what the steps see."""
 
+import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +19,8 @@ def machine_facts():
     import platform
     from importlib.metadata import version
 
-    facts = {"python": platform.python_version()}
+    facts = {"python": platform.python_version(), "cpus": os.cpu_count() or 1}
+    facts["xdist"] = importlib.util.find_spec("xdist") is not None  # pytest's workers
     for name in ("numpy", PROJECT, *MISSING_THERE):
         try:
             facts[name] = version(name)

@@ -190,7 +190,12 @@ def test_ci_gpu_runs_the_pytest_steps_on_workers_when_asked(tmp_path):
     out = run(CI_GPU, "--dry-run", "--workers", "6", "--only", "matrix", "--only", "fuzz")
     assert "ci/matrix cupy -- -n 6" in out
     assert "test_fused_fuzz.py --backend cupy -q -p no:cacheprovider -n 6" in out
-    assert " -n " not in run(CI_GPU, "--dry-run", "--only", "matrix", "--only", "fuzz")
+    assert " -n " not in run(CI_GPU, "--dry-run", "--workers", "1", "--only", "matrix")
+    ci_gpu = _ci_gpu_module()  # by default, as many as the machine has cores to spare
+    assert ci_gpu.workers_for({"cpus": 16, "xdist": True}) == 14
+    assert ci_gpu.workers_for({"cpus": 64, "xdist": True}) == ci_gpu.MAX_WORKERS
+    assert ci_gpu.workers_for({"cpus": 2, "xdist": True}) == 1
+    assert ci_gpu.workers_for({"cpus": 16, "xdist": False}) == 1
 
 
 def test_a_ci_gpu_step_out_of_time_is_interrupted_and_still_reports(monkeypatch):
