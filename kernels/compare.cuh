@@ -2,7 +2,9 @@
 // the arrays computes them, so that a fused expression agrees with the generic path on the
 // whole domain. Generated code writes a comparison TG_DAZ(a) < TG_DAZ(b), maximum and minimum
 // TG_MAXIMUM(a, b) and TG_MINIMUM(a, b) (the _FIRST forms for float16 in tg.compile's regions),
-// and a clip by one bound TG_CLIP_LO(x, lo) or TG_CLIP_HI(x, hi) (_FIRST for float16).
+// and a clip by one bound TG_CLIP_LO(x, lo) or TG_CLIP_HI(x, hi) (_FIRST for float16); a
+// kernel over a storage type S (tg.broadcast's) writes TG_MAXIMUM_OF(S, a, b), and the sign of
+// x TG_ZERO_OF_SIGN(S, x, sign).
 //
 // The NVRTC build computes CuPy's arrays, as CuPy does. CuPy compiles every kernel, these too,
 // with -ftz=true: a float operation reads a subnormal operand as a zero of its sign. Its
@@ -39,6 +41,9 @@ __device__ __forceinline__ double tg_daz(double x) { return x; }
 #define TG_CLIP_HI(x, hi) (TG_DAZ(x) > TG_DAZ(hi) ? (hi) : (x))
 #define TG_CLIP_LO_FIRST(x, lo) TG_CLIP_LO(x, lo)
 #define TG_CLIP_HI_FIRST(x, hi) TG_CLIP_HI(x, hi)
+#define TG_MAXIMUM_OF(S, a, b) TG_MAXIMUM(a, b)
+#define TG_MINIMUM_OF(S, a, b) TG_MINIMUM(a, b)
+#define TG_ZERO_OF_SIGN(S, x, sign) (sign)
 #else
 #define TG_DAZ(x) (x)
 #define TG_MAXIMUM(a, b) ((a) > (b) || (a) != (a) ? (a) : (b))
@@ -49,6 +54,19 @@ __device__ __forceinline__ double tg_daz(double x) { return x; }
 #define TG_CLIP_HI(x, hi) TG_MINIMUM(x, hi)
 #define TG_CLIP_LO_FIRST(x, lo) TG_MAXIMUM_FIRST(x, lo)
 #define TG_CLIP_HI_FIRST(x, hi) TG_MINIMUM_FIRST(x, hi)
+// In a kernel over the storage type S (tg.broadcast's): the _FIRST rule for float16's
+// and ml_dtypes' bfloat16 sign keeps the sign of a zero (NumPy's types give +0)
+template <typename S> struct tg_ties_first { enum { value = 0 }; };
+template <typename S> struct tg_signed_zero_sign { enum { value = 0 }; };
+#ifdef TG_HALF_CUH
+template <> struct tg_ties_first<tg_half> { enum { value = 1 }; };
+template <> struct tg_signed_zero_sign<tg_bfloat16> { enum { value = 1 }; };
+#endif
+#define TG_ZERO_OF_SIGN(S, x, sign) (tg_signed_zero_sign<S>::value && (x) == 0 ? (x) : (sign))
+#define TG_MAXIMUM_OF(S, a, b) \
+    (tg_ties_first<S>::value ? TG_MAXIMUM_FIRST(a, b) : TG_MAXIMUM(a, b))
+#define TG_MINIMUM_OF(S, a, b) \
+    (tg_ties_first<S>::value ? TG_MINIMUM_FIRST(a, b) : TG_MINIMUM(a, b))
 #endif
 
 #endif

@@ -70,12 +70,14 @@ def _statement(name):
 def _source(device):
     cases = "".join(f"case {k}: {{ {_statement(n)} }} break;\n" for k, n in enumerate(OPS))
     loop = (f"template <typename T> static void run(int op, const T* a, const T* b, T* out, "
-            f"long long n) {{\n  for (long long i = 0; i < n; ++i) {{ const T x = a[i], "
+            f"long long n) {{\n  typedef T S;  // the storage type of tg.broadcast's kernels\n"
+            f"  for (long long i = 0; i < n; ++i) {{ const T x = a[i], "
             f"y = b[i], a0 = x;\n switch (op) {{\n{cases} }} }}\n}}\n")  # fmt: skip
     entries = "".join(f'extern "C" void run_{t}(int op, const {t}* a, const {t}* b, {t}* out, '
                       f"long long n) {{ run(op, a, b, out, n); }}\n"
                       for t in ("float", "double"))  # fmt: skip
-    return (DEVICE if device else "") + header("compare") + loop + entries
+    prelude = DEVICE if device else "#define __device__\n#define __forceinline__ inline\n"
+    return prelude + header("half") + header("compare") + loop + entries
 
 
 def _run(device, name, x, y):

@@ -477,6 +477,26 @@ def test_generated_broadcast_kernels(dtype):
         check(a, b, e, scales[i], f"gradient {i}", ulps32=16 * 40, ulps=4 + 40)
 
 
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("name", ["maximum", "minimum", "sign"])
+def test_a_generated_extremum_or_sign_follows_the_half_types_rules(dtype, name):
+    """One operation of a generated kernel is the generic one bit for bit, each half type's own
+    rules included: NumPy's float16 maximum and minimum keep the first operand on a tie of +0
+    and -0 (its float32 the second), and ml_dtypes' bfloat16 sign keeps the sign of a zero."""
+    values = np.array([-0.0, 0.0, np.nan, -np.inf, 1.0, -2.0], dtype=HALVES[dtype])
+    x, y = (a.ravel() for a in np.meshgrid(values, values[::-1], indexing="ij"))
+    f = getattr(tg, name)
+    args = (x,) if name == "sign" else (x, y)
+    with np.errstate(all="ignore"):
+        with generic_only():
+            expected = tg.data(tg.broadcast(f, *args))
+        with on_host(), recording() as log:
+            actual = tg.data(tg.broadcast(f, *args))
+    assert ("launch", "broadcast_fwd") in log
+    assert actual.dtype == expected.dtype
+    assert np.array_equal(actual.view(np.uint16), expected.view(np.uint16))
+
+
 # --- optimiser steps: float32 master weights take the float32 kernels; half state takes these
 def optimiser_cases():
     return [optim.Descent(0.1), optim.Momentum(0.05, 0.9), optim.Nesterov(0.05, 0.8),

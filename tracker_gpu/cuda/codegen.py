@@ -85,6 +85,15 @@ def constant(value):
     return f"T({value!r})"
 
 
+# by the storage type's rules (kernels/compare.cuh): NumPy's float16 extrema keep the first
+# operand on a tie of +0 and -0, its float32's the second; ml_dtypes' bfloat16 sign keeps -0
+_OF_STORAGE = {
+    "maximum": "TG_MAXIMUM_OF(S, {0}, {1})",
+    "minimum": "TG_MINIMUM_OF(S, {0}, {1})",
+    "sign": "TG_ZERO_OF_SIGN(S, {0}, " + C["sign"] + ")",
+}
+
+
 def body(outputs):
     """C statements computing each `(target, expression)` of `outputs` from `a0..a{n-1}`."""
     lines, local = [], {}
@@ -96,7 +105,8 @@ def body(outputs):
         else:
             name = f"t{len(lines)}"
             ctype = "bool" if expr.op in COMPARISONS else "T"
-            code = C[expr.op].format(*(local[id(a)] for a in expr.args))
+            template = _OF_STORAGE.get(expr.op, C[expr.op])
+            code = template.format(*(local[id(a)] for a in expr.args))
             lines.append(f"const {ctype} {name} = {code};")
             local[id(expr)] = name
     lines += [f"{target} = {local[id(expr)]};" for target, expr in outputs]
