@@ -21,6 +21,7 @@ __all__ = [
     "is_cupy",
     "is_cupy_device",
     "full_exactly",
+    "has_integer_array",
     "is_numpy_namespace",
     "is_lazy",
     "device_of",
@@ -166,6 +167,13 @@ def full_exactly(xp, shape, value, dtype=None, device=None):
     if type(value) is float and value == 0 and math.copysign(1.0, value) < 0:
         return -xp.zeros(shape, dtype=dtype, **where)
     return xp.full(shape, value, dtype=dtype, **where)
+
+
+def has_integer_array(key):
+    """Whether an indexing key holds an array that is not boolean (integer indices, which may
+    name an element twice)."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return any(is_array(k) and not namespace_of(k).isdtype(k.dtype, "bool") for k in parts)
 
 
 def is_cupy_device(device):
@@ -328,13 +336,13 @@ def library_of_device(device, default):
     """The namespace of the library that owns `device` (`default` for None or "cpu")."""
     if device is None or isinstance(device, str) and device == "cpu":
         return default
+    if is_cupy_device(device):
+        return importlib.import_module("array_api_compat.cupy")
     module = type(device).__module__.split(".")[0]
     if module == "array_api_strict":
         return sys.modules["array_api_strict"]
     if module == "torch":
         return array_api_compat.array_namespace(sys.modules["torch"].empty(0))
-    if module == "cupy":
-        return importlib.import_module("array_api_compat.cupy")
     return default
 
 

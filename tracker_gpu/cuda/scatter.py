@@ -6,6 +6,7 @@ the next, and a compiled step could not repeat its eager step."""
 
 import math
 
+from ..backend import has_integer_array
 from .dispatch import register
 from .fused import ready
 from .launch import grid_for, launch, library, on_device
@@ -16,8 +17,9 @@ __all__ = []
 @register("forward", "index_adjoint")
 def index_adjoint_forward(g, shape, key):
     """Zeros of `shape` with `g` added at `key`: the positions that `key` reads, sorted stably,
-    then one launch adding up each position's run of elements in order."""
-    if not (ready(g) and _integer_arrays(key)):
+    then one launch adding up each position's run of elements in order. A `tg.compile` replay,
+    whose indices are traced arguments, comes here through the same rule's forward."""
+    if not (ready(g) and has_integer_array(key)):
         return None  # slices and masks alone: a plain assignment, exact and in order already
     xp = library(g)
     with on_device(g):
@@ -30,18 +32,3 @@ def index_adjoint_forward(g, shape, key):
     n = positions.size
     launch("scatter_add_ordered", g.dtype, grid_for(n), positions[order], order, g, z, n)
     return z
-
-
-def _integer_arrays(key):
-    parts = key if type(key) is tuple else (key,)
-    return any(getattr(k, "dtype", None) is not None and k.dtype.kind in "iu" for k in parts)
-
-
-@register("forward", "index_adjoint_traced")
-def index_adjoint_traced_forward(g, *indices, shape, key, where):
-    """The same in a `tg.compile` replay, where the key's integer arrays are arguments read
-    anew (`key` holds None at the positions `where`)."""
-    parts = list(key)
-    for i, k in zip(where, indices):
-        parts[i] = k
-    return index_adjoint_forward(g, shape, tuple(parts))

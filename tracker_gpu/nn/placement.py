@@ -16,6 +16,7 @@ from ..backend import (
     half_dtype,
     is_array,
     is_cupy,
+    is_cupy_device,
     isdtype,
     library_of_device,
     namespace_of,
@@ -70,7 +71,7 @@ def _namespace(xp):
 
 
 def _library_of_device(device, default):
-    if type(device).__module__.split(".")[0] == "cupy":
+    if is_cupy_device(device):
         _require_gpu()
     return library_of_device(device, default)
 

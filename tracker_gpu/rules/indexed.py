@@ -47,7 +47,6 @@ from ..tracked import TrackedArray, constant, data, istracked
 from .elementwise import add, astype, maximum, minimum, multiply, subtract, where
 from .shape import (
     _fill,
-    _has_integer_array,
     _index_adjoint,
     _index_adjoint_traced,
     _normalize_key,
@@ -83,7 +82,7 @@ def setitem(x, key, value, *, in_place=False):
     if recording.current() is not None and _traced_parts(key):
         return _traced_write(x, key, value)
     key = _normalize_key(xp, x, key)
-    if _has_integer_array(key):
+    if backend.has_integer_array(key):
         return at(x)[key].set(value)
     if istracked(value) and value.dtype != x.dtype:
         value = astype(value, x.dtype)

@@ -189,7 +189,7 @@ def _index_adjoint_forward(xp, g, shape, key):
     z = xp.zeros(shape, dtype=g.dtype, device=device_of(g))
     if 0 in tuple(g.shape):  # an empty selection adds nothing (Dask refuses to assign it)
         return z
-    if not _has_integer_array(key):
+    if not backend.has_integer_array(key):
         key, g = _without_new_axes(xp, key, g, z)
         z[key] = g
         return z
@@ -280,7 +280,7 @@ _getitem_traced = Primitive(
 # its adjoint, the indices arguments too: traced in a recorded nested pass, read at each replay
 _index_adjoint_traced = Primitive(
     "index_adjoint_traced",
-    lambda xp, g, *indices, shape, key, where: _index_adjoint_forward(
+    lambda xp, g, *indices, shape, key, where: _index_adjoint.forward(
         xp, g, shape, _fill(key, where, [data(k) for k in indices])
     ),
     ByPosition(
@@ -324,14 +324,6 @@ def _normalize_index(xp, x, k):
         device = x.device if isinstance(x, TrackedArray) else device_of(x)
         return xp.asarray(np.asarray(k), device=device)
     return k
-
-
-def _has_integer_array(key):
-    parts = key if isinstance(key, tuple) else (key,)
-    for k in parts:
-        if backend.is_array(k) and not namespace_of(k).isdtype(k.dtype, "bool"):
-            return True
-    return False
 
 
 # --- devices: the source device is an argument, so the pullback needs no value to send g back
