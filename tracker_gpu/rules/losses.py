@@ -32,6 +32,7 @@ from .elementwise import add, astype, log, logaddexp, multiply, negative, subtra
 from .nn import logsoftmax, real_only, softmax
 from .reductions import mean
 from .reductions import sum as _sum
+from .rows import row_max, row_sum
 
 __all__ = [
     "mse",
@@ -210,8 +211,8 @@ def mse(yhat, y, /, *, agg="mean"):
 
 # --- logitcrossentropy: one primitive
 def _logsoftmax_plain(xp, x, axis):
-    shifted = x - xp.max(x, axis=axis, keepdims=True)
-    return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
+    shifted = x - row_max(xp, x, axis)
+    return shifted - xp.log(row_sum(xp, xp.exp(shifted), axis))
 
 
 def _lce_forward(xp, logits, targets, *, axis=-1, agg="mean", normalized=False):
@@ -249,9 +250,9 @@ def _tracked(*values):
 
 def _lce_vjp_plain(g, logits, targets, axis, agg):
     xp = namespace_of(logits)
-    p = logits - xp.max(logits, axis=axis, keepdims=True)
+    p = logits - row_max(xp, logits, axis)
     p = xp.exp(p)
-    p /= xp.sum(p, axis=axis, keepdims=True)
+    p /= row_sum(xp, p, axis)
     p -= targets
     p *= _lce_scale(g, logits, axis, agg)
     return p

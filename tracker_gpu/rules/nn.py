@@ -18,6 +18,7 @@ from ..tracked import TrackedArray
 from .elementwise import add, divide, exp, is_complex, mask, multiply, sqrt, subtract, tanh
 from .reductions import check_axes, expand, mean
 from .reductions import sum as _sum
+from .rows import row_max, row_mean, row_mean_of_products, row_sum, row_sum_of_products
 from .shape import concat, getitem
 
 
@@ -63,8 +64,8 @@ def _softmax_forward(xp, x, /, *, axis=-1):
     check_axes("softmax", axis, x.ndim)
     if x.shape[axis] == 0:  # nothing to normalise (NumPy's max of nothing raises)
         return xp.zeros_like(x)
-    e = into(xp, "exp", x - xp.max(x, axis=axis, keepdims=True))
-    e /= xp.sum(e, axis=axis, keepdims=True)  # in place, as `into` says why
+    e = into(xp, "exp", x - row_max(xp, x, axis))
+    e /= row_sum(xp, e, axis)  # in place, as `into` says why
     return e
 
 
@@ -73,8 +74,8 @@ def _logsoftmax_forward(xp, x, /, *, axis=-1):
     check_axes("logsoftmax", axis, x.ndim)
     if x.shape[axis] == 0:
         return xp.zeros_like(x)
-    shifted = x - xp.max(x, axis=axis, keepdims=True)
-    return shifted - xp.log(xp.sum(xp.exp(shifted), axis=axis, keepdims=True))
+    shifted = x - row_max(xp, x, axis)
+    return shifted - xp.log(row_sum(xp, xp.exp(shifted), axis))
 
 
 softmax = Primitive(
@@ -90,7 +91,7 @@ def _softmax_vjp(g, ans, axis):
     xp = _plain(g, ans)
     if xp is None:
         return ans * (g - _sum(g * ans, axis=axis, keepdims=True))
-    out = g - xp.sum(g * ans, axis=axis, keepdims=True)
+    out = g - row_sum_of_products(xp, g, ans, axis)
     if out.dtype != ans.dtype or out.shape != ans.shape:
         return ans * out
     out *= ans
@@ -151,8 +152,8 @@ def _plain(*values):
 # --- the normalisation layers' statistics: one primitive
 def _normalise_forward(xp, x, /, *, axes, eps=1e-5):
     real_only("normalise", x)
-    centred = x - xp.mean(x, axis=axes, keepdims=True)
-    variance = xp.mean(centred * centred, axis=axes, keepdims=True)
+    centred = x - row_mean(xp, x, axes)
+    variance = row_mean_of_products(xp, centred, centred, axes)
     centred /= xp.sqrt(variance + eps)  # in place on what this made, as `into` says why
     return centred
 
@@ -162,10 +163,10 @@ def _normalise_vjp(g, ans, x, *, axes, eps=1e-5):
     computes it."""
     xp = _plain(g, ans, x)
     if xp is not None:
-        centred = x - xp.mean(x, axis=axes, keepdims=True)
-        sigma = xp.sqrt(xp.mean(centred * centred, axis=axes, keepdims=True) + eps)
-        spread = g - xp.mean(g, axis=axes, keepdims=True)
-        slope = ans * xp.mean(g * ans, axis=axes, keepdims=True)
+        centred = x - row_mean(xp, x, axes)
+        sigma = xp.sqrt(row_mean_of_products(xp, centred, centred, axes) + eps)
+        spread = g - row_mean(xp, g, axes)
+        slope = ans * row_mean_of_products(xp, g, ans, axes)
         if not spread.dtype == slope.dtype == sigma.dtype or spread.shape != slope.shape:
             return (spread - slope) / sigma
         spread -= slope  # in place on what this made, as `into` says why
