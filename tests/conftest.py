@@ -146,6 +146,7 @@ NUMPY_ROW_ONLY = (
     "test_compile_fusion",
     "test_compile_fusion_backward",
     "test_compile_fusion_cuda",
+    "test_compile_opened",
     "test_train_text",
 )
 

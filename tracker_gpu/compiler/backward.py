@@ -23,7 +23,7 @@ from ..backend import is_complex_dtype
 from ..rules import elementwise as ew
 from ..rules import nn, reductions
 from ..tape import Node
-from . import fusion
+from . import fusion, opened
 
 __all__ = ["Chain", "plan", "VJPS"]
 
@@ -95,6 +95,21 @@ class Chain:
     parent: Node
     region: object
     run: object = None
+    opening: tuple = None  # an opened rule's pullback (`opened.py`): (opening, dtype, shape)
+
+    def regions(self):
+        """The regions its kernels are built from: one, or an opened rule's two."""
+        if self.opening is None:
+            return [self.region]
+        opening, dtype, shape = self.opening
+        return opening.regions(dtype, shape, 2)
+
+    def built(self, kernels):
+        """Its `run`, from the kernels of its `regions()`."""
+        if self.opening is None:
+            self.run = guarded(kernels[0], self.region)
+        else:
+            self.run = self.opening[0].run(kernels, *self.opening[1:])
 
 
 def plan(program, types, orders, calls, exact):
@@ -123,6 +138,8 @@ def _chains(program, walk, order, types, calls, exact):
     found, position = [], 0
     while position < len(order):
         chain = _chain(program, order, position, types, calls, exact, slots, received, terminals)
+        if chain is None:
+            chain = _opened(order[position], position, calls, types, slots, received)
         if chain is None:
             position += 1
             continue
@@ -164,6 +181,20 @@ def _chain(program, order, start, types, calls, exact, slots, received, terminal
     inputs = [key for key, _ in ops.inputs]
     region = fusion.Region(ops.ops, [(dtype, s) for _, s in ops.inputs], shape)
     return Chain(None, start, count, inputs, parent, region)
+
+
+def _opened(node, position, calls, types, slots, received):
+    """A chain of the one node at `position` whose vjp the host target opens (`opened.py`),
+    its contribution going to its argument `x`; else None."""
+    found = opened.pullback(node, calls[id(node)], types)
+    if found is None:
+        return None
+    (arg,) = node.args
+    if type(arg) is not Node or id(arg) not in received:
+        return None
+    opening, dtype, shape, x = found
+    inputs = [("v", x), ("g", slots[id(node)])]
+    return Chain(None, position, 1, inputs, arg, None, opening=(opening, dtype, shape))
 
 
 def _full_sum(node, call, received):

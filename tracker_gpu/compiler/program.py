@@ -25,7 +25,7 @@ from ..cuda.dispatch import on_host_now
 from ..pytree import tree_leaves, tree_map
 from ..tape import Node, replay
 from ..tracked import TrackedArray
-from . import backward, fusion, graphs, loops
+from . import backward, fusion, graphs, loops, opened
 from .codegen import _calls, _leading_to_stop, _order, _walked, generate
 from .recorder import Call, Draw, Walk, slots_by_id
 
@@ -114,20 +114,31 @@ class Program:
         orders = {i: _order(s, self.slots) for i, s in enumerate(self.steps)
                   if isinstance(s, Walk)}  # fmt: skip
         exact = fuse == "exact"
-        chains = backward.plan(self, fusion._types(self, arrays), orders, _calls(self.steps), exact)
+        types = fusion._types(self, arrays)
+        chains = backward.plan(self, types, orders, _calls(self.steps), exact)
+        forwards = [(s, found) for s in self.steps if (found := opened.forward(s, types))]
+        extra = [r for c in chains for r in c.regions()]
+        extra += [r for _, (opening, dtype, shape) in forwards
+                  for r in opening.regions(dtype, shape, 1)]  # fmt: skip
         built = {}
 
-        def build(regions):  # the forward regions and the chains, one library
-            built["kernels"] = loops.build(regions + [c.region for c in chains])
+        def build(regions):  # the forward regions, the chains and the opened rules: one library
+            built["kernels"] = loops.build(regions + extra)
             return None if built["kernels"] is None else built["kernels"][: len(regions)]
 
         self.steps, self.fused = fusion.fuse(self, arrays, orders, build, exact)
-        if chains and "kernels" not in built:  # no forward region: the chains alone
-            built["kernels"] = loops.build([c.region for c in chains])
-        if chains and built["kernels"] is not None:
-            for chain, kernel in zip(chains, built["kernels"][-len(chains) :]):
-                chain.run = backward.guarded(kernel, chain.region)
-                self.chains[id(chain.walk), chain.start] = chain
+        if extra and "kernels" not in built:  # no forward region: the others alone
+            built["kernels"] = loops.build(extra)
+        if not extra or built["kernels"] is None:
+            return
+        kernels = iter(built["kernels"][-len(extra) :])
+        for chain in chains:
+            chain.built([next(kernels) for _ in chain.regions()])
+            self.chains[id(chain.walk), chain.start] = chain
+        for call, (opening, dtype, shape) in forwards:
+            run = opening.run([next(kernels), next(kernels)], dtype, shape)
+            at = next(i for i, s in enumerate(self.steps) if s is call)
+            self.steps[at] = fusion.Fused([call.out], list(call.inputs), [call], run)
 
     def run(self, arrays):
         """The result for new arguments (their arrays, in the recording's order)."""
