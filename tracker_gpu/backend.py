@@ -17,6 +17,7 @@ __all__ = [
     "SCALARS",
     "namespace_of",
     "into",
+    "added_into",
     "is_array",
     "is_cupy",
     "is_cupy_device",
@@ -77,6 +78,22 @@ def into(xp, function, x):
     if xp is np and type(x) is np.ndarray and x.dtype.kind == "f":
         return getattr(np, function)(x, out=x)
     return getattr(xp, function)(x)
+
+
+def added_into(xp, y, b):
+    """`y + b`, written into `y` (an array the caller made and owns) where `xp` is NumPy and
+    the sum has `y`'s dtype and shape, as `into` writes a function's value.
+
+    >>> import numpy as np
+    >>> y = np.zeros((2, 2))
+    >>> added_into(np, y, np.ones(2)) is y
+    True
+    """
+    if (xp is np and type(y) is np.ndarray and type(b) is np.ndarray and y.dtype.kind == "f"
+            and b.dtype == y.dtype and b.ndim <= y.ndim
+            and y.shape[y.ndim - b.ndim :] == b.shape):  # fmt: skip
+        return np.add(y, b, out=y)
+    return y + b
 
 
 def _resolve(x):

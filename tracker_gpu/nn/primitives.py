@@ -10,7 +10,7 @@ matrix, so that convolutions and pools are matmuls and reductions, and `col2im` 
 import itertools
 import math
 
-from ..backend import device_of, into, namespace_of
+from ..backend import added_into, device_of, into, namespace_of
 from ..primitive import Primitive
 from ..rules.elementwise import add, multiply, subtract, tanh
 from ..rules.linalg import matmul, matrix_transpose
@@ -124,7 +124,7 @@ col2im = Primitive(
 # --- the affine map of Dense and Conv: one primitive
 def _linear_forward(xp, x, weight, bias):
     y = _rows_matmul(xp, x, xp.matrix_transpose(weight))
-    return y if bias is None else y + bias
+    return y if bias is None else added_into(xp, y, bias)  # in place, as `into` says why
 
 
 def _rows_matmul(xp, x, w):
