@@ -231,23 +231,87 @@ class _Made:
 
 def _builder(template):
     """A function of the environment that builds `template` with each slot's value in its
-    place, made once: cheaper on every replay than mapping over the structure."""
+    place, made once: straight-line Python generated for the structure (a dataclass a new
+    object with the template's attributes, its fields replaced), cheaper on every replay than
+    a walk over it; closures over its parts where the structure is too deep to generate."""
+    code = _BuilderCode()
+    try:
+        result = code.expression(template, 0)
+        return code.function(result)
+    except (RecursionError, SyntaxError, MemoryError, _TooDeep):
+        return _closures(template)
+
+
+class _TooDeep(Exception):
+    """A structure nested deeper than the generated code may nest its expressions."""
+
+
+class _BuilderCode:
+    DEPTH = 64  # Python's parser refuses expressions nested about 200 deep
+
+    def __init__(self):
+        self.lines, self.consts, self.objects = [], [], 0
+
+    def const(self, value):
+        self.consts.append(value)
+        return f"K[{len(self.consts) - 1}]"
+
+    def expression(self, template, depth):
+        if depth > self.DEPTH:
+            raise _TooDeep
+        if isinstance(template, _Slot):
+            return f"env[{template.index}]"
+        kind = type(template)
+        if isinstance(template, dict):
+            values = "".join(f"{self.expression(v, depth + 1)}, " for v in template.values())
+            return f"{self.const(kind)}(zip({self.const(list(template))}, [{values}]))"
+        if isinstance(template, (tuple, list)):
+            values = "".join(f"{self.expression(v, depth + 1)}, " for v in template)
+            if kind is tuple or kind is list:
+                return f"({values})" if kind is tuple else f"[{values}]"
+            if hasattr(template, "_fields"):  # a named tuple
+                return f"{self.const(kind)}({values})"
+            return f"{self.const(kind)}([{values}])"
+        fields = getattr(kind, "__dataclass_fields__", None)
+        if fields is None or isinstance(template, type):
+            return self.const(template)
+        parts = {name: self.expression(getattr(template, name), depth + 1) for name in fields}
+        self.objects += 1
+        name = f"o{self.objects}"
+        if _plain(template):  # a new object with the template's attributes (read at each call)
+            self.lines.append(f"{name} = NEW({self.const(kind)})")
+            self.lines.append(f"{name}.__dict__.update({self.const(template.__dict__)})")
+        else:
+            self.lines.append(f"{name} = COPY({self.const(template)})")
+        for field, value in parts.items():
+            self.lines.append(f"SET({name}, {field!r}, {value})")
+        return name
+
+    def function(self, result):
+        body = "".join(f"    {line}\n" for line in [*self.lines, f"return {result}"])
+        scope = {"K": self.consts, "NEW": _new, "COPY": copy.copy, "SET": object.__setattr__}
+        exec(compile(f"def build(env):\n{body}", "<tg.compile result>", "exec"), scope)  # noqa: S102
+        return scope["build"]
+
+
+def _closures(template):
+    """`_builder`'s function as closures over the structure's parts."""
     if isinstance(template, _Slot):
         index = template.index
         return lambda env: env[index]
     if isinstance(template, dict):
-        keys, parts = list(template), [_builder(v) for v in template.values()]
+        keys, parts = list(template), [_closures(v) for v in template.values()]
         kind = type(template)
         return lambda env: kind(zip(keys, [part(env) for part in parts]))
     if isinstance(template, (tuple, list)):
-        parts, kind = [_builder(v) for v in template], type(template)
+        parts, kind = [_closures(v) for v in template], type(template)
         if hasattr(template, "_fields"):  # a named tuple
             return lambda env: kind(*[part(env) for part in parts])
         return lambda env: kind([part(env) for part in parts])
     fields = getattr(type(template), "__dataclass_fields__", None)
     if fields is None or isinstance(template, type):
         return lambda env: template
-    parts = [(name, _builder(getattr(template, name))) for name in fields]
+    parts = [(name, _closures(getattr(template, name))) for name in fields]
 
     def dataclass_instance(env):
         out = shallow_copy(template)
@@ -260,17 +324,23 @@ def _builder(template):
 
 def shallow_copy(x):
     """`copy.copy(x)`, quicker for the plain objects (dataclasses) a replay rebuilds."""
+    if not _plain(x):
+        return copy.copy(x)
+    out = _new(type(x))
+    out.__dict__.update(x.__dict__)
+    return out
+
+
+def _plain(x):
+    """Whether a copy of `x` is a new object with the same `__dict__` (no `__copy__`, no
+    slots)."""
     kind = type(x)
     plain = _PLAIN.get(kind)
     if plain is None:
         plain = _PLAIN[kind] = not (
             hasattr(kind, "__copy__") or hasattr(kind, "__slots__") or not hasattr(x, "__dict__")
         )
-    if not plain:
-        return copy.copy(x)
-    out = _new(kind)
-    out.__dict__.update(x.__dict__)
-    return out
+    return plain
 
 
 _PLAIN = {}  # type -> whether a copy of its instances is a new object with the same __dict__
