@@ -63,7 +63,8 @@ VECTORISE = True  # the machine's instruction set (-march=native); False: scalar
 THREADS = [1 << 20, 0]  # from how many elements a region runs on threads, and on how many
 RELEASE_FROM = 1 << 15  # from how many elements a call releases the GIL
 _HALF = {"float16": "tg_half", "bfloat16": "tg_bfloat16"}  # stored so, computed in float
-_CTYPE = {"float32": "float", "float64": "double", "bool": "bool", **_HALF}
+# stored so; a bool as a byte, read as `x != 0`: GCC 12 vectorises no loop that loads a `bool`
+_CTYPE = {"float32": "float", "float64": "double", "bool": "unsigned char", **_HALF}
 _PRELUDE = r"""#include <cmath>
 #include <cstring>
 using std::cos; using std::cosh; using std::exp; using std::expm1; using std::fabs;
@@ -139,12 +140,16 @@ def _ctype(dtype):
 
 def _compute(dtype):
     """The C type a value of `dtype` is computed in: float for the half types (`half.cuh`)."""
-    return "float" if str(dtype) in _HALF else _CTYPE[str(dtype)]
+    name = str(dtype)
+    return "float" if name in _HALF else "bool" if name == "bool" else _CTYPE[name]
 
 
 def loaded(expression, dtype):
     """An element of an array of `dtype`, widened to its compute type (exact)."""
-    return f"load({expression})" if str(dtype) in _HALF else expression
+    name = str(dtype)
+    if name in _HALF:
+        return f"load({expression})"
+    return f"({expression} != 0)" if name == "bool" else expression
 
 
 def stored(expression, dtype):
