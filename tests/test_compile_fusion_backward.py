@@ -31,7 +31,10 @@ UNARY_CHAIN = {
     "tanh": tg.tanh, "relu": nn.relu, "sqrt": lambda y: tg.sqrt(tg.abs(y)), "square": tg.square,
     "exp": lambda y: tg.exp(y * 1e-3), "log": lambda y: tg.log(tg.abs(y) + 1.0),
     "neg": tg.negative, "div": lambda y: 1.5 / (y + 3.0), "sub": lambda y: 0.5 - y * 0.25,
+    "mask": lambda y: tg.where(MASK, y * 0.5, -np.inf),  # a constant mask: attention's
+    "unmask": lambda y: tg.where(MASK, 1.0, y),
 }  # fmt: skip
+MASK = np.random.default_rng(12).random(29) < 0.7  # broadcast over the rows
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -184,3 +187,24 @@ def test_vectorised_gradients_are_the_scalar_ones_bit_for_bit(seed, monkeypatch)
             _same_bits(got.val, eager.val, f"loss of {plan}")
             for g, e in zip(got.grad, eager.grad):
                 _same_bits(g, e, f"gradient of {plan}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_masked_product_pulls_back_as_one_kernel_bit_for_bit(dtype):
+    """Attention's masked scores, `where(mask, x * scale, -inf)` with a mask made while
+    recording: `where`'s pullback reads the mask where the program keeps it, and joins the
+    product's in one chain; gradients are eager's bit for bit, zeros' signs included."""
+    mask = np.tril(np.ones((24, 24), bool))
+
+    def loss(x):
+        y = tg.exp(tg.where(mask, x * 0.25, -np.inf))
+        return tg.sum(_finite(y * x))
+
+    x = domain((6, 24, 24), dtype, seed=21)
+    step = tg.compile(loss, fuse="exact")
+    _quiet(step, x)
+    got, eager = _quiet(step, x), _quiet(tg.withgradient, loss, x)
+    _same_bits(got.val, eager.val, "the loss")
+    _same_bits(got.grad[0], eager.grad[0], "the gradient")
+    chains = step.programs()[0].chains.values()
+    assert any(c.count >= 2 and any(op == "where" for op, _, _ in c.region.ops) for c in chains)

@@ -78,6 +78,11 @@ VJPS = {
         lambda o, g, a, x: o.op("multiply", g, o.op("subtract", _c(1), o.op("multiply", a, a))),
     ),
     nn.relu: (lambda o, g, a, x: o.op("where", o.op("gt", a, _c(0)), g, _c(0.0)),),
+    ew.where: (
+        None,  # the condition: none
+        lambda o, g, a, c, x, y: o.op("where", c, g, _c(0.0)),
+        lambda o, g, a, c, x, y: o.op("where", c, _c(0.0), g),
+    ),
 }
 
 
@@ -231,6 +236,7 @@ def _pullback(program, node, call, ops, g, types, exact, received):
     if np.dtype(arg.dtype) != ops.dtype or tuple(arg.shape) != tuple(node.shape):
         return None  # fitted (a sum over broadcast axes, a cast): left to the pullback
     saved = {p: call.out if p == 0 else slot for p, slot in call.saves}  # 0: the output
+    saved.update(_constants(program, node, call, saved))
     operands = []
     for position in range(len(node.args) + 1):
         if position not in saved and position and fusion._weak(node.args[position - 1]):
@@ -250,6 +256,18 @@ def _pullback(program, node, call, ops, g, types, exact, received):
     return result, arg
 
 
+def _constants(program, node, call, saved):
+    """`{position: slot}` of the arguments not saved that are the program's own arrays (a
+    mask made while recording, say): the same at every replay, read where they stay."""
+    found = {}
+    for position, (arg, slot) in enumerate(zip(node.args, call.inputs), start=1):
+        if position in saved or type(arg) is Node or slot >= len(program.start):
+            continue
+        if program.start[slot] is arg and not fusion._weak(arg):
+            found[position] = slot
+    return found
+
+
 def _read(ops, mark):
     """The operands the operations added since `mark` read."""
     return [operand for _, _, operands in ops.ops[mark[0] :] for operand in operands]
@@ -265,8 +283,8 @@ def _operand(program, slot, types, ops, shape):
     if value is not None and fusion._weak(value):
         return _c(value)
     kind = types.get(slot)
-    if kind is None or kind[0] != "array" or kind[1] != ops.dtype:
-        return False
+    if kind is None or kind[0] != "array" or kind[1] not in (ops.dtype, fusion.BOOL):
+        return False  # a boolean array: `where`'s condition
     if len(kind[2]) > len(shape) or any(
         n not in (1, m) for n, m in zip(reversed(kind[2]), reversed(shape))
     ):
