@@ -315,7 +315,8 @@ def scatter_add(xp, z, key, values):
     standard can express (it has no scatter).
     """
     if xp is np:
-        np.add.at(z, key, values)
+        if not _add_at_flat(z, key, values):
+            np.add.at(z, key, values)
         return z
     if is_cupy(z):
         import cupyx
@@ -330,6 +331,47 @@ def scatter_add(xp, z, key, values):
         return xp.reshape(z, (-1,)).index_add(0, positions, values).reshape(shape)
     onehot = positions[:, None] == xp.arange(size_of(z), device=device_of(z))[None, :]
     return z + xp.reshape(values[None, :] @ xp.astype(onehot, values.dtype), shape)
+
+
+# elements of the flat indices `_add_at_flat` makes at a time (8 bytes each)
+INDICES_AT_ONCE = 1 << 20
+
+
+def _add_at_flat(z, key, values):
+    """`np.add.at(z, key, values)` for a key of integer arrays on `z`'s leading axes (an
+    embedding's gradient, `take`'s), as `add.at` over the single elements of flattened `z` and
+    `values`: each element receives its contributions in the same order (the broadcast indices'
+    C order), so the result is the same bit for bit, six or more times sooner (NumPy's `add.at`
+    pays per index, and more for several index arrays). False, with nothing done, for any other
+    key, an index out of bounds (`add.at` raises), or complex values (the nan `add.at` makes of
+    an infinite sum is of another sign element by element)."""
+    keys = key if type(key) is tuple else (key,)
+    if not (keys and len(keys) <= z.ndim and type(values) is np.ndarray
+            and values.dtype == z.dtype and z.dtype.kind == "f" and z.flags.c_contiguous
+            and z.flags.writeable and z.size
+            and all(type(k) is np.ndarray and k.dtype.kind in "iu" for k in keys)):  # fmt: skip
+        return False
+    try:
+        shape = np.broadcast_shapes(*(k.shape for k in keys))
+    except ValueError:
+        return False
+    lead, trail = z.shape[: len(keys)], z.shape[len(keys) :]
+    if values.shape != shape + trail or not math.prod(shape):
+        return False
+    flat = np.zeros(shape, np.intp)
+    for k, n in zip(keys, lead):
+        if k.min() < -n or k.max() >= n:
+            return False
+        flat *= n
+        flat += k.astype(np.intp, copy=False) % n  # a negative index counted from the end
+    width = math.prod(trail)
+    flat, into, columns = flat.reshape(-1), z.reshape(-1), np.arange(width, dtype=np.intp)
+    values = values.reshape(len(flat), width)
+    step = max(1, INDICES_AT_ONCE // width)
+    for start in range(0, len(flat), step):  # in order: each element's sum in add.at's order
+        part = slice(start, start + step)
+        np.add.at(into, (flat[part, None] * width + columns).reshape(-1), values[part].reshape(-1))
+    return True
 
 
 def _by_real_parts(scatter, z, key, values):
