@@ -100,14 +100,14 @@ class Chain:
     parent: Node
     region: object
     run: object = None
-    opening: tuple = None  # an opened rule's pullback (`opened.py`): (opening, dtype, shape)
+    opening: tuple = None  # an opened rule's pullback (`opened.py`): (opening, dtype, shape, kw)
 
     def regions(self):
-        """The regions its kernels are built from: one, or an opened rule's two."""
+        """The regions its kernels are built from: one, or an opened rule's."""
         if self.opening is None:
             return [self.region]
-        opening, dtype, shape = self.opening
-        return opening.regions(dtype, shape, 2)
+        opening, *described = self.opening
+        return opening.regions(*described)
 
     def built(self, kernels):
         """Its `run`, from the kernels of its `regions()`."""
@@ -192,14 +192,14 @@ def _opened(node, position, calls, types, slots, received):
     """A chain of the one node at `position` whose vjp the host target opens (`opened.py`),
     its contribution going to its argument `x`; else None."""
     found = opened.pullback(node, calls[id(node)], types)
-    if found is None:
+    if found is None or len(node.args) != 1:
         return None
     (arg,) = node.args
     if type(arg) is not Node or id(arg) not in received:
         return None
-    opening, dtype, shape, x = found
-    inputs = [("v", x), ("g", slots[id(node)])]
-    return Chain(None, position, 1, inputs, arg, None, opening=(opening, dtype, shape))
+    *described, saved = found
+    inputs = [("v", slot) for slot in saved] + [("g", slots[id(node)])]
+    return Chain(None, position, 1, inputs, arg, None, opening=tuple(described))
 
 
 def _full_sum(node, call, received):

@@ -1,15 +1,16 @@
 """Rules the host target opens: a primitive whose forward or pullback is elementwise arithmetic
-around one function of the library (GELU's `tanh`), replayed as generated loops around that
-very function.
+around calls of the library (GELU's `tanh`, the row statistics of softmax, the normalisations
+and cross-entropy), replayed as generated loops around those very calls.
 
-Eagerly, `nn.gelu`'s forward makes nine passes over its array and its pullback eighteen, each
-a NumPy call; fused, each is two loops (`loops.py`) around NumPy's own `tanh`, written in place
-into the first loop's output. The loops compute the operations of the rule's NumPy code
-(`nn/primitives.py`) in its order and dtype, and the `tanh` is NumPy's: bit for bit the eager
-step, with `fuse="exact"` too (the C library's `tanh` would differ in the last bits). The
-forward stands where the rule's call stood, as one `Fused` step (`fusion.py`); the pullback as a
-chain of one node (`backward.py`). Arrays other than the recording's (another layout, a NumPy
-scalar) take the rule's own forward or vjp.
+Eagerly each elementwise operation of such a rule is a NumPy pass over its arrays (GELU's
+forward makes nine, its pullback eighteen; the normalisations' pullback five after its
+statistics). Opened, the arithmetic between two library calls is one loop (`loops.py`), and
+the library's calls are the rule's own: the loops compute the operations of the rule's NumPy
+code in its order and dtype, so the opened rule is eager's bit for bit, with `fuse="exact"`
+too (a loop calling the C library's `tanh`, or summing a row in its own order, would differ in
+the last bits). A forward stands where the rule's call stood, as one `Fused` step
+(`fusion.py`); a pullback as a chain of one node (`backward.py`). Arrays other than the
+recording's (another layout or dtype, a NumPy scalar) take the rule's own code.
 
 >>> import numpy as np, tracker_gpu as tg
 >>> step = tg.compile(lambda x: tg.sum(tg.nn.gelu(x)))
@@ -25,127 +26,264 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..nn.primitives import GELU_C, GELU_K, _gelu_forward, _gelu_vjp, gelu_tanh
+from ..rules import losses, nn
+from ..rules.rows import row_max, row_mean, row_mean_of_products, row_sum, row_sum_of_products
 from . import fusion
 from .recorder import Call
 
 __all__ = ["Opening", "forward", "pullback", "OPENED"]
 
+# the operands of a loop's ops: its inputs, earlier ops, numbers
+_IN = [("in", k) for k in range(8)]
+
+
+def _op(j):
+    return ("op", j)
+
+
+def _c(number):
+    return ("const", number)
+
 
 def _ops(dtype, *ops):
-    """A region's ops from `(op, operand, operand)`: an int is an earlier op, `"x"`-like names
-    are inputs (by the position given in `inputs`), a float a constant."""
-    return [(op, dtype, list(operands)) for op, *operands in ops]
+    return [(name, dtype, list(operands)) for name, *operands in ops]
 
 
-def _inner(dtype):
-    """`c * (x * (1 + k x^2))` of `x`, as `_gelu_forward` computes it before its `tanh`."""
-    x = ("in", 0)
-    return _ops(dtype, ("multiply", x, x), ("multiply", ("op", 0), ("const", GELU_K)),
-                ("add", ("op", 1), ("const", 1.0)), ("multiply", ("op", 2), x),
-                ("multiply", ("op", 3), ("const", GELU_C)))  # fmt: skip
+# --- GELU: `0.5 x (1 + tanh(c (x + k x^3)))`, as nn/primitives.py computes it
+def _gelu_inner(dtype):
+    """`c * (x * (1 + k x^2))` of `x`, before the `tanh` (forward and pullback alike)."""
+    x = _IN[0]
+    return _ops(dtype, ("multiply", x, x), ("multiply", _op(0), _c(GELU_K)),
+                ("add", _op(1), _c(1.0)), ("multiply", _op(2), x),
+                ("multiply", _op(3), _c(GELU_C)))  # fmt: skip
 
 
-def _activation(dtype):
-    """`0.5 * (x * (1 + t))` of `(t, x)`: the forward after its `tanh`."""
-    t, x = ("in", 0), ("in", 1)
-    return _ops(dtype, ("add", t, ("const", 1.0)), ("multiply", ("op", 0), x),
-                ("multiply", ("op", 1), ("const", 0.5)))  # fmt: skip
+def _gelu_activation(dtype):
+    """`0.5 * (x * (1 + t))` of `(t, x)`."""
+    t, x = _IN[:2]
+    return _ops(dtype, ("add", t, _c(1.0)), ("multiply", _op(0), x), ("multiply", _op(1), _c(0.5)))
 
 
-def _slope(dtype):
-    """`g * gelu'(x)` of `(t, x, g)`, as `_gelu_vjp` computes it after its `tanh`."""
-    t, x, g = ("in", 0), ("in", 1), ("in", 2)
+def _gelu_slope(dtype):
+    """`g * gelu'(x)` of `(t, x, g)`."""
+    t, x, g = _IN[:3]
     return _ops(
         dtype,
         ("multiply", t, t),  # 0: slope = t * t
-        ("multiply", ("op", 0), ("const", -1.0)),
-        ("add", ("op", 1), ("const", 1.0)),  # 2: 1 - t^2, exactly
-        ("multiply", ("op", 2), x),
-        ("multiply", ("op", 3), ("const", GELU_C)),  # 4
+        ("multiply", _op(0), _c(-1.0)),
+        ("add", _op(1), _c(1.0)),  # 2: 1 - t^2, exactly
+        ("multiply", _op(2), x),
+        ("multiply", _op(3), _c(GELU_C)),  # 4
         ("multiply", x, x),  # 5: square
-        ("multiply", ("op", 5), ("const", 3 * GELU_K)),
-        ("add", ("op", 6), ("const", 1.0)),  # 7
-        ("multiply", ("op", 4), ("op", 7)),  # 8: slope *= square
-        ("add", t, ("const", 1.0)),
-        ("add", ("op", 9), ("op", 8)),  # 10: t + 1 + slope
-        ("multiply", ("op", 10), ("const", 0.5)),
-        ("multiply", ("op", 11), g),  # t *= g
+        ("multiply", _op(5), _c(3 * GELU_K)),
+        ("add", _op(6), _c(1.0)),  # 7
+        ("multiply", _op(4), _op(7)),  # 8: slope *= square
+        ("add", t, _c(1.0)),
+        ("add", _op(9), _op(8)),  # 10: t + 1 + slope
+        ("multiply", _op(10), _c(0.5)),
+        ("multiply", _op(11), g),  # t *= g
     )
+
+
+def _gelu_forward_opened(kernels, x):
+    inner, activation = kernels
+    t = inner(x)
+    return activation(np.tanh(t, out=t), x)
+
+
+def _gelu_vjp_opened(kernels, x, g):
+    inner, slope = kernels
+    t = inner(x)
+    return slope(np.tanh(t, out=t), x, g)
+
+
+# --- softmax's pullback: `(g - sum(g * ans)) * ans`, the sum over `axis` NumPy's (rows.py)
+def _softmax_last(dtype):
+    g, s, ans = _IN[:3]
+    return _ops(dtype, ("subtract", g, s), ("multiply", _op(0), ans))
+
+
+def _softmax_vjp_opened(kernels, ans, g, axis=-1):
+    (last,) = kernels
+    return last(g, row_sum_of_products(np, g, ans, axis), ans)
+
+
+# --- normalise's pullback: `((g - mean(g)) - ans * mean(g * ans)) / sigma`
+def _normalise_last(dtype):
+    g, mean_g, ans, mean_ga, sigma = _IN[:5]
+    return _ops(dtype, ("subtract", g, mean_g), ("multiply", ans, mean_ga),
+                ("subtract", _op(0), _op(1)), ("divide", _op(2), sigma))  # fmt: skip
+
+
+def _normalise_vjp_opened(kernels, ans, x, g, *, axes, eps=1e-5):
+    (last,) = kernels
+    centred = x - row_mean(np, x, axes)  # sigma as the forward computes it, as the vjp does
+    sigma = np.sqrt(row_mean_of_products(np, centred, centred, axes) + eps)
+    return last(g, row_mean(np, g, axes), ans, row_mean_of_products(np, g, ans, axes), sigma)
+
+
+# --- cross-entropy's forward: `-sum(t * where(t != 0, logsoftmax(z), 0))`, aggregated
+def _crossentropy_terms(dtype):
+    shifted, lse, t = _IN[:3]
+    return _ops(dtype, ("subtract", shifted, lse), ("ne", t, _c(0)),
+                ("where", _op(1), _op(0), _c(0.0)), ("multiply", t, _op(2)))  # fmt: skip
+
+
+def _crossentropy_opened(kernels, logits, targets, *, axis=-1, agg="mean", normalized=False):
+    (terms,) = kernels
+    shifted = logits - row_max(np, logits, axis)  # losses._logsoftmax_plain, to its last step
+    lse = np.log(row_sum(np, np.exp(shifted), axis))
+    total = -np.sum(terms(shifted, lse, targets))
+    return total / losses._samples(logits, axis) if agg == "mean" else total
+
+
+def _kept_axes(shape, axes):
+    """`shape` with 1 on `axes` (an int or a tuple): a row statistic's, kept dims."""
+    axes = (axes,) if isinstance(axes, int) else tuple(axes)
+    kept = {a % len(shape) for a in axes}
+    return tuple(1 if a in kept else n for a, n in enumerate(shape))
 
 
 @dataclass(frozen=True)
 class Opening:
-    """How a rule opens: the ops of the loop before its library function `function` (of the
-    arrays the rule's forward or vjp reads), and of the loop after it (of that function's
-    value, then the same arrays); `eager` the rule's own code, for anything else."""
+    """How a rule's forward or one vjp opens: `loops` the ops of each generated loop (functions
+    of the dtype), `inputs(shape, kw)` each loop's input shapes, the rule's arrays being of
+    `shape` (None where it does not open: a keyword it does not know); `composed(kernels,
+    *arrays, **kw)` the rule's code with the loops' kernels for its elementwise parts, `eager(
+    *arrays, **kw)` the rule's own code; `reads` the node's saved values a pullback reads
+    (positions: 0 its output, k its argument k), before the gradient."""
 
-    before: object  # dtype -> ops
-    function: str
-    after: object  # dtype -> ops
+    loops: tuple
+    inputs: object
+    composed: object
     eager: object
+    reads: tuple = ()
 
-    def regions(self, dtype, shape, count):
-        """The two regions, on `count` input arrays of `dtype` and `shape`."""
-        first = fusion.Region(self.before(dtype), [(dtype, shape)], shape)
-        second = fusion.Region(self.after(dtype), [(dtype, shape)] * (count + 1), shape)
-        return [first, second]
+    def regions(self, dtype, shape, kw):
+        """The regions of its loops, for arrays of `dtype` and `shape`."""
+        return [fusion.Region(ops(dtype), [(dtype, s) for s in shapes], shape)
+                for ops, shapes in zip(self.loops, self.inputs(shape, kw))]  # fmt: skip
 
-    def run(self, kernels, dtype, shape):
-        """`run(*arrays)`: the two loops around the library's function, where the arrays are
-        the recording's (C-contiguous, of `dtype` and `shape`); the rule's own code else."""
-        before, after = kernels
-        function, eager, ndarray = getattr(np, self.function), self.eager, np.ndarray
+    def run(self, kernels, dtype, shape, kw):
+        """`run(*arrays)`: the composed code where the arrays are the recording's (C-contiguous,
+        of `dtype` and `shape`), the rule's own code else."""
+        composed, eager, ndarray = self.composed, self.eager, np.ndarray
 
         def run(*arrays):
             for a in arrays:
                 if type(a) is not ndarray or a.dtype != dtype or a.shape != shape or (
                         not a.flags.carray):  # fmt: skip
-                    return eager(*arrays)
-            inner = before(arrays[0])
-            return after(function(inner, out=inner), *arrays)
+                    return eager(*arrays, **kw)
+            return composed(kernels, *arrays, **kw)
 
         return run
 
 
-OPENED = {  # rule -> (its forward's opening, its one vjp's)
+def _gelu_shapes(count):
+    """The inner loop reads `x`; the second `t` and the rule's `count - 1` arrays."""
+    return lambda shape, kw: None if kw else [[shape], [shape] * count]
+
+
+def _with_rows(kind):
+    """Input shapes of a loop reading the arrays and row statistics (`kind`: "a" an array, "s"
+    a statistic over the rule's `axis` or `axes`)."""
+
+    def inputs(shape, kw):
+        axes = kw.get("axis", kw.get("axes", -1))
+        if set(kw) - {"axis", "axes", "eps", "agg", "normalized"} or not shape:
+            return None
+        stat = _kept_axes(shape, axes)
+        return [[shape if k == "a" else stat for k in kind]]
+
+    return inputs
+
+
+OPENED = {  # rule -> (its forward's opening or None, its first vjp's or None)
     gelu_tanh: (
-        Opening(_inner, "tanh", _activation, lambda x: _gelu_forward(np, x)),
-        Opening(_inner, "tanh", _slope, lambda x, g: _gelu_vjp(g, None, x)),
+        Opening(
+            (_gelu_inner, _gelu_activation),
+            _gelu_shapes(2),
+            _gelu_forward_opened,
+            lambda x: _gelu_forward(np, x),
+        ),
+        Opening(
+            (_gelu_inner, _gelu_slope),
+            _gelu_shapes(3),
+            _gelu_vjp_opened,
+            lambda x, g: _gelu_vjp(g, None, x),
+            reads=(1,),
+        ),
+    ),
+    nn.softmax: (
+        None,
+        Opening(
+            (_softmax_last,),
+            _with_rows("asa"),
+            _softmax_vjp_opened,
+            lambda ans, g, axis=-1: nn._softmax_vjp(g, ans, axis),
+            reads=(0,),
+        ),
+    ),
+    nn.normalise: (
+        None,
+        Opening(
+            (_normalise_last,),
+            _with_rows("asass"),
+            _normalise_vjp_opened,
+            lambda ans, x, g, **kw: nn._normalise_vjp(g, ans, x, **kw),
+            reads=(0, 1),
+        ),
+    ),
+    losses.logitcrossentropy_primitive: (
+        Opening(
+            (_crossentropy_terms,),
+            _with_rows("asa"),
+            _crossentropy_opened,
+            lambda z, t, **kw: losses._lce_forward(np, z, t, **kw),
+        ),
+        None,
     ),
 }
-_BY_FORWARD = {rule.forward: (rule, openings[0]) for rule, openings in OPENED.items()}
+_BY_FORWARD = {rule.forward: (rule, pair[0]) for rule, pair in OPENED.items() if pair[0]}
 
 
-def _opens(node, shape):
-    """Whether a node of this dtype and shape is worth opening (the loops' calls cost about
-    2 us each: small arrays stay NumPy's)."""
-    return np.dtype(node.dtype) in fusion.FLOATS and int(np.prod(shape)) >= fusion.SMALL_SIZE
+def _opens(dtype, shape):
+    """Whether arrays of this dtype and shape are worth opening for (a loop's call costs about
+    2 us: small arrays stay NumPy's)."""
+    return dtype in fusion.FLOATS and int(np.prod(shape)) >= fusion.SMALL_SIZE
 
 
 def forward(step, types):
-    """`(opening, dtype, shape)` for a forward step the host target opens, else None: the
-    rule's own forward, on one array of the node's dtype and shape."""
+    """`(opening, dtype, shape, kw)` for a forward step the host target opens, else None: the
+    rule's own forward, on arrays of one dtype and shape."""
     found = _BY_FORWARD.get(getattr(step, "function", None))
-    if type(step) is not Call or found is None or step.makes_ctx or step.kw:
+    if type(step) is not Call or found is None or step.makes_ctx or step.xp is not np:
         return None
-    if step.xp is not np or len(step.inputs) != 1:
+    kinds = {types.get(slot) for slot in step.inputs}
+    if len(kinds) != 1:
         return None
-    dtype, shape = np.dtype(step.node.dtype), tuple(step.node.shape)
-    if types.get(step.inputs[0]) != ("array", dtype, shape) or not _opens(step.node, shape):
+    (kind,) = kinds
+    if kind is None or kind[0] != "array" or not _opens(kind[1], kind[2]):
         return None
-    return found[1], dtype, shape
+    opening, kw = found[1], dict(step.kw)
+    if opening.inputs(kind[2], kw) is None:
+        return None
+    return opening, kind[1], kind[2], kw
 
 
 def pullback(node, call, types):
-    """`(opening, dtype, shape, slot of x)` for a node whose one vjp the host target opens,
-    its gradient of the node's dtype and shape and its `x` saved; else None."""
-    openings = OPENED.get(node.rule)
-    if openings is None or call.makes_ctx or node.ctx or call.xp is not np:
+    """`(opening, dtype, shape, kw, slots)` for a node whose one vjp the host target opens:
+    the saved values it reads (`slots`) and its gradient of the node's dtype and shape; else
+    None."""
+    pair = OPENED.get(node.rule)
+    if pair is None or pair[1] is None or call.makes_ctx or call.xp is not np:
         return None
+    opening, kw = pair[1], dict(node.ctx or {})
     dtype, shape = np.dtype(node.dtype), tuple(node.shape)
-    saved = dict(call.saves)
-    if 1 not in saved or types.get(saved[1]) != ("array", dtype, shape):
+    saved = {p: call.out if p == 0 else slot for p, slot in call.saves}
+    if any(p not in saved or types.get(saved[p]) != ("array", dtype, shape)
+           for p in opening.reads):  # fmt: skip
         return None
-    if not _opens(node, shape):
+    if not _opens(dtype, shape) or opening.inputs(shape, kw) is None:
         return None
-    return openings[1], dtype, shape, saved[1]
+    return opening, dtype, shape, kw, [saved[p] for p in opening.reads]

@@ -118,8 +118,8 @@ class Program:
         chains = backward.plan(self, types, orders, _calls(self.steps), exact)
         forwards = [(s, found) for s in self.steps if (found := opened.forward(s, types))]
         extra = [r for c in chains for r in c.regions()]
-        extra += [r for _, (opening, dtype, shape) in forwards
-                  for r in opening.regions(dtype, shape, 1)]  # fmt: skip
+        extra += [r for _, (opening, *described) in forwards
+                  for r in opening.regions(*described)]  # fmt: skip
         built = {}
 
         def build(regions):  # the forward regions, the chains and the opened rules: one library
@@ -135,8 +135,8 @@ class Program:
         for chain in chains:
             chain.built([next(kernels) for _ in chain.regions()])
             self.chains[id(chain.walk), chain.start] = chain
-        for call, (opening, dtype, shape) in forwards:
-            run = opening.run([next(kernels), next(kernels)], dtype, shape)
+        for call, (opening, *described) in forwards:
+            run = opening.run([next(kernels) for _ in opening.loops], *described)
             at = next(i for i, s in enumerate(self.steps) if s is call)
             self.steps[at] = fusion.Fused([call.out], list(call.inputs), [call], run)
 
