@@ -3,7 +3,7 @@ around calls of the library (GELU's `tanh`, the row statistics of softmax, the n
 and cross-entropy), replayed as generated loops around those very calls.
 
 Eagerly each elementwise operation of such a rule is a NumPy pass over its arrays (GELU's
-forward makes nine, its pullback eighteen; the normalisations' pullback five after its
+forward makes nine, its pullback eighteen; the normalisations' pullback four after its
 statistics). Opened, the arithmetic between two library calls is one loop (`loops.py`), and
 the library's calls are the rule's own: the loops compute the operations of the rule's NumPy
 code in its order and dtype, so the opened rule is eager's bit for bit, with `fuse="exact"`
