@@ -67,6 +67,17 @@ def _expected_parts(rule):
     return int(forward is not None), int(vjp is not None)
 
 
+def _compiled_as_eager(loss, x, what):
+    """`loss` compiled (`fuse="exact"`), its value and gradient checked bit for bit against
+    eager's at its second call: `(step, its opened parts)`."""
+    step = tg.compile(loss, fuse="exact")
+    _quiet(step, x)
+    got, eager = _quiet(step, x), _quiet(tg.withgradient, loss, x)
+    _same_bits(got.val, eager.val, f"{what}: the loss")
+    _same_bits(got.grad[0], eager.grad[0], f"{what}: the gradient")
+    return step, _opened_parts(step.programs()[0])
+
+
 def _input(rule, dtype, seed):
     x = domain(SHAPE, dtype, seed=seed)
     if rule is losses.logitcrossentropy_primitive:  # logits: an inf makes every term nan
@@ -82,12 +93,7 @@ def test_opened_rules_replay_eager_bit_for_bit(rule, dtype, seed):
     weights = domain(x.shape if rule is not losses.logitcrossentropy_primitive else (),
                      dtype, seed=seed + 10, special=0.1)  # fmt: skip
     loss = _loss(rule, weights)
-    step = tg.compile(loss, fuse="exact")
-    _quiet(step, x)
-    got, eager = _quiet(step, x), _quiet(tg.withgradient, loss, x)
-    _same_bits(got.val, eager.val, f"{rule.name}: the loss")
-    _same_bits(got.grad[0], eager.grad[0], f"{rule.name}: the gradient")
-    forwards, chains = _opened_parts(step.programs()[0])
+    step, (forwards, chains) = _compiled_as_eager(loss, x, rule.name)
     assert (len(forwards), len(chains)) == _expected_parts(rule), (forwards, chains)
     again = _input(rule, dtype, seed + 20)  # new arguments, the same program
     _same_bits(_quiet(step, again).grad[0], _quiet(tg.withgradient, loss, again).grad[0],
@@ -166,10 +172,5 @@ def test_opened_rules_on_other_axes_replay_eager_bit_for_bit(name):
         y = OTHER_AXES[name](x)
         return tg.sum(tg.where(tg.abs(y) < 1e30, y * 0.75, 0.0))
 
-    step = tg.compile(loss, fuse="exact")
-    _quiet(step, x)
-    got, eager = _quiet(step, x), _quiet(tg.withgradient, loss, x)
-    _same_bits(got.val, eager.val, f"{name}: the loss")
-    _same_bits(got.grad[0], eager.grad[0], f"{name}: the gradient")
-    forwards, chains = _opened_parts(step.programs()[0])
+    _, (forwards, chains) = _compiled_as_eager(loss, x, name)
     assert forwards or chains, name
