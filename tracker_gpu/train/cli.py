@@ -18,7 +18,7 @@ from tracker_gpu.distributed import STEP_TIMEOUT, StalledWorkers, StalledWorkerW
 
 from .arguments import check_modules, check_plot, number, option, signals, without
 from .data import SKLEARN_MISSING, digits
-from .devices import select_backend
+from .devices import keep_freed_memory, select_backend
 from .loop import (
     TEST_FRACTION,
     Interrupted,
@@ -293,6 +293,7 @@ def main(argv=None):
     and a stop by SIGINT or SIGTERM are one line each, no traceback (exit 1, 1, 1, 130 or
     143)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    keep_freed_memory()
     if argv[:1] == ["text"]:  # the text job: a character-level transformer
         from .text_cli import main as text_main
 

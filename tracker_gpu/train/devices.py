@@ -1,11 +1,40 @@
-"""Where the main job runs: the array library and device for `--backend` and `--device`, and
-one CPU thread for BLAS and PyTorch while training on the CPU."""
+"""Where the main job runs: the array library and device for `--backend` and `--device`, one
+CPU thread for BLAS and PyTorch while training on the CPU, and host memory kept for reuse."""
 
 import contextlib
+import ctypes
 import importlib
 import sys
 
-__all__ = ["select_backend", "one_thread"]
+__all__ = ["select_backend", "one_thread", "keep_freed_memory"]
+
+# glibc's mallopt parameters
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_memory(mapped_from=32 << 20, trimmed_from=128 << 20):
+    """Let the C library's malloc keep the memory a step frees for the next step: a training
+    step makes and frees the same large arrays every time, and glibc's malloc maps each array
+    over its threshold (128 KiB at first) pages of its own, returning them when it is freed,
+    and gives the top of its heap back to the system past another: each step then faults its
+    activations in anew (the text job's eager step: 10,000 page faults and 15 ms of its 45 in
+    the kernel). Arrays below `mapped_from` bytes then come from the heap, and its free top
+    is kept up to `trimmed_from` bytes. The jobs own their process and call this once; a
+    library would not. True where it took effect (glibc); nothing is changed elsewhere.
+
+    >>> keep_freed_memory() in (True, False)
+    True
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, mapped_from)) and bool(
+        mallopt(M_TRIM_THRESHOLD, trimmed_from)
+    )
 
 
 def select_backend(backend="auto", device="auto"):

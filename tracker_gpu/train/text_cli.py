@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 from .arguments import check_modules, check_plot, number, option, signals, without
-from .devices import select_backend
+from .devices import keep_freed_memory, select_backend
 from .loop import Interrupted
 from .mixed import DEFAULT, PRECISIONS, described
 from .plots import plot_text
@@ -170,6 +170,7 @@ def main(argv=None):
     write the plot. A loss that is not finite and a stop by SIGINT or SIGTERM are one line
     each, no traceback (exit 1, 130 or 143)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    keep_freed_memory()
     with signals() as stop:
         try:
             run(argv, stop=stop)
