@@ -12,7 +12,8 @@ dropout off), the step forward + backward + clipping by global norm + AdamW, as 
 with `torch.optim.AdamW` and `clip_grad_norm_`; its first loss is checked against tracker_gpu's.
 The three are timed in turn, `--steps` steps each, for `--rounds` rounds (interleaved, so load
 from other processes falls on all three alike); the median rate of each and the ratios are
-printed. BLAS and PyTorch run on `--threads` threads.
+printed. BLAS and PyTorch run on `--threads` threads, and malloc keeps the memory a step frees
+for the next, as the training jobs have it (`train.devices.keep_freed_memory`), for all three.
 
 `--backend cupy` (a GPU; a step of `ci/gpu`): tracker_gpu on CuPy arrays and PyTorch on CUDA,
 each block of steps ended by a synchronisation of the device (host overhead included, as a
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_measure
 
 from tracker_gpu import nn  # noqa: E402
+from tracker_gpu.train.devices import keep_freed_memory  # noqa: E402
 from tracker_gpu.train.text_loop import (  # noqa: E402
     MAX_NORM,
     TextConfig,
@@ -227,6 +229,7 @@ def main(argv=None):
     p.add_argument("--precision", choices=["32", "16", "bf16"], default="32")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args(argv)
+    keep_freed_memory()  # as the job does, for every contender of this process
     if args.backend == "cupy":
         from gpu_measure import cupy_gpu
 
