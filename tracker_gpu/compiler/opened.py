@@ -27,7 +27,7 @@ import numpy as np
 
 from ..nn.primitives import GELU_C, GELU_K, _gelu_forward, _gelu_vjp, gelu_tanh
 from ..rules import losses, nn
-from ..rules.rows import row_max, row_mean, row_mean_of_products, row_sum, row_sum_of_products
+from ..rules.rows import row_sum_of_products
 from . import fusion
 from .recorder import Call
 
@@ -117,9 +117,8 @@ def _normalise_last(dtype):
 
 def _normalise_vjp_opened(kernels, ans, x, g, *, axes, eps=1e-5):
     (last,) = kernels
-    centred = x - row_mean(np, x, axes)  # sigma as the forward computes it, as the vjp does
-    sigma = np.sqrt(row_mean_of_products(np, centred, centred, axes) + eps)
-    return last(g, row_mean(np, g, axes), ans, row_mean_of_products(np, g, ans, axes), sigma)
+    mean_g, mean_ga, sigma = nn.normalise_statistics(np, g, ans, x, axes, eps)
+    return last(g, mean_g, ans, mean_ga, sigma)
 
 
 # --- cross-entropy's forward: `-sum(t * where(t != 0, logsoftmax(z), 0))`, aggregated
@@ -131,8 +130,7 @@ def _crossentropy_terms(dtype):
 
 def _crossentropy_opened(kernels, logits, targets, *, axis=-1, agg="mean", normalized=False):
     (terms,) = kernels
-    shifted = logits - row_max(np, logits, axis)  # losses._logsoftmax_plain, to its last step
-    lse = np.log(row_sum(np, np.exp(shifted), axis))
+    shifted, lse = losses.logsoftmax_parts(np, logits, axis)
     total = -np.sum(terms(shifted, lse, targets))
     return total / losses._samples(logits, axis) if agg == "mean" else total
 

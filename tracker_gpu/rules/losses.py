@@ -210,9 +210,16 @@ def mse(yhat, y, /, *, agg="mean"):
 
 
 # --- logitcrossentropy: one primitive
-def _logsoftmax_plain(xp, x, axis):
+def logsoftmax_parts(xp, x, axis):
+    """`(x - max(x), log(sum(exp(x - max(x)))))` over `axis`: the log-softmax is their
+    difference (`tg.compile`'s opened cross-entropy, `compiler/opened.py`, takes it from here)."""
     shifted = x - row_max(xp, x, axis)
-    return shifted - xp.log(row_sum(xp, xp.exp(shifted), axis))
+    return shifted, xp.log(row_sum(xp, xp.exp(shifted), axis))
+
+
+def _logsoftmax_plain(xp, x, axis):
+    shifted, lse = logsoftmax_parts(xp, x, axis)
+    return shifted - lse
 
 
 def _lce_forward(xp, logits, targets, *, axis=-1, agg="mean", normalized=False):

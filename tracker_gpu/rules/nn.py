@@ -158,15 +158,23 @@ def _normalise_forward(xp, x, /, *, axes, eps=1e-5):
     return centred
 
 
+def normalise_statistics(xp, g, ans, x, axes, eps):
+    """`(mean(g), mean(g * ans), sigma)` over `axes` on plain arrays, sigma recomputed from `x`
+    as the forward computes it: what `normalise`'s pullback reads besides `g` and `ans` (and
+    `tg.compile`'s opened pullback, `compiler/opened.py`)."""
+    centred = x - row_mean(xp, x, axes)
+    sigma = xp.sqrt(row_mean_of_products(xp, centred, centred, axes) + eps)
+    return row_mean(xp, g, axes), row_mean_of_products(xp, g, ans, axes), sigma
+
+
 def _normalise_vjp(g, ans, x, *, axes, eps=1e-5):
     """`((g - mean(g)) - y * mean(g * y)) / sigma`, sigma recomputed from `x` as the forward
     computes it."""
     xp = _plain(g, ans, x)
     if xp is not None:
-        centred = x - row_mean(xp, x, axes)
-        sigma = xp.sqrt(row_mean_of_products(xp, centred, centred, axes) + eps)
-        spread = g - row_mean(xp, g, axes)
-        slope = ans * row_mean_of_products(xp, g, ans, axes)
+        mean_g, mean_ga, sigma = normalise_statistics(xp, g, ans, x, axes, eps)
+        spread = g - mean_g
+        slope = ans * mean_ga
         if not spread.dtype == slope.dtype == sigma.dtype or spread.shape != slope.shape:
             return (spread - slope) / sigma
         spread -= slope  # in place on what this made, as `into` says why
