@@ -85,6 +85,7 @@ class Primitive:
         self.forward = forward if fused_forward is None else _fused_first(fused_forward, forward)
         self.vjps = vjps
         self._first_vjp = next(iter(vjps), None)  # a variadic primitive's is by position
+        self._two = tuple(vjps) if isinstance(vjps, tuple) and len(vjps) == 2 else None
         self.fused = fused if fused is not None else dispatch.PULLBACKS.get(name)
         self.__doc__ = doc
         self._reads = _reads(saves, forward, vjps)
@@ -96,7 +97,7 @@ class Primitive:
             if kind is TrackedArray:
                 return _record_one(self, args[0], kw)  # the hot path: nothing to check
             if kind is np.ndarray:  # a plain NumPy array, as in a vjp (sin's reads cos(x))
-                return self.forward(np, args[0], **kw)
+                return self.forward(np, args[0], **kw) if kw else self.forward(np, args[0])
         for a in args:
             if type(a) is TrackedArray:
                 return _record(self, args, kw)
@@ -115,8 +116,11 @@ class Primitive:
         return plan
 
     def pullback(self, node, args, kw, saved, g, nested, pending=None):
-        if len(args) == 1 and not nested and type(g) in dispatch.SKIPPED_TYPES:
-            return self._pullback_one(node, args[0], kw, saved, g)  # the hot path
+        if not nested and type(g) in dispatch.SKIPPED_TYPES:  # the hot path: by arity
+            if len(args) == 1:
+                return self._pullback_one(node, args[0], kw, saved, g)
+            if len(args) == 2 and self._two is not None:
+                return self._pullback_two(node, args, kw, saved, g)
         if nested:
             ans, values = tracked_values(node, args, saved, g)
         else:
@@ -157,6 +161,28 @@ class Primitive:
         if ga is not None and (ga.shape != a.shape or ga.dtype != a.dtype):
             ga = _fit(ga, a, self.name)
         return (ga,)
+
+    def _pullback_two(self, node, args, kw, saved, g):
+        """`pullback` of a two-argument primitive on a first-order pass, where the fused path
+        does not apply: each tracked argument's vjp called directly."""
+        a, b = args
+        if saved is None:
+            ans, x, y = node, a, b
+        else:
+            ans, x, y = saved
+            if ans is None:
+                ans = node
+        vjp_x, vjp_y = self._two
+        ga = gb = None
+        if type(a) is Node and vjp_x is not None:
+            ga = vjp_x(g, ans, x, y, **kw) if kw else vjp_x(g, ans, x, y)
+            if ga is not None and (ga.shape != a.shape or ga.dtype != a.dtype):
+                ga = _fit(ga, a, self.name)
+        if type(b) is Node and vjp_y is not None:
+            gb = vjp_y(g, ans, x, y, **kw) if kw else vjp_y(g, ans, x, y)
+            if gb is not None and (gb.shape != b.shape or gb.dtype != b.dtype):
+                gb = _fit(gb, b, self.name)
+        return ga, gb
 
     def __repr__(self):
         return f"<tracked primitive {self.name}>"
@@ -375,15 +401,23 @@ def no_gradient(name, forward, *, signature=None, shaped_by_data=False):
 
 
 def _record_one(prim, x, kw):
-    value = prim.forward(x._xp, x.data, **kw)
+    xp, data = x._xp, x.data
+    value = prim.forward(xp, data, **kw) if kw else prim.forward(xp, data)
     if x._node is None:
-        return constant(value, x._xp)
+        return constant(value, xp)
     keep = prim._plans.get(1)
     if keep is None:
         keep = prim.keeps(1)
-    args = (x._node,)
-    saved = saved_values(keep, value, (x.data,), args) if keep else None
-    return record(value, x._xp, prim, args, kw, saved)
+    if not keep:
+        saved = None
+    elif keep == _INPUT:
+        saved = [None, data]
+    else:
+        saved = saved_values(keep, value, (data,), (x._node,))
+    return record(value, xp, prim, (x._node,), kw, saved)
+
+
+_INPUT = (1,)  # what a unary rule's node keeps when its vjp reads its input (sin, log...)
 
 
 _new = object.__new__
@@ -401,14 +435,18 @@ def record(value, xp, rule, args, ctx, saved=None, replay=None):
     A value of a dtype that carries no gradient (integers, booleans) is a tracked constant (or,
     while tg.compile records, data that a replay computes).
     """
-    if not _differentiable(value.dtype):
+    dtype = value.dtype
+    differentiable = _DIFFERENTIABLE.get((type(dtype), dtype))
+    if differentiable is None:
+        differentiable = _differentiable(dtype)
+    if not differentiable:
         if ACTIVE and recording.current() is not None:
             return traced_data(value, xp, replay or (rule.forward, args, ctx, False))
         return constant(value, xp)
     node = _new(Node)
     node.rule, node.args, node.ctx, node.saved = rule, args, ctx, saved
     node.serial = next_serial()
-    node.shape, node.dtype, node._n, node._g = value.shape, value.dtype, 0, None
+    node.shape, node.dtype, node._n, node._g = value.shape, dtype, 0, None
     out = _new(TrackedArray)
     out.data, out._node, out._xp = value, node, xp
     if ACTIVE:

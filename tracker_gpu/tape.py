@@ -275,8 +275,9 @@ def _pull_back(root, seed, once, nested, stop, release=False, since=0):
             node.rule, node.args, node.ctx, node.saved = SPENT, None, None, None
         elif release:
             node.saved = None
-        grads = (None,) * len(args)
-        if g is not None:
+        if g is None:  # every gradient that reached it was None (a constant's derivative)
+            grads = (None,) * len(args)
+        else:
             try:
                 grads = rule.pullback(node, args, ctx, saved, g, nested, pending)
             except Exception as error:

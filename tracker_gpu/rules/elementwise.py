@@ -310,6 +310,11 @@ def real_dtype(xp, dtype):
 def conjugate_derivative(x):
     """`conj(x)` for complex `x`, `x` itself otherwise: a holomorphic function's vjp is
     `g * conj(f'(z))` (PyTorch's convention, so that `z - lr * grad` descends)."""
+    kind = type(x)
+    if kind is float or kind is int:  # the common cases first: nothing to test further
+        return x
+    if kind is np.ndarray:
+        return conj(x) if x.dtype.kind == "c" else x
     return conj(x) if is_complex(x) else x
 
 
