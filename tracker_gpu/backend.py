@@ -166,9 +166,12 @@ def on_device_of(x):
     """A context in which the library of `x` allocates and launches on `x`'s device: CuPy's
     current device (which its new arrays and kernels use) made `x`'s; nothing for libraries
     that place results by their inputs."""
-    if is_cupy(x):
+    if type(x) is not np.ndarray and is_cupy(x):
         return x.device
-    return contextlib.nullcontext()
+    return _NOWHERE
+
+
+_NOWHERE = contextlib.nullcontext()  # reusable: it holds nothing
 
 
 def full_exactly(xp, shape, value, dtype=None, device=None):
@@ -217,6 +220,8 @@ def size_of(x):
 def writable(x):
     """`x`, or a copy where `x` is a broadcast view (zero strides: read-only on NumPy, refused as
     a target of in-place writes by PyTorch). Gradients handed to the user own their memory."""
+    if type(x) is np.ndarray:  # the common case, without lookups
+        return x if 0 not in x.strides else np.asarray(x, copy=True)
     strides = getattr(getattr(x, "_array", x), "strides", None)  # array-api-strict wraps NumPy
     if strides is None and hasattr(x, "stride") and callable(x.stride):
         strides = x.stride()  # PyTorch
@@ -240,11 +245,12 @@ def owning(x):
 def memory_key(x):
     """A key shared by arrays that may view the same memory: the buffer that owns it (NumPy,
     CuPy and array-api-strict), the storage's address (PyTorch), else the array itself."""
-    inner = getattr(x, "_array", None)  # array-api-strict wraps a NumPy array
-    if inner is not None:
-        x = inner
-    if hasattr(x, "untyped_storage"):
-        return ("torch", x.untyped_storage().data_ptr())
+    if type(x) is not np.ndarray:
+        inner = getattr(x, "_array", None)  # array-api-strict wraps a NumPy array
+        if inner is not None:
+            x = inner
+        if hasattr(x, "untyped_storage"):
+            return ("torch", x.untyped_storage().data_ptr())
     while getattr(x, "base", None) is not None:
         x = x.base
     return id(x)

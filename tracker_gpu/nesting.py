@@ -17,7 +17,6 @@ False
 True
 """
 
-import contextlib
 import threading
 
 from .tape import serial_now
@@ -32,14 +31,24 @@ def active():
     return getattr(_local, "depth", 0) > 0
 
 
-@contextlib.contextmanager
+class _Inside:
+    """The context of `inside()`: a class, not a generator, as every transform enters one."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        _local.depth = getattr(_local, "depth", 0) + 1
+
+    def __exit__(self, *exc):
+        _local.depth -= 1
+
+
+_INSIDE = _Inside()
+
+
 def inside():
     """Within the block, a transform's function runs: transforms called in it nest."""
-    _local.depth = getattr(_local, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _local.depth -= 1
+    return _INSIDE
 
 
 def begin(nest=False):

@@ -12,6 +12,8 @@ in-place operators change the array.
 array([4., 6.])
 """
 
+import numpy as np
+
 from .backend import SCALARS
 from .primitive import NOT_TRACKING, record, saved_values
 from .recording import ACTIVE
@@ -34,14 +36,23 @@ _NO_KEYWORDS = {}
 
 def _operators(prim):
     left, right = prim.keeps(0b01), prim.keeps(0b10)  # what x op 2.0 and 2.0 op x keep
+    both = prim.keeps(0b11)
 
     def operator(self, other):
-        if type(other) in SCALARS and not (NOT_TRACKING or ACTIVE) and self._node is not None:
-            x = self.data
-            value = prim.forward(self._xp, x, other)
-            args = (self._node, other)
-            saved = saved_values(left, value, (x, other), args) if left else None
-            return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
+        if not (NOT_TRACKING or ACTIVE) and self._node is not None:
+            kind = type(other)
+            if kind in SCALARS:
+                x = self.data
+                value = prim.forward(self._xp, x, other)
+                args = (self._node, other)
+                saved = saved_values(left, value, (x, other), args) if left else None
+                return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
+            if kind is TrackedArray and self._xp is other._xp is np and other._node is not None:
+                x, y = self.data, other.data  # two NumPy arrays: no library or device to check
+                value = prim.forward(np, x, y)
+                args = (self._node, other._node)
+                saved = saved_values(both, value, (x, y), args) if both else None
+                return record(value, np, prim, args, _NO_KEYWORDS, saved)
         return prim(self, other)
 
     def reflected(self, other):

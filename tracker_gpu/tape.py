@@ -184,6 +184,14 @@ class Pending:
         else:
             self.replace(node, _add(prev, gp))
 
+    def add_terminal(self, node, gp, nested):
+        """`add` for a leaf or a stop node (`_terminal`), whose first contribution is stored
+        without further tests."""
+        if type(gp) is not Total and id(node) not in self.terminal:
+            self.terminal[id(node)] = [node, gp]  # a first contribution: not ours to add into
+        else:
+            self.add(node, gp, nested)
+
     def _set(self, node, value):
         if _terminal(node, self.stop, self.since):
             self.terminal[id(node)] = [node, value]
@@ -287,7 +295,7 @@ def _pull_back(root, seed, once, nested, stop, release=False, since=0):
                 continue
             if parent.rule is None or parent.serial < since or (stop and id(parent) in stop):
                 if gp is not None:
-                    pending.add(parent, gp, nested)
+                    pending.add_terminal(parent, gp, nested)
                 continue
             if gp is not None:
                 if parent._g is None and type(gp) is not Total:

@@ -16,6 +16,8 @@ array([0., 6., 0.])
 
 import builtins
 
+import numpy as np
+
 from ..backend import device_of, namespace_of
 from ..primitive import Primitive, no_gradient, record, tracking
 from ..tape import Node
@@ -74,11 +76,18 @@ def _reduction(name):
     """The forward of a reduction that takes a `dtype` (sum, prod), with the standard's
     signature."""
 
+    reduce = _NUMPY_REDUCE[name]
+
     def forward(xp, x, /, *, axis=None, dtype=None, keepdims=False):
         check_axes(name, axis, x.ndim)
+        if type(x) is np.ndarray:  # what np.sum does for an ndarray, without its dispatch
+            return reduce(x, axis=axis, dtype=dtype, keepdims=keepdims)
         return getattr(xp, name)(x, axis=axis, dtype=dtype, keepdims=keepdims)
 
     return forward
+
+
+_NUMPY_REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce}
 
 
 def _reduction_without_dtype(name):
@@ -105,7 +114,7 @@ def sum(x, /, *, axis=None, dtype=None, keepdims=False):
         base = squared_base(x)
         if base is not None:
             how = (_sum.forward, (x._node,), {}, False)  # what a tg.compile replay computes
-            return sumabs2_of(*base, x._xp, x._xp.sum(x.data), how)
+            return sumabs2_of(*base, x._xp, _sum.forward(x._xp, x.data), how)
     return _sum(x, axis=axis, dtype=dtype, keepdims=keepdims)
 
 

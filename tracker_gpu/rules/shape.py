@@ -181,7 +181,10 @@ def _getitem_forward(xp, x, key):
     # A copy, not a view: a pullback that saves the part read must not keep the whole array
     # alive, nor make a later write into the array copy it (a loop that writes row i from row
     # i - 1 would keep a copy of the array per row).
-    return backend.owning(x[key])
+    part = x[key]
+    if type(part) is np.ndarray:  # the common case, without lookups
+        return part if part.base is None else part.copy()
+    return backend.owning(part)
 
 
 def _index_adjoint_forward(xp, g, shape, key):
@@ -224,7 +227,8 @@ def getitem(x, key):
     if type(x) is TrackedArray and x._node is not None and not (ACTIVE or NOT_TRACKING):
         parts = key if type(key) is tuple else (key,)
         if all(type(k) in _BASIC for k in parts):  # x[1:], x[:, 0]: nothing to normalise
-            parts = _with_trailing_ellipsis(parts, len(x.shape))
+            if Ellipsis not in parts and len(parts) - parts.count(None) < len(x.shape):
+                parts += (Ellipsis,)  # `_with_trailing_ellipsis` of basic parts
             value = _getitem_forward(x._xp, x.data, parts)
             return record(value, x._xp, _getitem, (x._node, parts), _NO_KEYWORDS)
     xp = x._xp if isinstance(x, TrackedArray) else namespace_of(x)
