@@ -2,7 +2,9 @@
 // and writing the new parameter and state to fresh buffers (an update never mutates the old
 // model or state). Each is the generic rule's formula, operation for operation, with the same
 // scalars (computed once on the host in double precision and passed by value). One thread per
-// element, grid-stride. Stored as S, computed in T (half.cuh), the scalars passed as T.
+// element, grid-stride. Stored as S, computed in T (half.cuh), the scalars passed as T. No two
+// buffers overlap (the outputs are fresh), as `__restrict__` tells the compilers: the host's
+// (`cuda/native.py`) vectorises the loops only so.
 
 #include "half.cuh"
 
@@ -12,14 +14,17 @@
 
 // x - dx * eta
 template <typename S>
-__global__ void descent_step(const S* x, const S* dx, S* x_out, long long n, compute_t<S> eta) {
+__global__ void descent_step(const S* __restrict__ x, const S* __restrict__ dx,
+                             S* __restrict__ x_out, long long n, compute_t<S> eta) {
     FOR_EACH(i) { x_out[i] = store<S>(load(x[i]) - load(dx[i]) * eta); }
 }
 
 // v = v * rho + dx * eta; x - v
 template <typename S>
-__global__ void momentum_step(const S* x, const S* dx, const S* v, S* x_out, S* v_out,
-                              long long n, compute_t<S> eta, compute_t<S> rho) {
+__global__ void momentum_step(const S* __restrict__ x, const S* __restrict__ dx,
+                              const S* __restrict__ v, S* __restrict__ x_out,
+                              S* __restrict__ v_out, long long n, compute_t<S> eta,
+                              compute_t<S> rho) {
     FOR_EACH(i) {
         const compute_t<S> velocity = load(v[i]) * rho + load(dx[i]) * eta;
         v_out[i] = store<S>(velocity);
@@ -29,9 +34,10 @@ __global__ void momentum_step(const S* x, const S* dx, const S* v, S* x_out, S* 
 
 // Optimisers.jl's Nesterov: x - (dx * ((1 + rho) * eta) - v * rho^2); v = v * rho - dx * eta
 template <typename S>
-__global__ void nesterov_step(const S* x, const S* dx, const S* v, S* x_out, S* v_out,
-                              long long n, compute_t<S> eta, compute_t<S> rho, compute_t<S> lead,
-                              compute_t<S> rho_squared) {
+__global__ void nesterov_step(const S* __restrict__ x, const S* __restrict__ dx,
+                              const S* __restrict__ v, S* __restrict__ x_out,
+                              S* __restrict__ v_out, long long n, compute_t<S> eta,
+                              compute_t<S> rho, compute_t<S> lead, compute_t<S> rho_squared) {
     FOR_EACH(i) {
         const compute_t<S> xi = load(x[i]), dxi = load(dx[i]), vi = load(v[i]);
         x_out[i] = store<S>(xi - (dxi * lead - vi * rho_squared));
@@ -48,8 +54,10 @@ __global__ void nesterov_step(const S* x, const S* dx, const S* v, S* x_out, S* 
 //   mode 1 (AdamW, coupled): (direction * scale + x * decay) * eta
 //   mode 2 (AdamW):          direction * scale * eta + x * decay
 template <typename S>
-__global__ void adam_step(const S* x, const S* dx, const S* m, const S* v, S* x_out, S* m_out,
-                          S* v_out, long long n, compute_t<S> one_minus_beta1,
+__global__ void adam_step(const S* __restrict__ x, const S* __restrict__ dx,
+                          const S* __restrict__ m, const S* __restrict__ v,
+                          S* __restrict__ x_out, S* __restrict__ m_out,
+                          S* __restrict__ v_out, long long n, compute_t<S> one_minus_beta1,
                           compute_t<S> one_minus_beta2, compute_t<S> epsilon_term,
                           compute_t<S> scale, compute_t<S> eta, compute_t<S> eta_scale,
                           compute_t<S> decay, int mode) {

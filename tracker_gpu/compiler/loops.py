@@ -52,6 +52,8 @@ __all__ = [
     "compiler",
     "default_fuse",
     "flags",
+    "library_of",
+    "object_macros",
     "threads",
     "FLAGS",
     "STATS",
@@ -343,11 +345,16 @@ def source(regions, head=16, items=24):
     object's header, where an ndarray's data pointer follows (NumPy's `PyArrayObject_fields`);
     `items`: where a tuple's items begin (CPython's `PyTupleObject`)."""
     halves = HALF_PRELUDE + header("half") if uses_halves(regions) else ""
-    prelude = (_PRELUDE + halves + header("compare")
-               + f"#define TG_DATA(p) (*(char**)((char*)(p) + {head}))\n"
-               f"#define TG_ITEM(t, k) (*(void**)((char*)(t) + {items} + 8 * (k)))\n"
-               + _PROBE)  # fmt: skip
+    prelude = _PRELUDE + halves + header("compare") + object_macros(head, items)
     return prelude + "".join(_function(f"tg_region_{k}", r) for k, r in enumerate(regions))
+
+
+def object_macros(head=object.__basicsize__, items=tuple.__basicsize__):
+    """`TG_DATA(p)` (an ndarray object's data pointer) and `TG_ITEM(t, k)` (a tuple's item `k`),
+    and the probe that checks them when the library is loaded (`objects`)."""
+    return (f"#define TG_DATA(p) (*(char**)((char*)(p) + {head}))\n"
+            f"#define TG_ITEM(t, k) (*(void**)((char*)(t) + {items} + 8 * (k)))\n"
+            + _PROBE)  # fmt: skip
 
 
 # --- building and loading
@@ -392,16 +399,23 @@ def build(regions):
         _warn_once("compiler", "tg.compile: no C++ compiler found for fusion (set CXX, "
                    "install one, or pass fuse=False); the program is replayed unfused")  # fmt: skip
         return None
-    text, chosen = source(regions, object.__basicsize__, tuple.__basicsize__), flags(found)
-    what = [text, found, *chosen, _native(found) if "-march=native" in chosen else ""]
-    key = hashlib.sha256("\0".join(what).encode()).hexdigest()[:24]
     try:
-        library = _library(key, text, found, chosen)
+        library = library_of(source(regions, object.__basicsize__, tuple.__basicsize__), found)
     except (OSError, RuntimeError) as error:
         _warn_once("build", f"tg.compile: the fused kernels could not be built "
                    f"({error}); the elementwise regions are replayed unfused")  # fmt: skip
         return None
     return [_kernel(library, f"tg_region_{k}", r) for k, r in enumerate(regions)]
+
+
+def library_of(text, found):
+    """The library of the C++ `text` built by the compiler `found` with `flags`: loaded once per
+    process, and cached on disk by the text, the compiler and its flags. Raises OSError or
+    RuntimeError where the build fails."""
+    chosen = flags(found)
+    what = [text, found, *chosen, _native(found) if "-march=native" in chosen else ""]
+    key = hashlib.sha256("\0".join(what).encode()).hexdigest()[:24]
+    return _library(key, text, found, chosen)
 
 
 def _warn_once(what, message):

@@ -21,6 +21,7 @@ __all__ = [
     "takes",
     "on_host",
     "on_host_now",
+    "native_allowed",
     "generic_only",
     "recording",
     "note",
@@ -65,6 +66,12 @@ def takes(*arrays):
     if _state["host"]:
         return all(type(a) is np.ndarray and a.dtype.kind != "c" for a in arrays)
     return all(is_cupy(a) and a.dtype.kind != "c" for a in arrays)
+
+
+def native_allowed():
+    """Whether NumPy arrays may take the native build of the optimiser steps (`cuda.native`):
+    not inside `on_host()`, whose emulated build runs them, nor inside `generic_only()`."""
+    return not (_state["off"] or _state["host"])
 
 
 def on_host_now():

@@ -149,7 +149,7 @@ def _params(text):
     for part in " ".join(text.split()).split(","):
         part = part.replace("\\", " ").strip()
         ctype, name = part.rsplit(" ", 1)
-        params.append((ctype.replace("const ", "").strip(), name))
+        params.append((ctype.replace("const ", "").replace("__restrict__", "").strip(), name))
     return tuple(params)
 
 

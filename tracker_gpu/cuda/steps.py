@@ -1,10 +1,12 @@
 """Fused optimiser steps: one launch per parameter, into fresh buffers (nothing is mutated), with
-the generic rule's scalars computed here in double precision as the rule computes them; and the
+the generic rule's scalars computed here in double precision as the rule computes them (on
+NumPy arrays, the same kernels built natively for the host: `native`); and the
 loss scaler's check that every gradient is finite, one launch per eight arrays and one
 reduction of their blocks' answers."""
 
 import math
 
+from . import native
 from .dispatch import register
 from .fused import ready
 from .launch import empty, empty_like, grid_for, launch, library
@@ -12,33 +14,45 @@ from .launch import empty, empty_like, grid_for, launch, library
 __all__ = []
 
 
+def _launcher(*arrays):
+    """How a step runs on these arrays: the fused path's `launch` where it takes them (CuPy, or
+    NumPy inside `on_host()`), the native build's for other NumPy arrays where it steps them
+    (`native.takes`), else None: the generic rule."""
+    if ready(*arrays):
+        return launch
+    return native.launch if native.takes(*arrays) else None
+
+
 @register("step", "Descent")
 def descent_step(rule, x, dx, state):
-    if not ready(x, dx):
+    run = _launcher(x, dx)
+    if run is None:
         return None
     out = empty_like(x)
-    launch("descent_step", x.dtype, grid_for(x.size), x, dx, out, x.size, rule.eta)
+    run("descent_step", x.dtype, grid_for(x.size), x, dx, out, x.size, rule.eta)
     return out, state
 
 
 @register("step", "Momentum")
 def momentum_step(rule, x, dx, v):
-    if not ready(x, dx, v):
+    run = _launcher(x, dx, v)
+    if run is None:
         return None
     out, v_out = empty_like(x), empty_like(x)
-    launch("momentum_step", x.dtype, grid_for(x.size), x, dx, v, out, v_out, x.size, rule.eta,
-           rule.rho)  # fmt: skip
+    run("momentum_step", x.dtype, grid_for(x.size), x, dx, v, out, v_out, x.size, rule.eta,
+        rule.rho)  # fmt: skip
     return out, v_out
 
 
 @register("step", "Nesterov")
 def nesterov_step(rule, x, dx, v):
-    if not ready(x, dx, v):
+    run = _launcher(x, dx, v)
+    if run is None:
         return None
     rho, eta = rule.rho, rule.eta
     out, v_out = empty_like(x), empty_like(x)
-    launch("nesterov_step", x.dtype, grid_for(x.size), x, dx, v, out, v_out, x.size, eta, rho,
-           (1 + rho) * eta, rho**2)  # fmt: skip
+    run("nesterov_step", x.dtype, grid_for(x.size), x, dx, v, out, v_out, x.size, eta, rho,
+        (1 + rho) * eta, rho**2)  # fmt: skip
     return out, v_out
 
 
@@ -46,7 +60,8 @@ def nesterov_step(rule, x, dx, v):
 def adam_step(rule, x, dx, state):
     """Adam and AdamW (`weight_decay`, `couple`): moments and parameter in one launch."""
     m, v, (beta1_t, beta2_t) = state
-    if not ready(x, dx, m, v):
+    run = _launcher(x, dx, m, v)
+    if run is None:
         return None
     beta1, beta2 = rule.beta
     correction = math.sqrt(1 - beta2_t)
@@ -56,9 +71,9 @@ def adam_step(rule, x, dx, state):
     else:
         mode, decay = (1 if rule.couple else 2), rule.weight_decay
     out, m_out, v_out = empty_like(x), empty_like(x), empty_like(x)
-    launch("adam_step", x.dtype, grid_for(x.size), x, dx, m, v, out, m_out, v_out, x.size,
-           1 - beta1, 1 - beta2, rule.epsilon * correction, scale, rule.eta, rule.eta * scale,
-           decay, mode)  # fmt: skip
+    run("adam_step", x.dtype, grid_for(x.size), x, dx, m, v, out, m_out, v_out, x.size,
+        1 - beta1, 1 - beta2, rule.epsilon * correction, scale, rule.eta, rule.eta * scale,
+        decay, mode)  # fmt: skip
     return out, (m_out, v_out, (beta1_t * beta1, beta2_t * beta2))
 
 

@@ -114,8 +114,13 @@ STEP_DTYPES = {"float16": "float32", "bfloat16": "float32"}
 def step_dtype(x):
     """The dtype that the rules step parameter `x` in (and keep its state in): float32 for a
     float16 or bfloat16 parameter (`STEP_DTYPES`), else None (its own dtype)."""
+    if type(x) is np.ndarray and x.dtype in _OWN_STEP_DTYPES:  # without naming the dtype
+        return None
     wide = STEP_DTYPES.get(dtype_name(x.dtype) or str(x.dtype).rpartition(".")[2])
     return None if wide is None else getattr(namespace_of(data(x)), wide)
+
+
+_OWN_STEP_DTYPES = (np.dtype("float32"), np.dtype("float64"))
 
 
 def step(rule, param, grad, state):
@@ -138,6 +143,8 @@ def step(rule, param, grad, state):
 def _kept(new, old):
     """`new` with each of its arrays in the dtype of the same array in `old` (a state or a
     parameter before its step), where a step changed it."""
+    if type(new) is np.ndarray and type(old) is np.ndarray and new.dtype == old.dtype:
+        return new  # the common case, without lookups
     if type(old) is tuple or type(old) is list:
         if type(new) is type(old) and len(new) == len(old):
             return type(old)(_kept(n, o) for n, o in zip(new, old))
@@ -159,8 +166,9 @@ def _step(rule, param, grad, state):
     fused = dispatch.STEPS.get(cls.__name__) if own else None
     if getattr(rule, "maximize", False):  # the kernels know only descent
         fused = None
-    # the kernels take their scalars by value: a rate in an array (a schedule's) goes generic
-    if fused is not None and dispatch.takes(param) and not is_array(getattr(rule, "eta", 0.0)):
+    # the kernels take their scalars by value: a rate in an array (a schedule's) goes generic;
+    # each fused step decides whether it takes the arrays (CuPy's, or NumPy's natively)
+    if fused is not None and not is_array(getattr(rule, "eta", 0.0)):
         done = fused(rule, param, grad, state)
         if done is not None:
             return done
