@@ -481,6 +481,8 @@ def _fused_first(fused, forward):
     """`forward`, with the fused forward tried first (it returns None where it does not apply)."""
 
     def forward_fused_first(xp, *args, **kw):
+        if type(args[0]) in dispatch.SKIPPED_TYPES:  # NumPy outside on_host(): not taken
+            return forward(xp, *args, **kw)
         value = fused(*args, **kw)
         return forward(xp, *args, **kw) if value is None else value
 

@@ -216,7 +216,7 @@ def walk(root, seed, *, once=True, nested=False, stop=(), since=0):
 
 def run(root, seed, *, once=True, nested=False, stop=(), since=0):
     """`walk` itself, unseen by a recording."""
-    stop = {id(node) for node in stop}
+    stop = _stop_ids(stop)
     if _terminal(root, stop, since):
         return [(root, seed)]
     counted = _count_references(root, stop, since)
@@ -227,10 +227,16 @@ def run(root, seed, *, once=True, nested=False, stop=(), since=0):
         raise
 
 
+def _stop_ids(stop):
+    """The ids of the interior nodes among `stop`: a leaf stops a walk as a leaf does, and
+    leaving it out spares the walk a lookup per edge (a gradient's inputs are leaves)."""
+    return {id(node) for node in stop if node.rule is not None}
+
+
 def counts(root, stop=()):
     """`[(node, n)]`: for each interior node reachable from `root`, the gradients it will
     receive in a walk (what a walk counts first; tg.compile counts once and replays)."""
-    stop = {id(node) for node in stop}
+    stop = _stop_ids(stop)
     if _terminal(root, stop):
         return []
     counted = _count_references(root, stop)
@@ -258,7 +264,7 @@ def replay(root, seed, stop, counted):
     """A walk whose counts are known (`counts(root, stop)`): the counting pass is skipped. The
     graph is kept (as by once=False) but each node's saved values are released as soon as its
     pullback has run. tg.compile's replay of a recorded pass."""
-    stop = {id(node) for node in stop}
+    stop = _stop_ids(stop)
     for node, n in counted:
         node._n = n
     try:

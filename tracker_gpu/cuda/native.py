@@ -29,6 +29,7 @@ __all__ = ["KERNELS", "available", "launch", "takes"]
 FAMILY = "optim"
 KERNELS = ("descent_step", "momentum_step", "nesterov_step", "adam_step")
 DTYPES = tuple(C_TYPES)  # a half-precision parameter steps in float32 (`optim.state.step_dtype`)
+_DTYPE_CHARS = "fd"  # theirs, as NumPy's type characters (a dtype's name is slow to read)
 
 # The CUDA built-ins the kernels use, for a grid of one block of one thread: constants, so that
 # `blockIdx.x * blockDim.x + threadIdx.x` is 0 and the grid's stride is 1.
@@ -53,12 +54,13 @@ _lock = threading.Lock()
 def takes(*arrays):
     """Whether the native build steps these arrays: NumPy arrays of one dtype of `DTYPES`,
     C-contiguous, outside `on_host()` and `generic_only()`, where the build is available."""
-    if not dispatch.native_allowed():
+    first = arrays[0]
+    if type(first) is not np.ndarray or not dispatch.native_allowed():
         return False
-    dtype = arrays[0].dtype
+    dtype = first.dtype
     return (
-        all(type(a) is np.ndarray and a.dtype == dtype and a.flags.c_contiguous for a in arrays)
-        and dtype.name in DTYPES
+        dtype.char in _DTYPE_CHARS
+        and all(type(a) is np.ndarray and a.dtype == dtype and a.flags.c_contiguous for a in arrays)
         and available()
     )
 
@@ -78,7 +80,8 @@ def launch(name, dtype, grid, *args):
     on the host (the grid is the loop's own)."""
     dispatch.note(("launch", name))
     released = args[0].size >= _RELEASE_FROM
-    function, count = _functions.get((name, dtype, released)) or _function(name, dtype, released)
+    found = _functions.get((name, dtype, released))
+    function, count = found or _function(name, np.dtype(dtype).name, released)
     function(args[:count], *args[count:])  # the arrays come first
 
 
@@ -136,5 +139,6 @@ def _function(name, dtype, released):
         ctypes.c_double if ctype in SCALAR_TYPES else _ARGUMENT_TYPES[ctype] for ctype in scalars
     ]
     function.restype = None
-    found = _functions[(name, dtype, released)] = (function, len(params) - len(scalars))
+    found = (function, len(params) - len(scalars))
+    _functions[(name, dtype, released)] = _functions[(name, np.dtype(dtype), released)] = found
     return found

@@ -15,12 +15,12 @@ __all__ = []
 
 
 def _launcher(*arrays):
-    """How a step runs on these arrays: the fused path's `launch` where it takes them (CuPy, or
-    NumPy inside `on_host()`), the native build's for other NumPy arrays where it steps them
-    (`native.takes`), else None: the generic rule."""
-    if ready(*arrays):
-        return launch
-    return native.launch if native.takes(*arrays) else None
+    """How a step runs on these arrays: the native build's launch for NumPy arrays it steps
+    (`native.takes`: outside `on_host()`), the fused path's `launch` where it takes them (CuPy,
+    or NumPy inside `on_host()`), else None: the generic rule."""
+    if native.takes(*arrays):
+        return native.launch
+    return launch if ready(*arrays) else None
 
 
 @register("step", "Descent")
