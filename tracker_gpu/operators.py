@@ -12,9 +12,12 @@ in-place operators change the array.
 array([4., 6.])
 """
 
+import operator as python_operator
+
 import numpy as np
 
 from .backend import SCALARS
+from .cuda import dispatch
 from .primitive import NOT_TRACKING, record, saved_values
 from .recording import ACTIVE
 from .rules.elementwise import (
@@ -34,22 +37,26 @@ __all__ = []
 _NO_KEYWORDS = {}
 
 
-def _operators(prim):
+def _operators(prim, plain=None):
+    """`x op y` and `y op x` for tracked `x`; `plain`, Python's operator, where it is the rule's
+    own forward (`x op y`, no namespace read) and no fused forward stands before it: called
+    directly on the hot path (the rule's forward is one more Python call)."""
     left, right = prim.keeps(0b01), prim.keeps(0b10)  # what x op 2.0 and 2.0 op x keep
     both = prim.keeps(0b11)
+    direct = plain is not None and prim.name not in dispatch.FORWARDS
 
     def operator(self, other):
         if not (NOT_TRACKING or ACTIVE) and self._node is not None:
             kind = type(other)
             if kind in SCALARS:
                 x = self.data
-                value = prim.forward(self._xp, x, other)
+                value = plain(x, other) if direct else prim.forward(self._xp, x, other)
                 args = (self._node, other)
                 saved = saved_values(left, value, (x, other), args) if left else None
                 return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
             if kind is TrackedArray and self._xp is other._xp is np and other._node is not None:
                 x, y = self.data, other.data  # two NumPy arrays: no library or device to check
-                value = prim.forward(np, x, y)
+                value = plain(x, y) if direct else prim.forward(np, x, y)
                 args = (self._node, other._node)
                 saved = saved_values(both, value, (x, y), args) if both else None
                 return record(value, np, prim, args, _NO_KEYWORDS, saved)
@@ -58,7 +65,7 @@ def _operators(prim):
     def reflected(self, other):
         if type(other) in SCALARS and not (NOT_TRACKING or ACTIVE) and self._node is not None:
             x = self.data
-            value = prim.forward(self._xp, other, x)
+            value = plain(other, x) if direct else prim.forward(self._xp, other, x)
             args = (other, self._node)
             saved = saved_values(right, value, (other, x), args) if right else None
             return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
@@ -67,9 +74,10 @@ def _operators(prim):
     return operator, reflected
 
 
+# each rule's forward is `x op y`, as Python's operator computes it
 for _name, _prim in (("add", add), ("sub", subtract), ("mul", multiply), ("truediv", divide),
                      ("pow", pow)):  # fmt: skip
-    _forward, _reflected = _operators(_prim)
+    _forward, _reflected = _operators(_prim, getattr(python_operator, _name))
     setattr(TrackedArray, f"__{_name}__", _forward)
     setattr(TrackedArray, f"__r{_name}__", _reflected)
 
