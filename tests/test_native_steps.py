@@ -107,6 +107,7 @@ def test_large_parameters_release_the_lock_and_agree():
     [
         lambda w: w.T,  # not C-contiguous
         lambda w: w.astype(np.float16),  # steps in float32: natively, then rounded back
+        lambda w: w.astype(">f4"),  # the other byte order: not the kernels' to read
     ],
 )
 def test_other_layouts_and_dtypes_step_as_the_generic_rule(layout):

@@ -29,7 +29,8 @@ __all__ = ["KERNELS", "available", "launch", "takes"]
 FAMILY = "optim"
 KERNELS = ("descent_step", "momentum_step", "nesterov_step", "adam_step")
 DTYPES = tuple(C_TYPES)  # a half-precision parameter steps in float32 (`optim.state.step_dtype`)
-_DTYPE_CHARS = "fd"  # theirs, as NumPy's type characters (a dtype's name is slow to read)
+# theirs, in the machine's byte order (a dtype's name is slow to read, and says nothing of it)
+_NATIVE_DTYPES = tuple(np.dtype(name) for name in DTYPES)
 
 # The CUDA built-ins the kernels use, for a grid of one block of one thread: constants, so that
 # `blockIdx.x * blockDim.x + threadIdx.x` is 0 and the grid's stride is 1.
@@ -59,7 +60,7 @@ def takes(*arrays):
         return False
     dtype = first.dtype
     return (
-        dtype.char in _DTYPE_CHARS
+        dtype in _NATIVE_DTYPES
         and all(type(a) is np.ndarray and a.dtype == dtype and a.flags.c_contiguous for a in arrays)
         and available()
     )
