@@ -51,8 +51,8 @@ def _leaves(model, state):
         out.append((key, model[key]))
         leaf = state[key].state
         for i, a in enumerate(leaf if isinstance(leaf, tuple) else (leaf,)):
-            if isinstance(a, np.ndarray):
-                out.append((f"{key} state {i}", a))
+            if a is not None:  # the moments, and Adam's powers of the betas (a tuple of floats)
+                out.append((f"{key} state {i}", np.asarray(a)))
     return out
 
 
