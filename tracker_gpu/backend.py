@@ -15,6 +15,7 @@ import numpy as np
 
 __all__ = [
     "SCALARS",
+    "NUMPY_FLOATS",
     "namespace_of",
     "into",
     "added_into",
@@ -48,6 +49,8 @@ __all__ = [
 
 # Python numbers, by exact type: NumPy scalars subclass float but are arrays here.
 SCALARS = frozenset({int, float, bool, complex})
+# NumPy's float32 and float64 in the machine's byte order: what hot paths test a dtype against
+NUMPY_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _BY_TYPE = {np.ndarray: np, np.float64: np, np.float32: np}
 
 

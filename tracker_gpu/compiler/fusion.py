@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import is_numpy_namespace
+from ..backend import NUMPY_FLOATS, is_numpy_namespace
 from ..primitive import Primitive
 from ..rules import elementwise as ew
 from ..rules import nn
@@ -42,7 +42,7 @@ from .recorder import Call, Walk
 
 __all__ = ["Fused", "Region", "Target", "HOST", "fuse", "regions", "OPS", "INEXACT"]
 
-FLOATS = (np.dtype(np.float32), np.dtype(np.float64))  # what backward chains take
+FLOATS = NUMPY_FLOATS  # what backward chains take
 BOOL = np.dtype(bool)
 
 

@@ -130,7 +130,7 @@ def _crossentropy_terms(dtype):
 
 def _crossentropy_opened(kernels, logits, targets, *, axis=-1, agg="mean", normalized=False):
     (terms,) = kernels
-    shifted, lse = losses.logsoftmax_parts(np, logits, axis)
+    shifted, lse = nn.logsoftmax_parts(np, logits, axis)
     total = -np.sum(terms(shifted, lse, targets))
     return total / losses._samples(logits, axis) if agg == "mean" else total
 

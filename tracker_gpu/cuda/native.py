@@ -21,6 +21,7 @@ import threading
 
 import numpy as np
 
+from ..backend import NUMPY_FLOATS
 from . import dispatch
 from .sources import C_TYPES, SCALAR_TYPES, c_type, family
 
@@ -29,8 +30,6 @@ __all__ = ["KERNELS", "available", "launch", "takes"]
 FAMILY = "optim"
 KERNELS = ("descent_step", "momentum_step", "nesterov_step", "adam_step")
 DTYPES = tuple(C_TYPES)  # a half-precision parameter steps in float32 (`optim.state.step_dtype`)
-# theirs, in the machine's byte order (a dtype's name is slow to read, and says nothing of it)
-_NATIVE_DTYPES = tuple(np.dtype(name) for name in DTYPES)
 
 # The CUDA built-ins the kernels use, for a grid of one block of one thread: constants, so that
 # `blockIdx.x * blockDim.x + threadIdx.x` is 0 and the grid's stride is 1.
@@ -60,7 +59,7 @@ def takes(*arrays):
         return False
     dtype = first.dtype
     return (
-        dtype in _NATIVE_DTYPES
+        dtype in NUMPY_FLOATS  # in the machine's byte order: a dtype's name says nothing of it
         and all(type(a) is np.ndarray and a.dtype == dtype and a.flags.c_contiguous for a in arrays)
         and available()
     )
@@ -81,8 +80,7 @@ def launch(name, dtype, grid, *args):
     on the host (the grid is the loop's own)."""
     dispatch.note(("launch", name))
     released = args[0].size >= _RELEASE_FROM
-    found = _functions.get((name, dtype, released))
-    function, count = found or _function(name, np.dtype(dtype).name, released)
+    function, count = _functions.get((name, dtype, released)) or _function(name, dtype, released)
     function(args[:count], *args[count:])  # the arrays come first
 
 
@@ -128,18 +126,18 @@ def _built():
 
 
 def _function(name, dtype, released):
-    """`(function, arrays)`: the entry point of kernel `name` for `dtype`, its arguments declared,
-    and how many arrays it takes before its scalars."""
+    """`(function, arrays)`: the entry point of kernel `name` for `dtype` (NumPy's), its
+    arguments declared, and how many arrays it takes before its scalars."""
     if not available():
         raise RuntimeError("the native build of the optimiser steps is not available")
     library = _state["library"]
-    function = getattr(library.released if released else library.held, f"tg_native_{name}_{dtype}")
+    entry = f"tg_native_{name}_{np.dtype(dtype).name}"
+    function = getattr(library.released if released else library.held, entry)
     params = family(FAMILY).kernels[name].params
     scalars = [ctype for ctype, _ in params if not ctype.endswith("*")]
     function.argtypes = [ctypes.py_object] + [
         ctypes.c_double if ctype in SCALAR_TYPES else _ARGUMENT_TYPES[ctype] for ctype in scalars
     ]
     function.restype = None
-    found = (function, len(params) - len(scalars))
-    _functions[(name, dtype, released)] = _functions[(name, np.dtype(dtype), released)] = found
+    found = _functions[(name, dtype, released)] = (function, len(params) - len(scalars))
     return found

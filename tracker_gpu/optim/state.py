@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .. import recording
-from ..backend import device_of, dtype_name, is_array, isdtype, namespace_of
+from ..backend import NUMPY_FLOATS, device_of, dtype_name, is_array, isdtype, namespace_of
 from ..cuda import dispatch
 from ..primitive import detached
 from ..pytree import tree_map
@@ -114,13 +114,10 @@ STEP_DTYPES = {"float16": "float32", "bfloat16": "float32"}
 def step_dtype(x):
     """The dtype that the rules step parameter `x` in (and keep its state in): float32 for a
     float16 or bfloat16 parameter (`STEP_DTYPES`), else None (its own dtype)."""
-    if type(x) is np.ndarray and x.dtype in _OWN_STEP_DTYPES:  # without naming the dtype
+    if type(x) is np.ndarray and x.dtype in NUMPY_FLOATS:  # without naming the dtype
         return None
     wide = STEP_DTYPES.get(dtype_name(x.dtype) or str(x.dtype).rpartition(".")[2])
     return None if wide is None else getattr(namespace_of(data(x)), wide)
-
-
-_OWN_STEP_DTYPES = (np.dtype("float32"), np.dtype("float64"))
 
 
 def step(rule, param, grad, state):

@@ -29,7 +29,7 @@ from ..checks import checking
 from ..primitive import Primitive
 from ..tracked import TrackedArray, data
 from .elementwise import add, astype, log, logaddexp, multiply, negative, subtract
-from .nn import logsoftmax, real_only, softmax
+from .nn import logsoftmax, logsoftmax_parts, real_only, softmax
 from .reductions import mean
 from .reductions import sum as _sum
 from .rows import row_max, row_sum
@@ -210,13 +210,6 @@ def mse(yhat, y, /, *, agg="mean"):
 
 
 # --- logitcrossentropy: one primitive
-def logsoftmax_parts(xp, x, axis):
-    """`(x - max(x), log(sum(exp(x - max(x)))))` over `axis`: the log-softmax is their
-    difference (`tg.compile`'s opened cross-entropy, `compiler/opened.py`, takes it from here)."""
-    shifted = x - row_max(xp, x, axis)
-    return shifted, xp.log(row_sum(xp, xp.exp(shifted), axis))
-
-
 def _logsoftmax_plain(xp, x, axis):
     shifted, lse = logsoftmax_parts(xp, x, axis)
     return shifted - lse

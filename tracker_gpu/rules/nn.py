@@ -74,8 +74,15 @@ def _logsoftmax_forward(xp, x, /, *, axis=-1):
     check_axes("logsoftmax", axis, x.ndim)
     if x.shape[axis] == 0:
         return xp.zeros_like(x)
+    shifted, lse = logsoftmax_parts(xp, x, axis)
+    return shifted - lse
+
+
+def logsoftmax_parts(xp, x, axis):
+    """`(x - max(x), log(sum(exp(x - max(x)))))` over `axis` on plain arrays: the log-softmax
+    is their difference (cross-entropy and `tg.compile`'s opened cross-entropy take them)."""
     shifted = x - row_max(xp, x, axis)
-    return shifted - xp.log(row_sum(xp, xp.exp(shifted), axis))
+    return shifted, xp.log(row_sum(xp, xp.exp(shifted), axis))
 
 
 softmax = Primitive(

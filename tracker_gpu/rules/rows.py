@@ -19,12 +19,13 @@ PyTorch and finite differences, not against NumPy's order), and an eager step an
 
 import numpy as np
 
+from ..backend import NUMPY_FLOATS
+
 __all__ = ["row_max", "row_sum", "row_mean", "row_sum_of_products", "row_mean_of_products"]
 
 # Rows longer than this take NumPy's pairwise sum: its per-row cost no longer dominates, and
 # its error grows as log n where einsum's running sums' grow as n.
 SHORT = 256
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _short_rows(xp, x, axis):
@@ -32,7 +33,7 @@ def _short_rows(xp, x, axis):
     return (
         xp is np
         and type(x) is np.ndarray
-        and x.dtype in _FLOATS
+        and x.dtype in NUMPY_FLOATS
         and x.ndim > 0
         and axis in (-1, x.ndim - 1, (-1,), (x.ndim - 1,))
         and 0 < x.shape[-1] <= SHORT

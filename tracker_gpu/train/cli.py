@@ -293,11 +293,11 @@ def main(argv=None):
     and a stop by SIGINT or SIGTERM are one line each, no traceback (exit 1, 1, 1, 130 or
     143)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    keep_freed_memory()
-    if argv[:1] == ["text"]:  # the text job: a character-level transformer
+    if argv[:1] == ["text"]:  # the text job: a character-level transformer (it keeps memory)
         from .text_cli import main as text_main
 
         return text_main(argv[1:])
+    keep_freed_memory()
     with signals(before_training=_stopping_at_once(argv)) as stop, _one_line_warnings():
         try:
             run(argv, stop=stop)
