@@ -9,7 +9,7 @@
 # `tracked` first: the rule modules build on it, and it binds its operators to them.
 from .tracked import TrackedArray, grad, isleaf, istracked, param, update, zero_grad
 from .tracked import user_data as data
-from .primitive import rule
+from .custom import rule
 from . import operators  # binds Python's operators to TrackedArray
 from . import namespace, testing
 from .namespace import *

@@ -33,7 +33,7 @@ from .cuda import dispatch
 from .recording import ACTIVE
 from .tape import Node, leaf_node, next_serial
 
-__all__ = ["Primitive", "ByPosition", "rule", "record", "tracking", "NOT_TRACKING", "no_gradient"]
+__all__ = ["Primitive", "ByPosition", "record", "tracking", "NOT_TRACKING", "no_gradient"]
 
 # Threads inside a `notrack()` block: their operations record nothing.
 NOT_TRACKING = set()
@@ -532,91 +532,10 @@ def fit_gradients_with(fit):
     _fit = fit
 
 
-# --- custom rules: Tracker's `track` + `@grad`
-class _CustomRule:
-    """A user's rule: the node keeps the pullback (and what it closes over) and the tracked
-    arguments, which a nested pass runs the forward on again."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.name = getattr(fn, "__name__", "custom rule")
-
-    def pullback(self, node, args, ctx, saved, g, nested, pending=None):
-        pb, kw = ctx
-        _, values = resolve(node, args, saved)
-        if nested:  # re-run the forward on tracked arguments, so the pullback is recorded too
-            _, values = tracked_values(node, args, saved, g)
-            _, pb = self.fn(*values, **kw)
-        grads = pb(g)
-        if not isinstance(grads, tuple) or len(grads) != len(args):
-            raise ValueError(
-                f"the pullback of custom rule {self.name!r} must return a tuple with one "
-                f"gradient (or None) per positional argument: {len(args)}, got {grads!r:.80}"
-            )
-        return [
-            None if ga is None or type(a) is not Node else self._checked(ga, a, data(v))
-            for a, v, ga in zip(args, values, grads)
-        ]
-
-    def replay(self, kw):
-        """`(value, ctx)` of the rule on plain values, for tg.compile's replay."""
-
-        def again(*values):
-            y, pb = self.fn(*values, **kw)
-            return y, (pb, kw)
-
-        return again
-
-    def _checked(self, ga, node, value):
-        """A user's gradient must be of the argument's library and on its device."""
-        plain = data(ga)
-        backend.common_library(namespace_of(value), plain)
-        device = backend.device_of(value)
-        if backend.device_of(plain) != device:
-            raise ValueError(
-                f"the pullback of custom rule {self.name!r} returned a gradient on device "
-                f"{backend.device_of(plain)} for an argument on device {device}; create it "
-                f"on the argument's device"
-            )
-        return _fit(ga, node, self.name)
-
-
-def rule(fn):
-    """Turn `fn(*args) -> (y, pullback)` into a tracked operation (Tracker's `@grad`).
-
-    `fn` receives plain arrays and returns the plain result and a pullback that maps the
-    gradient of the result to a tuple with one gradient (or `None`) per positional argument.
-    Write the pullback with tracker_gpu functions and it is differentiable again (`nest=True`).
-
-    >>> import numpy as np, tracker_gpu as tg
-    >>> @tg.rule
-    ... def cube(x):
-    ...     return x**3, lambda g: (g * 3 * x**2,)
-    >>> tg.gradient(lambda x: tg.sum(cube(x)), np.array([1.0, 2.0]))[0]
-    array([ 3., 12.])
-    """
-    custom = _CustomRule(fn)
-
-    @functools.wraps(fn)
-    def tracked_fn(*args, **kw):
-        if not any(isinstance(a, TrackedArray) for a in args):
-            return fn(*args, **kw)[0]
-        xp = next(a._xp for a in args if isinstance(a, TrackedArray))
-        values = [data(a) for a in args]
-        returned = fn(*values, **kw)
-        if not (isinstance(returned, tuple) and len(returned) == 2 and callable(returned[1])):
-            raise TypeError(
-                f"custom rule {custom.name!r} must return (value, pullback), got "
-                f"{type(returned).__name__}"
-            )
-        y, pb = returned
-        if isinstance(y, TrackedArray):
-            raise TypeError(
-                f"custom rule {custom.name!r} must return a plain array, not a tracked one"
-            )
-        return record_saving_arguments(y, xp, custom, args, (pb, kw), custom.replay(kw))
-
-    return tracked_fn
+def fitted(ga, node, name):
+    """`ga` fitted to its argument's node (summed over the axes it was broadcast along, cast to
+    its dtype), as every pullback fits it; `name` the rule's, for a message."""
+    return _fit(ga, node, name)
 
 
 def record_saving_arguments(value, xp, rule, args, ctx, replay):
