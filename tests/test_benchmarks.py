@@ -140,6 +140,16 @@ def test_ci_gpu_dry_run_lists_the_steps(tmp_path):
     assert not (tmp_path / "r.md").exists()
 
 
+def test_ci_gpu_quick_shortens_each_benchmark_and_the_fuzzer():
+    ci_gpu = _ci_gpu_module()
+    out = run(CI_GPU, "--dry-run", "--quick")
+    lines = {line.split(":")[0]: line for line in out.splitlines() if ": " in line}
+    for step, extra in ci_gpu.QUICK.items():
+        assert lines[step].split("#")[0].rstrip().endswith(" ".join(extra)), lines[step]
+    assert f"TRACKER_GPU_FUZZ_EXAMPLES={ci_gpu.QUICK_FUZZ_EXAMPLES} " in lines["fuzz"]
+    assert "TRACKER_GPU_FUZZ_EXAMPLES=2000 " in run(CI_GPU, "--dry-run")
+
+
 @pytest.mark.parametrize("precision", ["32", "bf16", "16"])
 def test_text(tmp_path, precision):
     """The text job's step, each contender on a tiny model: the same first loss (checked by the
