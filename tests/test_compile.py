@@ -4,6 +4,7 @@ again; what cannot be replayed is refused (or run eagerly); a replay's memory st
 import gc
 import threading
 import tracemalloc
+import warnings
 
 import numpy as np
 import pytest
@@ -78,20 +79,47 @@ def assert_same(backend, got, expected):
     np.testing.assert_array_equal(a, b)
 
 
+def assert_replays_as_eager(backend, step, f, shapes):
+    """`step(*args)` is `withgradient(f, *args)` bit for bit for three sets of arguments (one
+    recording, two replays with other values); the step's results, in order."""
+    results = []
+    for seed in range(3):
+        args = _inputs(backend, shapes, seed)
+        got, expected = step(*args), tg.withgradient(f, *args)
+        assert_same(backend, got.val, expected.val)
+        for g, e in zip(got.grad, expected.grad):
+            assert_same(backend, g, e)
+        results.append(got)
+    return results
+
+
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_a_replay_gives_what_withgradient_gives(backend, name):
     if name == "linalg":
         require(backend, "linalg.det")
     f, shapes = FUNCTIONS[name]
     step = tg.compile(f)
-    for seed in range(3):  # one recording, two replays with other values
-        args = _inputs(backend, shapes, seed)
-        got, expected = step(*args), tg.withgradient(f, *args)
-        assert_same(backend, got.val, expected.val)
-        for g, e in zip(got.grad, expected.grad):
-            assert_same(backend, g, e)
+    for got in assert_replays_as_eager(backend, step, f, shapes):
         assert not tg.istracked(got.val) and not any(tg.istracked(g) for g in got.grad)
     assert step.cache_info().misses == 1 and step.cache_info().hits == 2
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_on_cupy_every_replay_is_one_capture_cut_only_at_library_calls(backend, name):
+    """On CuPy a replay is CUDA graphs, cut where a library call (cuBLAS, cuSOLVER) runs live
+    between two of them (`graphs.py`), never the step-by-step fallback, and it answers as
+    `withgradient` does, bit for bit. The other rows have no CUDA graphs to check."""
+    if backend.name != "cupy":
+        pytest.skip("CUDA graphs are made of CuPy arrays only")
+    if name == "linalg":
+        require(backend, "linalg.det")
+    f, shapes = FUNCTIONS[name]
+    step = tg.compile(f)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="tg.compile: no CUDA graph")
+        assert_replays_as_eager(backend, step, f, shapes)
+    (program,) = step.programs()
+    assert program.graph is not None and program.graph.parts
 
 
 def test_integer_arguments_are_traced_and_replayed(backend):

@@ -10,7 +10,7 @@ import tracemalloc
 import numpy as np
 import pytest
 from helpers import require
-from test_compile import FUNCTIONS, _inputs, assert_same
+from test_compile import FUNCTIONS, assert_replays_as_eager
 
 import tracker_gpu as tg
 from tracker_gpu.compiler import chunks
@@ -110,13 +110,7 @@ def test_a_program_cut_everywhere_replays_what_withgradient_gives(backend, monke
         require(backend, "linalg.det")
     monkeypatch.setattr(chunks, "CHUNK_LINES", 1)  # a cut at every point allowed
     f, shapes = FUNCTIONS[name]
-    step = tg.compile(f)
-    for seed in range(3):
-        args = _inputs(backend, shapes, seed)
-        got, expected = step(*args), tg.withgradient(f, *args)
-        assert_same(backend, got.val, expected.val)
-        for g, e in zip(got.grad, expected.grad):
-            assert_same(backend, g, e)
+    assert_replays_as_eager(backend, tg.compile(f), f, shapes)
 
 
 def test_nested_passes_cut_everywhere(monkeypatch):

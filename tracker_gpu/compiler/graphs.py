@@ -1,4 +1,4 @@
-"""A recorded program on a GPU: captured once as a CUDA graph, then launched as one per call.
+"""A recorded program on a GPU: captured once as CUDA graphs, then launched as them per call.
 
 `plan` decides what a capture needs, and whether it can be made: a static buffer per argument
 array (each call copies its arguments into them), the result's slots (their buffers are the
@@ -6,18 +6,36 @@ capture's own; each call copies them out, so a result is never overwritten by th
 and the reasons a program cannot be captured (random numbers drawn on the host, arrays outside
 the GPU or on several devices): such a program is replayed step by step instead.
 
-`Captured` makes the graph with CuPy's stream capture: the program runs once on the static
+`Captured` makes the graphs with CuPy's stream capture: the program runs once on the static
 inputs with a memory pool of its own (so that it allocates the buffers the capture will use,
 and compiles every kernel), then again under capture, drawing the same buffers from that pool
-without allocating; the pool stays with the graph, whose buffers no one else may use.
+without allocating; the pool stays with the graphs, whose buffers no one else may use.
+
+CuPy refuses to capture a call of cuBLAS or cuSOLVER (a matrix product, a factorisation). The
+capture is cut at each such library call (`LIBRARY_CALLS`): the graph so far is closed and
+launched, the call runs live, and a new graph opens. A call replays the parts in order: graph,
+library call (its value copied into the buffer the capture's later graphs read), graph. The
+capturing run is a real run, and its result must equal the first run's bit for bit, or the
+program is replayed step by step (with a warning): a graph never answers differently.
 """
 
+import functools
+import threading
 from dataclasses import dataclass
 
-from ..backend import device_of, is_cupy
+from ..backend import device_of, is_array, is_cupy, namespace_of
 from .recorder import Draw
 
-__all__ = ["Plan", "plan", "Captured"]
+__all__ = ["Plan", "plan", "Captured", "LIBRARY_CALLS"]
+
+# The namespace's functions (by submodule) that may call cuBLAS or cuSOLVER on CuPy arrays.
+LIBRARY_CALLS = {
+    "": ("matmul", "tensordot", "vecdot", "einsum", "dot", "inner", "vdot", "kron"),
+    "linalg": ("matmul", "tensordot", "vecdot", "cholesky", "det", "eigh", "eigvalsh", "inv",
+               "lstsq", "matrix_norm", "matrix_power", "matrix_rank", "norm", "pinv", "qr",
+               "slogdet", "solve", "svd", "svdvals", "tensorinv", "tensorsolve",
+               "vector_norm"),
+}  # fmt: skip
 
 
 @dataclass
@@ -56,31 +74,147 @@ def copy_out(env, slots, xp):
 
 
 class Captured:
-    """`program` as a CUDA graph for arguments like `arrays` (CuPy arrays on one device)."""
+    """`program` as CUDA graphs for arguments like `arrays` (CuPy arrays on one device)."""
 
     def __init__(self, program, arrays, cp):
-        self.program, self.cp = program, cp
+        self.cp = cp
         self.plan = plan(program, arrays)
-        with cp.cuda.Device(arrays[0].device.id):
+        self.device = arrays[0].device.id
+        with cp.cuda.Device(self.device):
             self.pool = cp.cuda.MemoryPool()
             self.stream = cp.cuda.Stream(non_blocking=True)
             with cp.cuda.using_allocator(self.pool.malloc), self.stream:
                 self.inputs = [cp.empty(shape, dtype=dtype) for shape, dtype in self.plan.inputs]
                 copy_into(self.inputs, arrays, cp)
-                program.interpret(self.inputs)  # allocates, compiles and loads every kernel
+                first = program.interpret(self.inputs)  # allocates, compiles, loads every kernel
+                expected = [first[slot] for slot in self.plan.outputs]
+                del first
                 self.stream.synchronize()
-                self.stream.begin_capture()
-                try:
+                parts = Parts(self.stream)
+                with cut_at_library_calls(namespace_of(arrays[0]), parts):
                     self.env = program.interpret(self.inputs)
-                finally:
-                    self.graph = self.stream.end_capture()
-            self.device = arrays[0].device.id
+                    self.parts = parts.done()
+                found = [self.env[slot] for slot in self.plan.outputs]
+                if not all(map(functools.partial(_equal, cp), found, expected)):
+                    raise RuntimeError("the captured run's result differs from the first run's")
 
     def run(self, arrays):
-        """The result's values for new arguments: copy in, one launch, copy out. Nothing is
-        allocated from the graph's pool: its free blocks are the graph's intermediates."""
+        """The result's values for new arguments: copy in, launch the parts, copy out. Nothing
+        is allocated from the graphs' pool: its free blocks are the graphs' intermediates."""
         cp = self.cp
         with cp.cuda.Device(self.device):
             copy_into(self.inputs, arrays, cp)
-            self.graph.launch(stream=cp.cuda.get_current_stream())
+            stream = cp.cuda.get_current_stream()
+            for part in self.parts:
+                part(stream)
             return copy_out(self.env, self.plan.outputs, cp)
+
+
+class Parts:
+    """A capture on `stream` cut at library calls: the graphs and the live calls, in order."""
+
+    def __init__(self, stream):
+        self.stream, self.parts, self.live = stream, [], False
+
+    def _close(self):
+        graph = self.stream.end_capture()
+        graph.launch(stream=self.stream)  # the capturing run is a real run
+        self.parts.append(lambda stream: graph.launch(stream=stream))
+
+    def call(self, function, args, kwargs):
+        """`function(*args, **kwargs)`, run live between two graphs, and replayed there."""
+        self._close()
+        self.live = True
+        try:
+            value = function(*args, **kwargs)
+        finally:
+            self.live = False
+            self.stream.begin_capture()
+        if not all(map(is_array, value if isinstance(value, tuple) else (value,))):
+            raise TypeError(f"{function.__name__} gave {type(value).__name__}, not arrays")
+        self.parts.append(_LiveCall(function, args, kwargs, value))
+        return value
+
+    def done(self):
+        self._close()
+        return self.parts
+
+    def abandon(self):
+        """End the capture a failure left open, if any (the failure itself is what counts)."""
+        try:
+            self.stream.end_capture()
+        except Exception:  # none was open, or the failure invalidated it
+            pass
+
+
+class _LiveCall:
+    """A library call of a replay: its value made again and copied into the capture's
+    buffer, which the later graphs read (from the caller's memory pool, not the graphs')."""
+
+    def __init__(self, function, args, kwargs, value):
+        self.function, self.args, self.kwargs, self.value = function, args, kwargs, value
+
+    def __call__(self, stream):
+        fresh = self.function(*self.args, **self.kwargs)
+        if isinstance(self.value, tuple):
+            for buffer, part in zip(self.value, fresh):
+                buffer[...] = part
+        else:
+            self.value[...] = fresh
+
+
+_PARTS = {}  # thread id -> the Parts that this thread's library calls cut
+_PATCH = threading.Lock()
+_patched = {}  # (id(module), name) -> [original function, users]
+
+
+@functools.cache
+def _cutting(function):
+    @functools.wraps(function)
+    def cut(*args, **kwargs):
+        parts = _PARTS.get(threading.get_ident())
+        if parts is None or parts.live:  # another thread, or a call inside a live one
+            return function(*args, **kwargs)
+        return parts.call(function, args, kwargs)
+
+    return cut
+
+
+class cut_at_library_calls:
+    """While it is entered, this thread's calls of `xp`'s `LIBRARY_CALLS` cut `parts`."""
+
+    def __init__(self, xp, parts):
+        modules = {"": xp, **{name: getattr(xp, name, None) for name in LIBRARY_CALLS if name}}
+        self.names = [(modules[m], name) for m, names in LIBRARY_CALLS.items() if modules[m]
+                      for name in names if hasattr(modules[m], name)]  # fmt: skip
+        self.parts = parts
+
+    def __enter__(self):
+        with _PATCH:
+            for module, name in self.names:
+                entry = _patched.setdefault((id(module), name), [getattr(module, name), 0])
+                entry[1] += 1
+                setattr(module, name, _cutting(entry[0]))
+        _PARTS[threading.get_ident()] = self.parts
+        self.parts.stream.begin_capture()
+
+    def __exit__(self, *failure):
+        del _PARTS[threading.get_ident()]
+        if failure[0] is not None:
+            self.parts.abandon()
+        with _PATCH:
+            for module, name in self.names:
+                entry = _patched[id(module), name]
+                entry[1] -= 1
+                if entry[1] == 0:
+                    setattr(module, name, entry[0])
+                    del _patched[id(module), name]
+
+
+def _equal(cp, a, b):
+    """Bit for bit where it matters: the same values, nan where nan."""
+    if a is None or b is None:
+        return a is b
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(cp.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))

@@ -1,0 +1,226 @@
+"""A CUDA graph's capture cut at library calls (`compiler/graphs.py`), on a stand-in stream:
+kernels launched while it captures are kept for the graph's launches, and the library's
+matrix product refuses to run under capture, as CuPy's cuBLAS calls do. What runs on CuPy
+itself is tested on a GPU (`ci/gpu`); these check the cutting, the replay and the clean-up."""
+
+import contextlib
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from tracker_gpu.compiler import graphs
+from tracker_gpu.compiler.graphs import Parts, cut_at_library_calls
+
+
+class Stream:
+    def __init__(self):
+        self.captured = None
+
+    def begin_capture(self):
+        assert self.captured is None, "a capture is already open"
+        self.captured = []
+
+    def end_capture(self):
+        kernels, self.captured = self.captured, None
+        return Graph(kernels)
+
+    def is_capturing(self):
+        return self.captured is not None
+
+    def launch(self, kernel):
+        if self.captured is None:
+            kernel()
+        else:
+            self.captured.append(kernel)
+
+    def synchronize(self):
+        assert self.captured is None, "a capturing stream cannot synchronize"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *failure):
+        return False
+
+
+class Graph:
+    def __init__(self, kernels):
+        self.kernels = kernels
+
+    def launch(self, stream):
+        for kernel in self.kernels:
+            kernel()
+
+
+def library(stream):
+    """A namespace whose matrix product and solve refuse a capturing stream."""
+
+    def matmul(a, b):
+        if stream.is_capturing():
+            raise NotImplementedError("calling the BLAS during stream capture")
+        return a @ b
+
+    def solve(a, b):  # calls the namespace's matmul, as a library's own functions may
+        if stream.is_capturing():
+            raise NotImplementedError("calling the solver during stream capture")
+        x = np.linalg.solve(a, b)
+        return x, xp.matmul(a, x)
+
+    xp = types.SimpleNamespace(matmul=matmul, linalg=types.SimpleNamespace(solve=solve))
+    return xp
+
+
+def program(stream, xp, x, w):
+    """h = 2x (a kernel), y = h @ w (the library), z = y + 1 (a kernel)."""
+    h = np.empty_like(x)
+    stream.launch(lambda: np.multiply(x, 2, out=h))
+    y = xp.matmul(h, w)
+    z = np.empty_like(y)
+    stream.launch(lambda: np.add(y, 1, out=z))
+    return z
+
+
+def expected(x, w):
+    return (2 * x) @ w + 1
+
+
+@pytest.fixture
+def setting():
+    rng = np.random.default_rng(0)
+    stream = Stream()
+    return stream, library(stream), rng.normal(size=(3, 4)), rng.normal(size=(4, 2))
+
+
+def test_a_program_with_a_library_call_cannot_be_captured_whole(setting):
+    stream, xp, x, w = setting
+    stream.begin_capture()
+    with pytest.raises(NotImplementedError):
+        program(stream, xp, x, w)
+
+
+def test_the_capture_is_cut_at_the_library_call_and_the_parts_replay_it(setting):
+    stream, xp, x, w = setting
+    matmul = xp.matmul
+    parts = Parts(stream)
+    with cut_at_library_calls(xp, parts):
+        z = program(stream, xp, x, w)
+        done = parts.done()
+    np.testing.assert_array_equal(z, expected(x, w))  # the capturing run is a real run
+    assert len(done) == 3 and xp.matmul is matmul and not stream.is_capturing()
+    for _ in range(2):  # new arguments in the static input, the parts launched again
+        x[...] = np.random.default_rng(len(done)).normal(size=x.shape)
+        for part in done:
+            part(stream)
+        np.testing.assert_array_equal(z, expected(x, w))
+
+
+def test_a_library_call_returning_several_arrays_is_replayed_into_each(setting):
+    stream, xp, x, _ = setting
+    a = np.eye(3) * 3 + 0.5
+    parts = Parts(stream)
+    with cut_at_library_calls(xp, parts):
+        solved, back = xp.linalg.solve(a, x)  # its inner matmul runs inside the live call
+        done = parts.done()
+    assert len(done) == 3
+    x[...] = 1.0
+    for part in done:
+        part(stream)
+    np.testing.assert_allclose(solved, np.linalg.solve(a, x))
+    np.testing.assert_allclose(back, x)
+
+
+def test_another_threads_library_calls_are_not_cut(setting):
+    stream, xp, x, w = setting
+    seen = {}
+    parts = Parts(stream)
+    with cut_at_library_calls(xp, parts):
+        worker = threading.Thread(target=lambda: seen.setdefault("y", xp.matmul(x, w)))
+        stream.captured_before, stream.captured = stream.captured, None  # that thread's stream
+        worker.start()
+        worker.join()
+        stream.captured = stream.captured_before
+        done = parts.done()
+    np.testing.assert_array_equal(seen["y"], x @ w)
+    assert len(done) == 1  # no cut
+
+
+def test_a_failure_under_capture_closes_it_and_restores_the_namespace(setting):
+    stream, xp, x, w = setting
+    matmul, solve = xp.matmul, xp.linalg.solve
+    parts = Parts(stream)
+    with pytest.raises(ZeroDivisionError):
+        with cut_at_library_calls(xp, parts):
+            xp.matmul(x, w)
+            raise ZeroDivisionError
+    assert not stream.is_capturing()
+    assert xp.matmul is matmul and xp.linalg.solve is solve
+
+
+def test_a_library_call_that_gives_no_array_is_refused(setting):
+    stream, xp, x, w = setting
+    xp.matmul = lambda a, b: float(np.sum(a @ b))
+    parts = Parts(stream)
+    with pytest.raises(TypeError, match="not arrays"):
+        with cut_at_library_calls(xp, parts):
+            xp.matmul(x, w)
+    assert not stream.is_capturing()
+
+
+class Array(np.ndarray):
+    """A NumPy array on "device 0"."""
+
+    device = types.SimpleNamespace(id=0)
+
+
+def stand_in_cupy(stream):
+    cuda = types.SimpleNamespace(
+        Device=lambda index: contextlib.nullcontext(),
+        MemoryPool=lambda: types.SimpleNamespace(malloc=None),
+        Stream=lambda non_blocking: stream,
+        using_allocator=lambda malloc: contextlib.nullcontext(),
+        get_current_stream=lambda: stream,
+    )
+    return types.SimpleNamespace(cuda=cuda, empty=np.empty, copyto=np.copyto, copy=np.copy,
+                                 array_equal=np.array_equal)  # fmt: skip
+
+
+class Program:
+    """The program above, as `Captured` runs one: slot 0 the argument, slot 1 the result.
+    With `drift`, its second run (the capturing one) adds a kernel that the first did not."""
+
+    steps, outputs = [], [1]
+
+    def __init__(self, stream, xp, w, drift=False):
+        self.stream, self.xp, self.w, self.drift, self.runs = stream, xp, w, drift, 0
+
+    def interpret(self, inputs):
+        self.runs += 1
+        z = program(self.stream, self.xp, inputs[0], self.w)
+        if self.drift and self.runs == 2:
+            self.stream.launch(lambda: np.add(z, 1e-12, out=z))
+        return [inputs[0], z]
+
+
+@pytest.fixture
+def captured(setting, monkeypatch):
+    stream, xp, x, w = setting
+    monkeypatch.setattr(graphs, "is_cupy", lambda a: isinstance(a, np.ndarray))
+    monkeypatch.setattr(graphs, "namespace_of", lambda a: xp)
+    return stream, xp, x.view(Array), w
+
+
+def test_a_captured_program_replays_new_arguments_through_its_parts(captured):
+    stream, xp, x, w = captured
+    graph = graphs.Captured(Program(stream, xp, w), [x], stand_in_cupy(stream))
+    assert len(graph.parts) == 3
+    for seed in range(2):
+        new = np.random.default_rng(seed).normal(size=x.shape)
+        np.testing.assert_array_equal(graph.run([new])[1], expected(new, w))
+
+
+def test_a_capture_that_answers_otherwise_than_the_first_run_is_refused(captured):
+    stream, xp, x, w = captured
+    with pytest.raises(RuntimeError, match="differs from the first run"):
+        graphs.Captured(Program(stream, xp, w, drift=True), [x], stand_in_cupy(stream))
