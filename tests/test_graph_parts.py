@@ -158,6 +158,16 @@ def test_a_failure_under_capture_closes_it_and_restores_the_namespace(setting):
     assert xp.matmul is matmul and xp.linalg.solve is solve
 
 
+def test_a_capture_that_cannot_begin_leaves_the_namespace_as_it_was(setting):
+    stream, xp, x, w = setting
+    matmul = xp.matmul
+    stream.begin_capture()  # a capture already open: the next cannot begin
+    with pytest.raises(AssertionError, match="already open"):
+        with cut_at_library_calls(xp, Parts(stream)):
+            pass
+    assert xp.matmul is matmul and not graphs._PARTS
+
+
 def test_a_library_call_that_gives_no_array_is_refused(setting):
     stream, xp, x, w = setting
     xp.matmul = lambda a, b: float(np.sum(a @ b))

@@ -196,7 +196,11 @@ class cut_at_library_calls:
                 entry[1] += 1
                 setattr(module, name, _cutting(entry[0]))
         _PARTS[threading.get_ident()] = self.parts
-        self.parts.stream.begin_capture()
+        try:
+            self.parts.stream.begin_capture()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
 
     def __exit__(self, *failure):
         del _PARTS[threading.get_ident()]
