@@ -21,6 +21,12 @@ template <> struct Compute<tg_half> { typedef float type; };
 template <> struct Compute<tg_bfloat16> { typedef float type; };
 template <typename S> using compute_t = typename Compute<S>::type;
 
+// Elements of a memory-bound elementwise loop per thread and pass, their loads issued before
+// any of them is used: with one element per thread, too few bytes are in flight to fill the
+// memory bandwidth of an H100 or H200 (by Little's law, about 1 of the 3 MB it needs). Such a
+// kernel is launched with a quarter of the threads (`per_thread` in cuda/fused.py).
+#define TG_PER_THREAD 4
+
 #ifdef __CUDA_ARCH__
 __device__ __forceinline__ float tg_half_to_float(unsigned short h) {
     float f;

@@ -10,7 +10,7 @@ import pytest
 from domain import assert_agree, domain, special_values
 
 import tracker_gpu as tg
-from tracker_gpu.cuda import host, launch
+from tracker_gpu.cuda import host, launch, sources
 from tracker_gpu.cuda.elementwise import BINARY, UNARY
 from tracker_gpu.cuda.sources import Family, families, family, kernels, source
 
@@ -59,6 +59,13 @@ def test_every_source_rounds_each_operation_on_both_targets(name):
     compiled replay agree on a GPU too (they differed by an ulp before)."""
     assert "--fmad=false" in family(name).nvrtc_options()
     assert "-ffp-contract=off" in host.host_flags(family(name))
+
+
+def test_the_launchers_and_the_kernels_agree_on_the_elements_per_thread():
+    """A loop of TG_PER_THREAD elements a pass launched with a grid for one element per thread
+    would still be right, only slower; the two numbers are one."""
+    header = (sources._directory() / "half.cuh").read_text()
+    assert f"#define TG_PER_THREAD {launch.PER_THREAD}\n" in header
 
 
 def generic_unary(name, g, y, x):

@@ -15,7 +15,7 @@ from .fused import (
     ready,
     tracked,
 )
-from .launch import BLOCK, MAX_GRID, device_int64, empty, grid_for, launch, scalar
+from .launch import BLOCK, MAX_GRID, PER_THREAD, device_int64, empty, grid_for, launch, scalar
 from .sources import compute_dtype
 
 __all__ = ["UNARY", "BINARY", "reduction_plan"]
@@ -43,7 +43,8 @@ def _unary(name):
             return None
         if not readable(pending, args[0], x):
             return None
-        return [accumulate(kernel, pending, args[0], x, (x, y, g, step), (x.size,))]
+        operands = (x, y, g, step)
+        return [accumulate(kernel, pending, args[0], x, operands, (x.size,), per_thread=PER_THREAD)]
 
     return fused
 
@@ -68,7 +69,9 @@ def sumsq_pullback(ans, args, values, kw, g, pending):
     x, g = values[0], device_scalar(g)
     if not (ready(x, g) and readable(pending, args[0], x)):
         return None
-    return [accumulate("sumsq_bwd_acc", pending, args[0], x, (x, g), (x.size,))]
+    return [
+        accumulate("sumsq_bwd_acc", pending, args[0], x, (x, g), (x.size,), per_thread=PER_THREAD)
+    ]
 
 
 # --- squared error: one launch per tracked side
@@ -86,7 +89,9 @@ def mse_pullback(ans, args, values, kw, g, pending):
     grads = [None, None]
     for side, arg in sides:
         operands = (yhat, y, g, factor, side)
-        grads[side] = accumulate("mse_bwd_acc", pending, arg, yhat, operands, (yhat.size,))
+        grads[side] = accumulate(
+            "mse_bwd_acc", pending, arg, yhat, operands, (yhat.size,), per_thread=PER_THREAD
+        )
     return grads
 
 

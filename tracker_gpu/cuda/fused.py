@@ -57,14 +57,15 @@ def readable(pending, parent, like):
     return prev is None or (ready(prev) and prev.shape == parent.shape and prev.dtype == like.dtype)
 
 
-def accumulate(kernel, pending, parent, like, args, tail, grid=None, block=256):
+def accumulate(kernel, pending, parent, like, args, tail, grid=None, block=256, per_thread=1):
     """Launch `kernel(*args, prev, acc, *tail, has_prev)` to write `prev + contribution` for
     `parent` (a node: in place when the tape owns `prev`, else into a new buffer of its shape,
     of `like`'s dtype and device), record it as the parent's pending total, and return it as a
-    `Total`. The grid defaults to one thread per element of the parent."""
+    `Total`. The grid defaults to one thread per `per_thread` elements of the parent (a kernel
+    whose loop takes `PER_THREAD` elements a pass is given `per_thread=PER_THREAD`)."""
     prev, owned = pending.current(parent)
     out = prev if owned else empty(parent.shape, like)
-    grid = grid_for(parent.size, block) if grid is None else grid
+    grid = grid_for(-(-parent.size // per_thread), block) if grid is None else grid
     has_prev = int(prev is not None)
     launch(kernel, like.dtype, grid, *args, out if prev is None else prev, out, *tail, has_prev,
            block=block)  # fmt: skip

@@ -19,6 +19,7 @@ from .sources import SCALAR_TYPES, STORAGE_TYPES, Family, compute_dtype, family,
 
 __all__ = [
     "BLOCK",
+    "PER_THREAD",
     "grid_for",
     "launch",
     "empty_like",
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 BLOCK = 256
+PER_THREAD = 4  # TG_PER_THREAD of kernels/half.cuh: elements a thread of its loops takes a pass
 MAX_GRID = 65535  # grid-stride loops cover the rest
 _MODULE_CACHE_SIZE = 128
 _modules = OrderedDict()
