@@ -516,13 +516,25 @@ def gpu_run(args):
         targets.append(_target("compiled faster than PyTorch eager", us["compiled"],
                                us["PyTorch eager"]))  # fmt: skip
     document = {"backend": "cupy", "device": cp.cuda.runtime.getDeviceProperties(0)["name"]
-                .decode(), "agree": agree, "us": us, "targets": targets}  # fmt: skip
+                .decode(), "agree": agree, "us": us, "targets": targets,
+                "capture": capture_of(steps["compiled"].compiled)}  # fmt: skip
     print(f"MLP step on {document['device']}, batch {args.batch}, us per step (host included):")
     for name, value in us.items():
         print(f"  {name:14s} {value:9.1f}  agrees with NumPy by hand: {agree[name]}")
     for t in targets:
         print(f"target {t['target']}: {t['value']:.2f} {'met' if t['met'] else 'MISSED'}")
+    capture = document["capture"]
+    print("compiled: replayed step by step (no CUDA graph)" if capture is None else
+          f"compiled: {capture['graphs']} CUDA graphs, {capture['library_calls']} library calls "
+          "(cuBLAS) run live between them")  # fmt: skip
     return document
+
+
+def capture_of(step):
+    """What the compiled step's replay launches: its graphs and live library calls, or None
+    where it is replayed step by step."""
+    (program,) = step.programs()
+    return program.graph.describe() if program.graph else None
 
 
 def _target(text, ours, reference):
@@ -540,6 +552,7 @@ def cupy_mlp(cp, x, labels, model, compiled):
         current[:] = [new_model, state]
         return loss
 
+    run.compiled = step if compiled else None
     return run
 
 

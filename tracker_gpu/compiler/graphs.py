@@ -98,6 +98,11 @@ class Captured:
                 if not all(map(functools.partial(_equal, cp), found, expected)):
                     raise RuntimeError("the captured run's result differs from the first run's")
 
+    def describe(self):
+        """`{"graphs": n, "library_calls": m}`: the parts a call launches or runs."""
+        calls = sum(isinstance(part, _LiveCall) for part in self.parts)
+        return {"graphs": len(self.parts) - calls, "library_calls": calls}
+
     def run(self, arrays):
         """The result's values for new arguments: copy in, launch the parts, copy out. Nothing
         is allocated from the graphs' pool: its free blocks are the graphs' intermediates."""
