@@ -485,7 +485,7 @@ def blas_threads(n):
 # --- on a GPU
 def gpu_run(args):
     """The MLP step on CuPy, eager and compiled, beside PyTorch CUDA eager; None without a GPU."""
-    from gpu_measure import DeviceTimer, cupy_gpu, torch_cuda
+    from gpu_measure import DeviceTimer, capture_of, cupy_gpu, describe_capture, torch_cuda
 
     cp, why = cupy_gpu()
     if cp is None:
@@ -523,18 +523,8 @@ def gpu_run(args):
         print(f"  {name:14s} {value:9.1f}  agrees with NumPy by hand: {agree[name]}")
     for t in targets:
         print(f"target {t['target']}: {t['value']:.2f} {'met' if t['met'] else 'MISSED'}")
-    capture = document["capture"]
-    print("compiled: replayed step by step (no CUDA graph)" if capture is None else
-          f"compiled: {capture['graphs']} CUDA graphs, {capture['library_calls']} library calls "
-          "(cuBLAS) run live between them")  # fmt: skip
+    print(f"compiled: {describe_capture(document['capture'])}")
     return document
-
-
-def capture_of(step):
-    """What the compiled step's replay launches: its graphs and live library calls, or None
-    where it is replayed step by step."""
-    (program,) = step.programs()
-    return program.graph.describe() if program.graph else None
 
 
 def _target(text, ours, reference):

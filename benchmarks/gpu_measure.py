@@ -54,6 +54,20 @@ def cupy_gpu():
     return None, "CuPy finds no CUDA GPU"
 
 
+def capture_of(compiled):
+    """What a `tg.compile`d function's replay on CuPy launches, one entry per recorded
+    signature: its CUDA graphs and the library calls run live between them, or None for a
+    program replayed step by step."""
+    return [p.graph.describe() if p.graph else None for p in compiled.programs()]
+
+
+def describe_capture(captures):
+    """One line for `capture_of`'s list."""
+    return "; ".join("replayed step by step (no CUDA graph)" if c is None else
+                     f"{c['graphs']} CUDA graphs, {c['library_calls']} library calls (cuBLAS, "
+                     "cuSOLVER) run live between them" for c in captures)  # fmt: skip
+
+
 def torch_cuda():
     """PyTorch when it is installed with CUDA and sees a GPU, else None."""
     try:

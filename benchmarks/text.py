@@ -169,6 +169,7 @@ def contenders(config, x, y, backend="numpy", precision="32"):
         else:
             step = compiled_text_step() if compiled else text_step
         out[name] = _stateful(step, model, config, x, y)
+        out[name].compiled = getattr(step, "compiled", None)
     return out
 
 
@@ -205,6 +206,11 @@ def measure(steps, config, args):
                 loss = run()
             float(loss)  # waits for the device: a block ends when its last step is done
             rates[name].append(steps * x.size / (time.perf_counter() - began))
+    if args.backend == "cupy":
+        from gpu_measure import capture_of, describe_capture
+
+        captures = capture_of(runs["tracker_gpu compiled"].compiled)
+        print(f"tracker_gpu compiled: {describe_capture(captures)}")
     return {name: statistics.median(r) for name, r in rates.items()}, first
 
 

@@ -318,3 +318,23 @@ def test_the_gpu_report_shows_and_counts_a_steps_list_of_targets():
     report = render({}, [step], "passed")
     assert "Performance targets: 1 met, 1 missed" in report
     assert "compiled faster" in report and "0.70 MISSED" in report
+
+
+def test_a_gpu_benchmark_says_whether_a_compiled_step_was_captured():
+    """`capture_of` reads each recorded program's graphs (None where it is replayed step by
+    step, as every host program is) and `describe_capture` says it in words."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from gpu_measure import capture_of, describe_capture
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    import numpy as np
+
+    import tracker_gpu as tg
+
+    step = tg.compile(lambda x: tg.sum(x @ x))
+    step(np.eye(2))
+    assert capture_of(step) == [None]
+    assert describe_capture([None]) == "replayed step by step (no CUDA graph)"
+    captured = describe_capture([{"graphs": 6, "library_calls": 5}])
+    assert captured.startswith("6 CUDA graphs, 5 library calls")

@@ -96,6 +96,7 @@ def compiled_text_step():
         loss, model, state = replay(model, state, x, y)
         return tg.data(loss), model, state
 
+    step.compiled = replay
     return step
 
 
@@ -139,6 +140,7 @@ def mixed_text_step(precision, compiled=False):
         return tg.data(loss), model, state
 
     step.mixed = mixed
+    step.compiled = replay if compiled else None
     return step
 
 
