@@ -23,6 +23,8 @@ class Stream:
         self.captured = []
 
     def end_capture(self):
+        if self.captured is None:
+            raise RuntimeError("the stream is not capturing")
         kernels, self.captured = self.captured, None
         return Graph(kernels)
 
