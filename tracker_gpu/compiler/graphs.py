@@ -31,9 +31,9 @@ __all__ = ["Plan", "plan", "Captured", "LIBRARY_CALLS"]
 # The namespace's functions (by submodule) that may call cuBLAS or cuSOLVER on CuPy arrays.
 LIBRARY_CALLS = {
     "": ("matmul", "tensordot", "vecdot", "einsum", "dot", "inner", "vdot", "kron"),
-    "linalg": ("matmul", "tensordot", "vecdot", "cholesky", "det", "eigh", "eigvalsh", "inv",
-               "lstsq", "matrix_norm", "matrix_power", "matrix_rank", "norm", "pinv", "qr",
-               "slogdet", "solve", "svd", "svdvals", "tensorinv", "tensorsolve",
+    "linalg": ("matmul", "tensordot", "vecdot", "cholesky", "det", "eig", "eigh", "eigvals",
+               "eigvalsh", "inv", "lstsq", "matrix_norm", "matrix_power", "matrix_rank", "norm",
+               "pinv", "qr", "slogdet", "solve", "svd", "svdvals", "tensorinv", "tensorsolve",
                "vector_norm"),
 }  # fmt: skip
 
