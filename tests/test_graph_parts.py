@@ -4,6 +4,7 @@ matrix product refuses to run under capture, as CuPy's cuBLAS calls do. What run
 itself is tested on a GPU (`ci/gpu`); these check the cutting, the replay and the clean-up."""
 
 import contextlib
+import functools
 import threading
 import types
 
@@ -255,3 +256,13 @@ def test_every_linalg_function_the_library_calls_is_cut_or_known_to_need_no_blas
     called = set(re.findall(r"\.linalg\.(\w+)\(", source))
     assert {"solve", "cholesky", "svd", "vector_norm"} <= called  # the scan finds them
     assert called - BLAS_FREE <= set(graphs.LIBRARY_CALLS["linalg"])
+
+
+def test_the_captured_run_is_compared_with_the_first_bit_for_bit():
+    """Values, nan where nan, shapes, dtypes; None and plain values as they are."""
+    equal = functools.partial(graphs._equal, np)
+    nan = np.array([np.nan, 1.0])
+    assert equal(nan, nan.copy()) and equal(None, None) and equal(2, 2)
+    assert not equal(nan, np.array([np.nan, 1.0 + 2**-52]))
+    assert not equal(nan, nan.astype(np.float32)) and not equal(nan, nan[:1])
+    assert not equal(None, nan) and not equal(2, 2.5)
