@@ -124,7 +124,7 @@ class Parts:
     def _close(self):
         graph = self.stream.end_capture()
         graph.launch(stream=self.stream)  # the capturing run is a real run
-        self.parts.append(lambda stream: graph.launch(stream=stream))
+        self.parts.append(graph.launch)
 
     def call(self, function, args, kwargs):
         """`function(*args, **kwargs)`, run live between two graphs, and replayed there."""

@@ -15,11 +15,10 @@ array([0., 6., 0.])
 """
 
 import builtins
-import operator
 
 import numpy as np
 
-from ..backend import device_of, is_cupy, namespace_of
+from ..backend import device_of, namespace_of
 from ..primitive import Primitive, no_gradient, record, tracking
 from ..tape import Node
 from ..tracked import TrackedArray, data
@@ -121,12 +120,11 @@ def sum(x, /, *, axis=None, dtype=None, keepdims=False):
 
 def _sumabs2_forward(xp, x):
     flat = xp.reshape(x, (-1,))
-    # on CuPy the namespace's matmul, where a CUDA graph's capture is cut (compiler/graphs.py)
-    dot = xp.matmul if is_cupy(flat) else operator.matmul
+    # the namespace's matmul (NumPy's `@`), where a CUDA graph's capture is cut on CuPy
     if is_complex(flat):  # |z|^2 = re^2 + im^2, a real number
         re, im = xp.real(flat), xp.imag(flat)
-        return dot(re, re) + dot(im, im)
-    return dot(flat, flat)
+        return xp.matmul(re, re) + xp.matmul(im, im)
+    return xp.matmul(flat, flat)
 
 
 def _sumabs2_vjp(g, ans, x):
