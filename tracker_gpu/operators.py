@@ -19,7 +19,7 @@ import numpy as np
 from .backend import SCALARS
 from .cuda import dispatch
 from .primitive import NOT_TRACKING, record, saved_values
-from .recording import ACTIVE
+from .recording import ACTIVE, is_data
 from .rules.elementwise import (
     PLAIN_FUNCTIONS,
     add,
@@ -46,15 +46,21 @@ def _operators(prim, plain=None):
     direct = plain is not None and prim.name not in dispatch.FORWARDS
 
     def operator(self, other):
-        if not (NOT_TRACKING or ACTIVE) and self._node is not None:
-            kind = type(other)
+        node = self._node
+        if not NOT_TRACKING and node is not None and not (ACTIVE and is_data(node)):
+            kind = type(other)  # recorded as eagerly while tg.compile records (`record`)
             if kind in SCALARS:
                 x = self.data
                 value = plain(x, other) if direct else prim.forward(self._xp, x, other)
                 args = (self._node, other)
                 saved = saved_values(left, value, (x, other), args) if left else None
                 return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
-            if kind is TrackedArray and self._xp is other._xp is np and other._node is not None:
+            if (
+                kind is TrackedArray
+                and self._xp is other._xp is np
+                and other._node is not None
+                and not (ACTIVE and is_data(other._node))
+            ):
                 x, y = self.data, other.data  # two NumPy arrays: no library or device to check
                 value = plain(x, y) if direct else prim.forward(np, x, y)
                 args = (self._node, other._node)
@@ -63,7 +69,13 @@ def _operators(prim, plain=None):
         return prim(self, other)
 
     def reflected(self, other):
-        if type(other) in SCALARS and not (NOT_TRACKING or ACTIVE) and self._node is not None:
+        node = self._node
+        if (
+            type(other) in SCALARS
+            and not NOT_TRACKING
+            and node is not None
+            and not (ACTIVE and is_data(node))
+        ):
             x = self.data
             value = plain(other, x) if direct else prim.forward(self._xp, other, x)
             args = (other, self._node)

@@ -92,9 +92,9 @@ class Primitive:
         self._plans = {}
 
     def __call__(self, *args, **kw):
-        if len(args) == 1 and not (NOT_TRACKING or ACTIVE):
+        if len(args) == 1 and not NOT_TRACKING:
             kind = type(args[0])
-            if kind is TrackedArray:
+            if kind is TrackedArray and (not ACTIVE or self._as_eager(args[0]._node)):
                 return _record_one(self, args[0], kw)  # the hot path: nothing to check
             if kind is np.ndarray:  # a plain NumPy array, as in a vjp (sin's reads cos(x))
                 return self.forward(np, args[0], **kw) if kw else self.forward(np, args[0])
@@ -106,6 +106,12 @@ class Primitive:
             _check_number(self.name, args)
             return _as_number(self.forward(np, *args, **kw))
         return self.forward(xp, *args, **kw)
+
+    def _as_eager(self, node):
+        """Whether, while tg.compile records, an operation on a tracked array of `node` is
+        recorded as eagerly (`record` shows the recorder its node): a rule with a gradient of
+        a value that is not data (`_record_traced` otherwise)."""
+        return self.differentiable and not recording.is_data(node)
 
     def keeps(self, tracked_mask):
         """Which of `(output, *args)` a node keeps (positions, 0 for the output) when the
