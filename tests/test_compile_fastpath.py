@@ -190,6 +190,34 @@ def test_alternating_signatures_each_keep_their_program(order):
     assert f.cache_info().misses == 2
 
 
+def test_fast_hits_count_as_uses_when_the_cache_evicts():
+    """The fast path does not reorder the cache at each hit; the next call that is not fast
+    does, so that the least recently used signature is the one evicted, as without it."""
+    f = tg.compile(lambda x: tg.sum(x * x), maxsize=2)
+    a, b, c = (np.ones(n) for n in (2, 3, 4))
+    f(a)
+    f(a)  # a hit by the general path: the next call with a's signature is fast
+    f(b)
+    f(a)  # fast: a is now used after b
+    f(c)  # evicts the least recently used: b
+    assert f.cache_info().misses == 3
+    f(a)
+    assert f.cache_info().misses == 3  # a was kept
+    f(b)
+    assert f.cache_info().misses == 4  # b was not
+
+
+def test_a_signature_evicted_leaves_no_fast_path_behind():
+    f = tg.compile(lambda x: tg.sum(x * x), maxsize=1)
+    a, b = np.ones(2), np.ones(3)
+    f(a)
+    f(a)  # fast from now on
+    f(b)  # evicts a: its fast path goes with it
+    val, (grad,) = f(a)
+    assert f.cache_info().misses == 3
+    assert np.array_equal(grad, 2 * a)
+
+
 def test_keyword_arguments_take_the_fast_path_and_keep_their_values(monkeypatch):
     calls = counting_signatures(monkeypatch)
 

@@ -123,6 +123,8 @@ class Compiled:
             ran = self._fast(_matched(args, kwargs))
             if ran is not None:
                 return _plain(ran)
+        if self._matcher is not None:  # its hits since the last call here count as uses
+            self._programs.move_to_end(self._matcher[0])
         memo = {}
         chosen = positions(self.wrt, len(args))  # a Python number outside wrt stays one
         original, warned = args, any(_top_level_number(args[i]) for i in chosen)
@@ -150,14 +152,12 @@ class Compiled:
     def _fast(self, given):
         """The replay's result if the arguments (`_matched`) have the signature of the last
         call that replayed and its guards hold (`fastpath.py`), else None."""
-        key, match = self._matcher
+        _, match, variants = self._matcher  # the signature's variants, while it is cached
         arrays = match(given)
-        variants = None if arrays is None else self._programs.get(key)
-        program = None if variants is None else _holding(variants)
+        program = None if arrays is None else _holding(variants)
         if program is None or program is _EAGER:
             return None
-        self._hits += 1
-        self._programs.move_to_end(key)
+        self._hits += 1  # moved to the end of the cache by the next call that is not fast
         return program.run(arrays)
 
     def _match_next(self, key, args, original):
@@ -170,7 +170,7 @@ class Compiled:
                 if len(self._matchers) > self.maxsize:  # those of evicted signatures go
                     self._matchers = {k: m for k, m in self._matchers.items()
                                       if k in self._programs}  # fmt: skip
-            self._matcher = None if made is None else (key, made)
+            self._matcher = None if made is None else (key, made, self._programs[key])
 
     def cache_info(self):
         programs = [p for variants in self._programs.values() for _, p in variants]
@@ -219,7 +219,9 @@ class Compiled:
             self._warn_guard_churn(changed)
         self._programs.move_to_end(key)
         while len(self._programs) > self.maxsize:
-            self._programs.popitem(last=False)
+            evicted, _ = self._programs.popitem(last=False)
+            if self._matcher is not None and self._matcher[0] == evicted:
+                self._matcher = None
             self._warn_churn()
         return _plain(result)
 

@@ -61,7 +61,9 @@ class Leaf:
         for v in leaves:  # loops, not generators: this runs at every compiled call
             if _is_count(v):
                 counts = True
-            elif array is None and is_array(v) and not isinstance(v, np.generic):
+            elif array is None and (
+                type(v) is np.ndarray or (is_array(v) and not isinstance(v, np.generic))
+            ):
                 array = v
         if not counts:
             return self
@@ -85,9 +87,16 @@ def _counted(state, made):
     """`state` with each count made an array by `made` (NumPy scalars too: what a replay on
     NumPy returns for 0-d arrays)."""
     kind = type(state)
-    if kind is tuple or kind is list:
-        return kind([_counted(part, made) for part in state])
-    return made(state) if _is_count(state) else state
+    if kind is not tuple and kind is not list:
+        return made(state) if _is_count(state) else state
+    parts = []
+    for part in state:  # a loop, not recursion per leaf: this runs at every compiled call
+        inner = type(part)
+        if inner is tuple or inner is list:
+            parts.append(_counted(part, made))
+        else:
+            parts.append(made(part) if _is_count(part) else part)
+    return kind(parts)
 
 
 def _is_count(v):
@@ -98,9 +107,17 @@ def _is_count(v):
 
 def _flat(state):
     """The leaves of a rule's state (nested tuples), quickly: this runs at every compiled call."""
-    if type(state) is tuple or type(state) is list:
-        return [leaf for part in state for leaf in _flat(part)]
-    return [state]
+    kind = type(state)
+    if kind is not tuple and kind is not list:
+        return [state]
+    leaves = []
+    for part in state:
+        inner = type(part)
+        if inner is tuple or inner is list:
+            leaves.extend(_flat(part))
+        else:
+            leaves.append(part)
+    return leaves
 
 
 # --- one parameter's step: the seam for fused kernels
