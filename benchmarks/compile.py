@@ -59,7 +59,7 @@ import time
 import tracemalloc
 
 import numpy as np
-from train_step import BETA1, BETA2, EPS, LR, SIZES, make_problem
+from train_step import BETA1, BETA2, EPS, LR, SIZES, blas_kernels, make_problem
 from train_step import numpy_step as by_hand_step
 
 import tracker_gpu as tg
@@ -609,7 +609,8 @@ def main():
 
 def report(rows, args):
     print(f"chains: {args.ops} ops, us per op; MLP {'-'.join(map(str, SIZES))}, batch "
-          f"{args.batch}, us per step; ratio to NumPy by hand in brackets")  # fmt: skip
+          f"{args.batch}, us per step; ratio to NumPy by hand in brackets; "
+          f"{blas_kernels()}")  # fmt: skip
     for name, row in rows.items():
         by_hand = row["NumPy by hand"]
         cells = "  ".join(f"{peer} {us:.2f} ({us / by_hand:.2f}x)" for peer, us in row.items())

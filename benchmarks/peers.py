@@ -195,6 +195,7 @@ def machine(threads):
         "cpu": cpu,
         "cores": os.cpu_count(),
         "threads": threads,
+        "blas": train_step.blas_kernels(),
         "system": platform.platform(),
         "python": platform.python_version(),
     }
@@ -225,7 +226,8 @@ def report(rows, goals, info, versions, settings, out_dir):
     ratios = "Each figure: absolute, then its ratio to NumPy by hand measured in this run."
     versions_line = ", ".join(f"{LIBS[k]} {v or NOT_INSTALLED}" for k, v in versions.items())
     about = (
-        f"{info['cpu']}, {info['cores']} cores, BLAS and PyTorch on {info['threads']} thread(s); "
+        f"{info['cpu']}, {info['cores']} cores, BLAS and PyTorch on {info['threads']} thread(s), "
+        f"{info['blas']}; "
         f"Python {info['python']}; {versions_line}"
     )
     print(f"\n{about}\n{ratios}\n")

@@ -35,6 +35,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_measure
 
+from train_step import blas_kernels  # noqa: E402
+
 from tracker_gpu import nn  # noqa: E402
 from tracker_gpu.train.devices import keep_freed_memory  # noqa: E402
 from tracker_gpu.train.text_loop import (  # noqa: E402
@@ -254,7 +256,8 @@ def main(argv=None):
     precision = "float32" if args.precision == "32" else f"{HALF[args.precision]} compute"
     print(f"text step: {args.layers} layers, width {args.width}, {args.heads} heads, context "
           f"{args.context}, batch {args.batch}, {precision}, on {args.backend}; {args.threads} "
-          f"thread(s); median of {args.rounds} rounds of {args.steps} steps")  # fmt: skip
+          f"thread(s), {blas_kernels()}; median of {args.rounds} rounds of {args.steps} "
+          "steps")  # fmt: skip
     for name, rate in rates.items():
         print(f"  {name:22s} {rate:10,.0f} tokens/s  {rate / base:5.2f}x PyTorch eager")
     found = targets(rates)

@@ -126,6 +126,24 @@ def median_seconds(step, repeats, warmup=20):
     return statistics.median(times)
 
 
+def blas_kernels():
+    """NumPy's BLAS as the reports name it: "OpenBLAS 0.3.31, Haswell kernels". OpenBLAS picks
+    its kernels by the CPU it recognises, or as OPENBLAS_CORETYPE names them; the products'
+    speed depends on it (AVX2 or AVX-512 kernels), while PyTorch and JAX bring their own."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "BLAS unknown (threadpoolctl not installed)"
+    found = [b for b in threadpool_info() if b.get("user_api") == "blas"]
+    if not found:
+        return "BLAS unknown"
+    b = found[0]
+    api = b["internal_api"]
+    name = {"openblas": "OpenBLAS", "mkl": "MKL", "blis": "BLIS"}.get(api, api)
+    kernels = f", {b['architecture']} kernels" if b.get("architecture") else ""
+    return f"{name} {b.get('version', '')}{kernels}"
+
+
 def blas_threads(n):
     try:
         from threadpoolctl import threadpool_limits
