@@ -39,10 +39,11 @@ MASK = np.random.default_rng(12).random(29) < 0.7  # broadcast over the rows
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("seed", range(4))
-def test_chains_of_pullbacks_are_one_kernel_bit_for_bit(seed, dtype):
+def test_chains_of_pullbacks_are_one_kernel_bit_for_bit(seed, dtype, monkeypatch):
     """A chain of elementwise pullbacks (the vjps of `tanh`, `relu`, `sqrt`, `square`, `exp`,
     `log`, arithmetic) is fused by default (their arithmetic is correctly rounded, `exp`'s
-    and `tanh`'s C library calls stay NumPy's forwards): gradients are eager's bit for bit."""
+    and `tanh`'s C library calls stay NumPy's forwards): gradients are eager's bit for bit,
+    and a replay runs each chain's kernel (none falls back to NumPy's operations)."""
     rng = np.random.default_rng([seed, 13])
     names = [str(rng.choice(list(UNARY_CHAIN))) for _ in range(int(rng.integers(3, 9)))]
 
@@ -55,7 +56,11 @@ def test_chains_of_pullbacks_are_one_kernel_bit_for_bit(seed, dtype):
     x = domain((37, 29), dtype, seed=seed)
     step = tg.compile(loss)
     _quiet(step, x)
+    fallbacks = []
+    evaluate = backward.evaluate
+    monkeypatch.setattr(backward, "evaluate", lambda *a: fallbacks.append(a) or evaluate(*a))
     got, eager = _quiet(step, x), _quiet(tg.withgradient, loss, x)
+    assert not fallbacks, f"a chain of {names} was refused its recorded arrays"
     _same_bits(got.val, eager.val, f"loss of {names}")
     _same_bits(got.grad[0], eager.grad[0], f"gradient of {names}")
     if loops.default_fuse() == "exact":
@@ -190,10 +195,12 @@ def test_vectorised_gradients_are_the_scalar_ones_bit_for_bit(seed, monkeypatch)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_masked_product_pulls_back_as_one_kernel_bit_for_bit(dtype):
+def test_a_masked_product_pulls_back_as_one_kernel_bit_for_bit(dtype, monkeypatch):
     """Attention's masked scores, `where(mask, x * scale, -inf)` with a mask made while
-    recording: `where`'s pullback reads the mask where the program keeps it, and joins the
-    product's in one chain; gradients are eager's bit for bit, zeros' signs included."""
+    recording: `where`'s pullback reads the mask, a boolean array, where the program keeps it,
+    and joins the product's in one chain, whose kernel runs at every replay (its guard takes
+    the mask as recorded, not for NumPy's operations); gradients are eager's bit for bit,
+    zeros' signs included."""
     mask = np.tril(np.ones((24, 24), bool))
 
     def loss(x):
@@ -203,7 +210,11 @@ def test_a_masked_product_pulls_back_as_one_kernel_bit_for_bit(dtype):
     x = domain((6, 24, 24), dtype, seed=21)
     step = tg.compile(loss, fuse="exact")
     _quiet(step, x)
+    fallbacks = []
+    evaluate = backward.evaluate
+    monkeypatch.setattr(backward, "evaluate", lambda *a: fallbacks.append(a) or evaluate(*a))
     got, eager = _quiet(step, x), _quiet(tg.withgradient, loss, x)
+    assert not fallbacks, "a chain's kernel was refused its recorded arrays"
     _same_bits(got.val, eager.val, "the loss")
     _same_bits(got.grad[0], eager.grad[0], "the gradient")
     chains = step.programs()[0].chains.values()

@@ -30,22 +30,24 @@ __all__ = ["Chain", "plan", "VJPS"]
 
 class _Ops:
     """A region's operations under construction: an operand is `("in", k)`, `("op", j)` or
-    `("const", number)`, in the chain's dtype."""
+    `("const", number)`, in the chain's dtype; an input is an array of the chain's dtype or
+    a boolean one (`where`'s condition)."""
 
     def __init__(self, dtype, shape):
-        self.dtype, self.shape, self.ops, self.inputs = dtype, shape, [], []  # inputs: (key, shape)
+        self.dtype, self.shape, self.ops = dtype, shape, []
+        self.inputs = []  # (key, shape, dtype)
 
-    def value(self, key, shape):
-        for k, (seen, _) in enumerate(self.inputs):
+    def value(self, key, shape, dtype=None):
+        for k, (seen, _, _) in enumerate(self.inputs):
             if seen == key:
                 return ("in", k)
-        self.inputs.append((key, shape))
+        self.inputs.append((key, shape, self.dtype if dtype is None else dtype))
         return ("in", len(self.inputs) - 1)
 
     def op(self, name, *operands):
-        """An operation's result; a `("lazy", key, shape)` operand (a saved value) becomes an
-        input here, where it is read."""
-        operands = [self.value(o[1], o[2]) if o is not None and o[0] == "lazy" else o
+        """An operation's result; a `("lazy", key, shape, dtype)` operand (a saved value)
+        becomes an input here, where it is read."""
+        operands = [self.value(*o[1:]) if o is not None and o[0] == "lazy" else o
                     for o in operands]  # fmt: skip
         self.ops.append((name, self.dtype, operands))
         return ("op", len(self.ops) - 1)
@@ -183,8 +185,8 @@ def _chain(program, order, start, types, calls, exact, slots, received, terminal
         return None
     if not _pays(len(ops.ops), shape):
         return None
-    inputs = [key for key, _ in ops.inputs]
-    region = fusion.Region(ops.ops, [(dtype, s) for _, s in ops.inputs], shape)
+    inputs = [key for key, _, _ in ops.inputs]
+    region = fusion.Region(ops.ops, [(d, s) for _, s, d in ops.inputs], shape)
     return Chain(None, start, count, inputs, parent, region)
 
 
@@ -275,8 +277,8 @@ def _read(ops, mark):
 
 def _operand(program, slot, types, ops, shape):
     """A saved value as an operand: None where nothing is saved (a vjp reading it is refused),
-    a weak number, or an input where a vjp reads it (`"lazy"`: an array of the chain's dtype
-    broadcasting to `shape`); False for anything else."""
+    a weak number, or an input where a vjp reads it (`"lazy"`: an array of the chain's dtype,
+    or a boolean one, broadcasting to `shape`); False for anything else."""
     if slot is None:
         return None
     value = program.start[slot] if slot < len(program.start) else None
@@ -289,7 +291,7 @@ def _operand(program, slot, types, ops, shape):
         n not in (1, m) for n, m in zip(reversed(kind[2]), reversed(shape))
     ):
         return False
-    return ("lazy", ("v", slot), kind[2])
+    return ("lazy", ("v", slot), kind[2], np.dtype(kind[1]))
 
 
 # --- at a replay
