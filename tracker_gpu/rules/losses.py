@@ -138,11 +138,11 @@ def _onehot_forward(xp, labels, *, name, classes, axis, ndim, dtype, device, che
     else:
         shape = tuple(classes if d == axis else 1 for d in range(ndim))
         hits = xp.expand_dims(labels, axis=axis) == xp.reshape(positions, shape)
-    valid = xp.any(hits, axis=axis, keepdims=True)
-    if check:
-        if not bool(xp.all(valid)):  # one reduction and one sync
+    if check:  # a label in range hits one class, one out of range none: one count, one sync
+        if int(xp.count_nonzero(hits)) != math.prod(labels.shape):
             raise _range_error(name, xp, labels, classes)
         return xp.astype(hits, dtype)
+    valid = xp.any(hits, axis=axis, keepdims=True)
     nan = xp.asarray(math.nan, dtype=dtype, device=device)
     return xp.where(valid, xp.astype(hits, dtype), nan)
 
