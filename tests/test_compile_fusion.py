@@ -27,7 +27,7 @@ from domain import assert_agree, domain
 
 import tracker_gpu as tg
 from tracker_gpu import nn
-from tracker_gpu.compiler import fusion, loops
+from tracker_gpu.compiler import backward, fusion, loops, opened
 
 BF16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
 
@@ -187,10 +187,24 @@ def _seeds(floats, halves):
     return [(seed, name) for name, count in counts.items() for seed in range(count)]
 
 
+@pytest.fixture
+def fallbacks(monkeypatch):
+    """The replays' fallbacks, as they happen: a region, a chain of pullbacks or an opened rule
+    whose guard refused the arrays it was given and ran NumPy's operations (the rule's own
+    code) instead of its kernels."""
+    seen = []
+    for module, name in ((fusion, "_stepwise"), (backward, "evaluate"), (opened, "own_code")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, f=original, n=name: seen.append(n) or f(*a))
+    return seen
+
+
 @pytest.mark.parametrize(("seed", "dtypes"), _seeds(12, 4))
-def test_arithmetic_programs_bit_for_bit(seed, dtypes):
+def test_arithmetic_programs_bit_for_bit(seed, dtypes, fallbacks):
     """Correctly rounded operations only: the fused replay is the eager run bit for bit, its
-    values (returned as they are) and its gradients (of their sum)."""
+    values (returned as they are) and its gradients (of their sum), and a replay on the
+    recording's own kinds of arrays runs every kernel (no guard falls back to NumPy's
+    operations)."""
     rng = np.random.default_rng([seed, len(dtypes[0])])
     for trial in range(3):
         n = int(rng.integers(1, 4))
@@ -207,6 +221,7 @@ def test_arithmetic_programs_bit_for_bit(seed, dtypes):
         _same_bits(got.val, eager.val, f"loss of {plan}")
         for g, e in zip(got.grad, eager.grad):
             _same_bits(g, e, f"gradient of {plan}")
+        assert not fallbacks, f"{fallbacks} in a replay of {plan}"
         STATS["programs"] += 2
         STATS["fused"] += bool(forward.programs()[0].fused) + bool(both.programs()[0].fused)
         STATS["regions"] += forward.programs()[0].fused + both.programs()[0].fused
@@ -581,7 +596,7 @@ def test_no_compiler_replays_unfused_with_one_warning(monkeypatch):
 
 SCRIPT = textwrap.dedent("""
     import numpy as np, tracker_gpu as tg
-    from tracker_gpu.compiler import fusion, loops
+    from tracker_gpu.compiler import backward, fusion, loops, opened
     fusion.SMALL_OPS = 2
     step = tg.compile(lambda x: tg.abs(x * 0.5 + 0.125) * 3.0, gradient=False, fuse=True)
     x = np.linspace(-1, 1, 5)

@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import pytest
 from domain import domain
-from test_compile_fusion import _quiet, _same_bits, cache
+from test_compile_fusion import _quiet, _same_bits, cache, fallbacks
 
 import tracker_gpu as tg
 from tracker_gpu.compiler import fusion, loops, opened
@@ -17,7 +17,7 @@ from tracker_gpu.nn.primitives import gelu_tanh
 from tracker_gpu.rules import losses, nn
 
 pytestmark = pytest.mark.skipif(loops.compiler() is None, reason="no C++ compiler")
-__all__ = ["cache"]  # the fixture: a cache of the module's own
+__all__ = ["cache", "fallbacks"]  # the fixtures: a cache of the module's own, the fallbacks
 
 SHAPE = (48, 40)  # more elements than fusion.SMALL_SIZE: opened
 
@@ -88,7 +88,9 @@ def _input(rule, dtype, seed):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
 @pytest.mark.parametrize("seed", range(3))
-def test_opened_rules_replay_eager_bit_for_bit(rule, dtype, seed):
+def test_opened_rules_replay_eager_bit_for_bit(rule, dtype, seed, fallbacks):
+    """Replays on the recording's kinds of arrays run the opened code (no fallback to the
+    rule's own), bit for bit eager's."""
     x = _input(rule, dtype, seed)
     weights = domain(x.shape if rule is not losses.logitcrossentropy_primitive else (),
                      dtype, seed=seed + 10, special=0.1)  # fmt: skip
@@ -98,6 +100,7 @@ def test_opened_rules_replay_eager_bit_for_bit(rule, dtype, seed):
     again = _input(rule, dtype, seed + 20)  # new arguments, the same program
     _same_bits(_quiet(step, again).grad[0], _quiet(tg.withgradient, loss, again).grad[0],
                f"{rule.name}: a second call")  # fmt: skip
+    assert not fallbacks, f"{fallbacks} in a replay of {rule.name}"
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)

@@ -11,8 +11,9 @@ operations and order as the eager vjps, each in the node's dtype; the contributi
 into its gradient where the eager pass adds it. A chain keeps to one dtype and to contributions
 of its node's shape (no fitting), and leaves out the C library's functions with
 `fuse="exact"` (`sin`'s vjp reads `cos`); small ones are left to NumPy as forward regions are.
-Where a replay finds something else than the recorded arrays (a NumPy scalar of a 0-d
-gradient, a view), the chain's operations run as NumPy's, with the same result.
+Where a replay finds something else than the recorded arrays, a view is copied and a NumPy
+scalar (a 0-d comparison's) made a 0-d array for the kernel; anything else (another dtype)
+runs the chain's operations as NumPy's, with the same result.
 """
 
 from dataclasses import dataclass
@@ -302,7 +303,8 @@ _UFUNCS = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
 
 def guarded(kernel, region):
     """The kernel, on arrays of the recorded dtypes and shapes (copied C-contiguous where they
-    are not); anything else (a 0-d gradient, a NumPy scalar) takes NumPy's operations."""
+    are not; a NumPy scalar made a 0-d array); anything else (a gradient of another dtype, a
+    Python number) takes NumPy's operations."""
     expected, ndarray = list(region.inputs), np.ndarray
 
     def run(*values):
@@ -315,6 +317,8 @@ def guarded(kernel, region):
     def _checked(values):
         ready = []
         for value, (dtype, shape) in zip(values, expected):
+            if isinstance(value, np.generic):  # a 0-d comparison or reduction, as NumPy gives it
+                value = np.asarray(value)
             if type(value) is not ndarray or value.dtype != dtype or value.shape != shape:
                 return evaluate(region, values)
             if not value.flags.c_contiguous or not value.flags.aligned:
