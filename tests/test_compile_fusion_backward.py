@@ -21,8 +21,9 @@ from test_compile_fusion import (
 )
 
 import tracker_gpu as tg
-from tracker_gpu import nn
+from tracker_gpu import nn, optim
 from tracker_gpu.compiler import backward, fusion, loops
+from tracker_gpu.train.text_loop import TextConfig, build, compiled_text_step, rule, text_step
 
 pytestmark = pytest.mark.skipif(loops.compiler() is None, reason="no C++ compiler")
 # the fixtures: a cache of the module's own, small regions, the replays' fallbacks
@@ -215,3 +216,25 @@ def test_a_masked_product_pulls_back_as_one_kernel_bit_for_bit(dtype, fallbacks)
     _same_bits(got.grad[0], eager.grad[0], "the gradient")
     chains = step.programs()[0].chains.values()
     assert any(c.count >= 2 and any(op == "where" for op, _, _ in c.region.ops) for c in chains)
+
+
+def test_the_transformers_training_step_replays_every_kernel(fallbacks):
+    """The text job's step (attention's masked scores, softmax, GELU, the normalisations,
+    cross-entropy, AdamW, clipping), every region fused however small: its replays run every
+    kernel they built, none refused its recorded arrays, and they train as eager does, bit for
+    bit."""
+    config = TextConfig(layers=1, width=16, heads=2, context=16, batch_size=4, steps=3)
+    rng = np.random.default_rng(31)
+    x, y = rng.integers(0, 20, (4, 16)), rng.integers(0, 20, (4, 16))
+    model, _ = build(config, 20)
+    runs = {"eager": text_step, "compiled": compiled_text_step()}
+    held = {kind: (model, optim.setup(rule(config), model)) for kind in runs}
+    for _ in range(3):
+        losses = {}
+        for kind, step in runs.items():
+            loss, *held[kind] = _quiet(step, *held[kind], x, y)
+            losses[kind] = loss
+        _same_bits(losses["compiled"], losses["eager"], "the loss")
+    program = runs["compiled"].compiled.programs()[0]
+    assert program.fused and program.chains, "nothing fused"
+    assert not fallbacks, f"{fallbacks} in a replay of the transformer's step"
