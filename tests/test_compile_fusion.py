@@ -597,7 +597,7 @@ def test_no_compiler_replays_unfused_with_one_warning(monkeypatch):
 
 SCRIPT = textwrap.dedent("""
     import numpy as np, tracker_gpu as tg
-    from tracker_gpu.compiler import backward, fusion, loops, opened
+    from tracker_gpu.compiler import fusion, loops
     fusion.SMALL_OPS = 2
     step = tg.compile(lambda x: tg.abs(x * 0.5 + 0.125) * 3.0, gradient=False, fuse=True)
     x = np.linspace(-1, 1, 5)
