@@ -245,3 +245,38 @@ def test_a_positional_call_shaped_like_a_keyword_call_is_not_taken_for_it():
         f(x, k=np.ones(1))
     f((x,), {"k": np.ones(1)})
     assert f.cache_info().misses == 2
+
+
+def _job_steps():
+    """`{name: (step, model, state, x, y)}`: the main job's compiled steps, each model's (the
+    digits job's MLP, CNN and LSTM, with their scheduled Adam, and the text job's transformer
+    with AdamW), on a small batch of their data."""
+    from tracker_gpu.train.loop import compiled_step, schedule_for
+    from tracker_gpu.train.models import RECIPES
+    from tracker_gpu.train.text_loop import TextConfig, build, compiled_text_step, rule
+
+    rng = np.random.default_rng(5)
+    images, labels = rng.random((8, 1, 8, 8)), rng.integers(0, 10, 8)
+    found = {}
+    for name, recipe in RECIPES.items():
+        model = recipe.build(rng=np.random.default_rng(0))
+        state = optim.setup(schedule_for(recipe.lr, 2, 10), model)
+        found[name] = (compiled_step(), model, state, images, labels)
+    config = TextConfig(layers=1, width=16, heads=2, context=8, batch_size=4, steps=10)
+    model, _ = build(config, 12)
+    tokens = rng.integers(0, 12, (4, 8))
+    found["text"] = (compiled_text_step(), model, optim.setup(rule(config), model), tokens, tokens)
+    return found
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "lstm", "text"])
+def test_the_jobs_steps_take_the_fast_path_from_their_third_call(name, monkeypatch):
+    """A structure the matcher cannot check would send every call through the signature's
+    walk, silently slower: each of the main job's compiled steps describes its arguments at
+    its first two calls only (the recording, then the replay that makes the matcher)."""
+    step, model, state, x, y = _job_steps()[name]
+    calls = counting_signatures(monkeypatch)
+    for _ in range(5):
+        _, *rest = step(model, state, x, y)
+        model, state = rest[-2:]
+    assert len(calls) == 2, f"{name}: {len(calls)} of 5 calls described their arguments"
