@@ -22,7 +22,7 @@ from test_compile_fusion import (
 
 import tracker_gpu as tg
 from tracker_gpu import nn, optim
-from tracker_gpu.compiler import backward, fusion, loops
+from tracker_gpu.compiler import backward, fusion, loops, opened
 from tracker_gpu.train.text_loop import TextConfig, build, compiled_text_step, rule, text_step
 
 pytestmark = pytest.mark.skipif(loops.compiler() is None, reason="no C++ compiler")
@@ -220,9 +220,9 @@ def test_a_masked_product_pulls_back_as_one_kernel_bit_for_bit(dtype, fallbacks)
 
 def test_the_transformers_training_step_replays_every_kernel(fallbacks):
     """The text job's step (attention's masked scores, softmax, GELU, the normalisations,
-    cross-entropy, AdamW, clipping), every region fused however small: its replays run every
-    kernel they built, none refused its recorded arrays, and they train as eager does, bit for
-    bit."""
+    cross-entropy, AdamW, clipping), every region fused however small: every opened rule is
+    opened, its replays run every kernel they built, none refused its recorded arrays, and
+    they train as eager does, bit for bit."""
     config = TextConfig(layers=1, width=16, heads=2, context=16, batch_size=4, steps=3)
     rng = np.random.default_rng(31)
     x, y = rng.integers(0, 20, (4, 16)), rng.integers(0, 20, (4, 16))
@@ -238,3 +238,8 @@ def test_the_transformers_training_step_replays_every_kernel(fallbacks):
     program = runs["compiled"].compiled.programs()[0]
     assert program.fused and program.chains, "nothing fused"
     assert not fallbacks, f"{fallbacks} in a replay of the transformer's step"
+    forwards = {c.node.rule for s in program.steps if type(s) is fusion.Fused for c in s.calls}
+    pullbacks = {c.opening[0] for c in program.chains.values() if c.opening is not None}
+    for kind, (forward, vjp) in opened.OPENED.items():  # the model calls every opened rule
+        assert forward is None or kind in forwards, f"{kind.name}'s forward is not opened"
+        assert vjp is None or vjp in pullbacks, f"{kind.name}'s pullback is not opened"
