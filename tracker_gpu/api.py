@@ -61,30 +61,32 @@ def back(y, dy=None, *, once=True):
             "computed from a parameter"
         )
     with backend.on_device_of(y.data):  # buffers and kernels on y's GPU, not the current one
-        seed = scalar_seed(y) if dy is None else given_seed(y, dy)
+        seed = scalar_seed(y.data, y._xp) if dy is None else given_seed(y, dy)
         hand_out = HandOut()
         for node, g in walk(y._node, seed, once=once):
             if node.rule is None:
                 node.grad = hand_out(g) if node.grad is None else node.grad + g
 
 
-def scalar_seed(y):
-    _check_real(y)
-    if y.ndim != 0:
+def scalar_seed(value, xp):
+    """The seed of a pass from the plain loss `value` (of library `xp`): a one of its dtype,
+    after the checks that it is real, a scalar and (where checks run) finite."""
+    _check_real(value)
+    if value.ndim != 0:
         raise BackError(
-            f"value is not scalar (shape {tuple(y.shape)}): use back(sum(y)) or back(y, dy) "
+            f"value is not scalar (shape {tuple(value.shape)}): use back(sum(y)) or back(y, dy) "
             "with a seed dy of y's shape"
         )
-    if checking(y.data):
-        value = float(y.data)
-        if not math.isfinite(value):
+    if checking(value):
+        number = float(value)
+        if not math.isfinite(number):
             raise BackError(
-                f"loss is {value} (not finite): the backward pass needs a finite loss; look for "
+                f"loss is {number} (not finite): the backward pass needs a finite loss; look for "
                 "overflow, log(0) or 0/0 in the forward pass"
             )
-    if y._xp is np:  # np.ones_like is Python, five times slower than making the 0-d array
-        return np.array(1, dtype=y.data.dtype)
-    return y._xp.ones_like(y.data)
+    if xp is np:  # np.ones_like is Python, five times slower than making the 0-d array
+        return np.array(1, dtype=value.dtype)
+    return xp.ones_like(value)
 
 
 def given_seed(y, dy):
@@ -445,7 +447,7 @@ def backprop(loss, inputs, nest, others=None, since=0):
     if not istracked(loss):
         return {}
     with backend.on_device_of(loss.data):  # buffers and kernels on the loss's GPU
-        seed = scalar_seed(loss)
+        seed = scalar_seed(loss.data, loss._xp)
         if nest:
             seed = nested_seed(seed, loss._xp)
         stop = [made._node for made in inputs]

@@ -52,7 +52,7 @@ def _operators(prim, plain=None):
             if kind in SCALARS:
                 x = self.data
                 value = plain(x, other) if direct else prim.forward(self._xp, x, other)
-                args = (self._node, other)
+                args = (node, other)
                 saved = saved_values(left, value, (x, other), args) if left else None
                 return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
             if (
@@ -63,7 +63,7 @@ def _operators(prim, plain=None):
             ):
                 x, y = self.data, other.data  # two NumPy arrays: no library or device to check
                 value = plain(x, y) if direct else prim.forward(np, x, y)
-                args = (self._node, other._node)
+                args = (node, other._node)
                 saved = saved_values(both, value, (x, y), args) if both else None
                 return record(value, np, prim, args, _NO_KEYWORDS, saved)
         return prim(self, other)
@@ -78,7 +78,7 @@ def _operators(prim, plain=None):
         ):
             x = self.data
             value = plain(other, x) if direct else prim.forward(self._xp, other, x)
-            args = (other, self._node)
+            args = (other, node)
             saved = saved_values(right, value, (other, x), args) if right else None
             return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
         return prim(other, self)

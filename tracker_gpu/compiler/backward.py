@@ -302,31 +302,9 @@ _UFUNCS = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
 
 
 def guarded(kernel, region):
-    """The kernel, on arrays of the recorded dtypes and shapes (copied C-contiguous where they
-    are not; a NumPy scalar made a 0-d array); anything else (a gradient of another dtype, a
-    Python number) takes NumPy's operations."""
-    expected, ndarray = list(region.inputs), np.ndarray
-
-    def run(*values):
-        for value, (dtype, shape) in zip(values, expected):
-            if (type(value) is not ndarray or value.dtype != dtype or value.shape != shape
-                    or not value.flags.carray):  # fmt: skip
-                return _checked(values)
-        return kernel(*values)
-
-    def _checked(values):
-        ready = []
-        for value, (dtype, shape) in zip(values, expected):
-            if isinstance(value, np.generic):  # a 0-d comparison or reduction, as NumPy gives it
-                value = np.asarray(value)
-            if type(value) is not ndarray or value.dtype != dtype or value.shape != shape:
-                return evaluate(region, values)
-            if not value.flags.c_contiguous or not value.flags.aligned:
-                value = np.ascontiguousarray(value)
-            ready.append(value)
-        return kernel(*ready)
-
-    return run
+    """`fusion.guard` of a chain: anything else than its recorded arrays (a gradient of another
+    dtype, a Python number) takes NumPy's operations (`evaluate`)."""
+    return fusion.guard(kernel, region, lambda values: evaluate(region, values))
 
 
 def evaluate(region, values):

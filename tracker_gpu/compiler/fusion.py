@@ -416,20 +416,18 @@ def fuse(program, arrays, orders, build, exact=False, target=None):
     return steps, len(found)
 
 
-def _guarded(kernel, region, calls, inputs, start, outs):
+def guard(kernel, region, fallback):
     """The kernel, called on arrays of the recorded dtypes and shapes (made C-contiguous where
-    they are not; a NumPy scalar made a 0-d array); anything else (a gradient that is None,
-    say) takes the steps one by one."""
-    expected = [(dtype, shape) for dtype, shape in region.inputs]
-    slots, ndarray = list(inputs), np.ndarray
+    they are not; a NumPy scalar made a 0-d array); anything else goes to `fallback(values)`."""
+    expected, ndarray = list(region.inputs), np.ndarray
 
     def checked(values):
         ready = []
         for value, (dtype, shape) in zip(values, expected):
-            if isinstance(value, np.generic):  # a reduction's 0-d result, as NumPy gives it
+            if isinstance(value, np.generic):  # a 0-d result (a reduction's, a comparison's)
                 value = np.asarray(value)
             if type(value) is not ndarray or value.dtype != dtype or value.shape != shape:
-                return _stepwise(calls, slots, values, start, outs)
+                return fallback(values)
             if not value.flags.c_contiguous or not value.flags.aligned:
                 value = np.ascontiguousarray(value)
             ready.append(value)
@@ -443,6 +441,13 @@ def _guarded(kernel, region, calls, inputs, start, outs):
         return kernel(*values)
 
     return run
+
+
+def _guarded(kernel, region, calls, inputs, start, outs):
+    """`guard` of a region: anything else than its recorded arrays (a gradient that is None,
+    say) takes the steps one by one."""
+    slots = list(inputs)
+    return guard(kernel, region, lambda values: _stepwise(calls, slots, values, start, outs))
 
 
 @dataclass(frozen=True)

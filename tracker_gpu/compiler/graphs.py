@@ -15,8 +15,9 @@ CuPy refuses to capture a call of cuBLAS or cuSOLVER (a matrix product, a factor
 capture is cut at each such library call (`LIBRARY_CALLS`): the graph so far is closed and
 launched, the call runs live, and a new graph opens. A call replays the parts in order: graph,
 library call (its value copied into the buffer the capture's later graphs read), graph. The
-capturing run is a real run, and its result must equal the first run's bit for bit, or the
-program is replayed step by step (with a warning): a graph never answers differently.
+capturing run is a real run, and its result must equal the first run's value for value (nan
+where nan: `_equal`), or the program is replayed step by step (with a warning): a graph never
+answers differently.
 """
 
 import functools

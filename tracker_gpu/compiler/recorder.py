@@ -13,7 +13,6 @@ recording), then each step's output in order. A step is one of
 - `Walk`: a backward pass over recorded nodes, its counts taken once, its gradients new slots.
 """
 
-import math
 from dataclasses import dataclass, field
 from weakref import ref as _weakref
 
@@ -154,13 +153,10 @@ SPENT_MESSAGE = (
 
 def checked_seed(xp, loss):
     """The seed of a scalar loss's pass, after `back`'s check of the loss where checks run."""
-    if type(loss) is np.ndarray and loss.dtype.kind == "f" and not loss.ndim and checking(loss):
-        if math.isfinite(loss):  # the common case of `scalar_seed`'s checks, at every replay
-            return np.array(1, dtype=loss.dtype)
     if checking(loss):
         from ..api import scalar_seed  # the API sits above the compiler's recorder
 
-        return scalar_seed(TrackedArray(loss, xp))  # the checks, then the seed
+        return scalar_seed(loss, xp)  # the checks, then the seed
     return xp.ones_like(loss)
 
 
