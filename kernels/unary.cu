@@ -2,8 +2,9 @@
 // contribution is the generic rule's formula, operation for operation, so the two agree on the
 // whole domain (zeros, signed zeros, inf, nan): masks select rather than multiply (relu passes 0,
 // never inf * 0), and a first contribution is stored as it is (-0 stays -0). TG_PER_THREAD
-// elements per thread and pass, grid-stride. `prev` may alias `acc`. `g_step` is 1 for a gradient of x's shape and 0
-// for a scalar gradient broadcast to it (as after a sum). Stored as S, computed in T (half.cuh).
+// elements per thread and pass, grid-stride. `prev` may alias `acc`. `g_step` is 1 for a
+// gradient of x's shape and 0 for a scalar gradient broadcast to it (as after a sum). Stored as
+// S, computed in T (half.cuh).
 
 #include "half.cuh"
 
