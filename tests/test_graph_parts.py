@@ -258,7 +258,7 @@ def test_every_linalg_function_the_library_calls_is_cut_or_known_to_need_no_blas
     assert called - BLAS_FREE <= set(graphs.LIBRARY_CALLS["linalg"])
 
 
-def test_the_captured_run_is_compared_with_the_first_bit_for_bit():
+def test_the_captured_run_is_compared_with_the_first_value_for_value():
     """Values, nan where nan, shapes, dtypes; None and plain values as they are."""
     equal = functools.partial(graphs._equal, np)
     nan = np.array([np.nan, 1.0])
