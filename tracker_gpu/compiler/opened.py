@@ -8,9 +8,11 @@ statistics). Opened, the arithmetic between two library calls is one loop (`loop
 the library's calls are the rule's own: the loops compute the operations of the rule's NumPy
 code in its order and dtype, so the opened rule is eager's bit for bit, with `fuse="exact"`
 too (a loop calling the C library's `tanh`, or summing a row in its own order, would differ in
-the last bits). A forward stands where the rule's call stood, as one `Fused` step
-(`fusion.py`); a pullback as a chain of one node (`backward.py`). Arrays other than the
-recording's (another layout or dtype, a NumPy scalar) take the rule's own code.
+the last bits). Where softmax and cross-entropy subtract each row's maximum, the row loop of
+`row_loops.py` finds it and subtracts it in one pass. A forward stands where the rule's call
+stood, as one `Fused` step (`fusion.py`); a pullback as a chain of one node (`backward.py`).
+Arrays other than the recording's (another layout or dtype, a NumPy scalar) take the rule's
+own code.
 
 >>> import numpy as np, tracker_gpu as tg
 >>> step = tg.compile(lambda x: tg.sum(tg.nn.gelu(x)))
@@ -27,8 +29,8 @@ import numpy as np
 
 from ..nn.primitives import GELU_C, GELU_K, _gelu_forward, _gelu_vjp, gelu_tanh
 from ..rules import losses, nn
-from ..rules.rows import row_sum_of_products
-from . import fusion
+from ..rules.rows import row_sum, row_sum_of_products
+from . import fusion, row_loops
 from .recorder import Call
 
 __all__ = ["Opening", "forward", "pullback", "OPENED"]
@@ -97,6 +99,19 @@ def _gelu_vjp_opened(kernels, x, g):
     return slope(np.tanh(t, out=t), x, g)
 
 
+# --- softmax's forward: `exp(x - max(x)) / sum(...)`, the shift by the row loop
+def _softmax_scaled(dtype):
+    e, total = _IN[:2]
+    return _ops(dtype, ("divide", e, total))
+
+
+def _softmax_forward_opened(kernels, x, axis=-1):
+    (scaled,) = kernels
+    e = row_loops.shifted(np, x, axis)
+    np.exp(e, out=e)
+    return scaled(e, row_sum(np, e, axis))
+
+
 # --- softmax's pullback: `(g - sum(g * ans)) * ans`, the sum over `axis` NumPy's (rows.py)
 def _softmax_last(dtype):
     g, s, ans = _IN[:3]
@@ -130,7 +145,8 @@ def _crossentropy_terms(dtype):
 
 def _crossentropy_opened(kernels, logits, targets, *, axis=-1, agg="mean", normalized=False):
     (terms,) = kernels
-    shifted, lse = nn.logsoftmax_parts(np, logits, axis)
+    shifted = row_loops.shifted(np, logits, axis)
+    lse = nn.log_sum_exp_shifted(np, shifted, axis)
     total = -np.sum(terms(shifted, lse, targets))
     return total / losses._samples(logits, axis) if agg == "mean" else total
 
@@ -218,7 +234,12 @@ OPENED = {  # rule -> (its forward's opening or None, its first vjp's or None)
         ),
     ),
     nn.softmax: (
-        None,
+        Opening(
+            (_softmax_scaled,),
+            _with_rows("as"),
+            _softmax_forward_opened,
+            lambda x, axis=-1: nn._softmax_forward(np, x, axis=axis),
+        ),
         Opening(
             (_softmax_last,),
             _with_rows("asa"),

@@ -80,9 +80,15 @@ def _logsoftmax_forward(xp, x, /, *, axis=-1):
 
 def logsoftmax_parts(xp, x, axis):
     """`(x - max(x), log(sum(exp(x - max(x)))))` over `axis` on plain arrays: the log-softmax
-    is their difference (cross-entropy and `tg.compile`'s opened cross-entropy take them)."""
+    is their difference (cross-entropy takes them; `tg.compile`'s opened cross-entropy takes
+    the second, of the row loop's shift)."""
     shifted = x - row_max(xp, x, axis)
-    return shifted, xp.log(row_sum(xp, xp.exp(shifted), axis))
+    return shifted, log_sum_exp_shifted(xp, shifted, axis)
+
+
+def log_sum_exp_shifted(xp, shifted, axis):
+    """`log(sum(exp(shifted)))` over `axis`: the log-softmax's second part."""
+    return xp.log(row_sum(xp, xp.exp(shifted), axis))
 
 
 softmax = Primitive(

@@ -41,10 +41,16 @@ def _short_rows(xp, x, axis):
 
 
 def row_max(xp, x, axis):
-    """`xp.max(x, axis=axis, keepdims=True)` (a nan in a row makes its maximum nan)."""
+    """`xp.max(x, axis=axis, keepdims=True)` (a nan in a row makes its maximum nan); on NumPy
+    a zero maximum is +0, whichever zeros its row holds, so that every way of finding it agrees
+    (NumPy's vector loops may find either zero, and so may `compiler/row_loops.py`)."""
     if _short_rows(xp, x, axis):
-        return np.maximum.reduce(x, axis=-1, keepdims=True, initial=-np.inf)
-    return xp.max(x, axis=axis, keepdims=True)
+        m = np.maximum.reduce(x, axis=-1, keepdims=True, initial=-np.inf)
+    else:
+        m = xp.max(x, axis=axis, keepdims=True)
+    if type(m) is np.ndarray and m.dtype.kind == "f":
+        m += 0.0  # -0 + 0 is +0; every other maximum stays itself
+    return m
 
 
 def row_sum(xp, x, axis):
