@@ -212,7 +212,7 @@ DASK_LACKS = (
     (NotImplementedError, r"Only integer valued repeats supported",
      lambda m: "Dask lacks repeat with an array of repeats"),
     (NotImplementedError, r"Don't yet support nd fancy indexing",
-     lambda m: "Dask lacks integer-array indexing on several axes (take, take_along_axis, sort)"),
+     lambda m: "Dask lacks integer-array indexing on several axes (take_along_axis, sort)"),
     (ValueError, r"zero-size array to reduction operation (maximum|minimum) which has no identity",
      lambda m: "Dask's max and min fail on empty chunks even where the reduced axis is not empty"),
     (ValueError, r"operands could not be broadcast together with shapes \(.*nan",
