@@ -279,6 +279,24 @@ def test_take_repeated_indices_accumulate(backend):
     np.testing.assert_array_equal(backend.to_numpy(g), [[0, 1, 0, 3], [0, 1, 0, 3]])
 
 
+INDEX_DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64"]
+
+
+@pytest.mark.parametrize("dtype", INDEX_DTYPES)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_take_takes_indices_of_every_integer_dtype(backend, dtype, axis):
+    """As NumPy's `take` does (PyTorch's refuses the narrow ones, and reads uint8 as a mask)."""
+    values = np.arange(12.0).reshape(3, 4)
+    x = backend.asarray(values)
+    index = backend.asarray(np.array([2, 0, 2], dtype=dtype))
+    taken = np.take(values, [2, 0, 2], axis=axis)
+    np.testing.assert_array_equal(backend.to_numpy(tg.take(x, index, axis=axis)), taken)
+    g = tg.gradient(lambda x: tg.sum(tg.take(x, index, axis=axis) ** 2), x)[0]
+    expected = np.zeros_like(values)
+    np.add.at(expected, (slice(None),) * axis + ([2, 0, 2],), 2 * taken)
+    np.testing.assert_array_equal(backend.to_numpy(g), expected)
+
+
 @pytest.mark.parametrize("descending", [False, True])
 def test_sort_gradient_follows_the_permutation_with_ties(backend, descending):
     x_np = np.array([[3.0, 1.0, 3.0, 2.0, 1.0], [0.5, 0.5, 0.5, -1.0, 4.0]])
