@@ -282,19 +282,33 @@ def test_take_repeated_indices_accumulate(backend):
 INDEX_DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64"]
 
 
+# how each function reads index arrays: f(ns, x, index), `ns` tg or NumPy's (the reference)
+INDEXING = {
+    "take axis 0": lambda ns, x, i: ns.take(x, i, axis=0),
+    "take axis 1": lambda ns, x, i: ns.take(x, i, axis=1),
+    "x[i, 1]": lambda ns, x, i: x[i, 1],
+    "x[1, i]": lambda ns, x, i: x[1, i],
+    "take_along_axis": lambda ns, x, i: ns.take_along_axis(x, ns.stack([i] * 3), axis=1),
+}
+
+
 @pytest.mark.parametrize("dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("axis", [0, 1])
-def test_take_takes_indices_of_every_integer_dtype(backend, dtype, axis):
-    """As NumPy's `take` does (PyTorch's refuses the narrow ones, and reads uint8 as a mask)."""
+@pytest.mark.parametrize("how", list(INDEXING))
+def test_indices_of_every_integer_dtype(backend, dtype, how):
+    """As NumPy takes them (PyTorch's indexing and `take` refuse the narrow ones, and read
+    uint8 as a mask)."""
     values = np.arange(12.0).reshape(3, 4)
     x = backend.asarray(values)
     index = backend.asarray(np.array([2, 0, 2], dtype=dtype))
-    taken = np.take(values, [2, 0, 2], axis=axis)
-    np.testing.assert_array_equal(backend.to_numpy(tg.take(x, index, axis=axis)), taken)
-    g = tg.gradient(lambda x: tg.sum(tg.take(x, index, axis=axis) ** 2), x)[0]
-    expected = np.zeros_like(values)
-    np.add.at(expected, (slice(None),) * axis + ([2, 0, 2],), 2 * taken)
-    np.testing.assert_array_equal(backend.to_numpy(g), expected)
+    f = INDEXING[how]
+    reference = f(cnp, cnp.asarray(values), np.array([2, 0, 2]))
+    taken = tg.data(f(tg, tg.param(x), index))  # a tracked x: tracker_gpu's indexing
+    np.testing.assert_array_equal(backend.to_numpy(taken), reference)
+    g = tg.gradient(lambda x: tg.sum(f(tg, x, index) ** 2), x)[0]
+    positions = f(cnp, cnp.reshape(cnp.arange(12), (3, 4)), np.array([2, 0, 2]))
+    expected = np.zeros(12)
+    np.add.at(expected, np.ravel(positions), 2 * np.ravel(reference))  # d sum(y^2) = 2y
+    np.testing.assert_array_equal(backend.to_numpy(g), expected.reshape(3, 4))
 
 
 @pytest.mark.parametrize("descending", [False, True])

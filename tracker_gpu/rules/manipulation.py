@@ -30,6 +30,7 @@ from .shape import (
     expand_dims,
     flip,
     getitem,
+    index_dtype,
     permute_dims,
     reshape,
 )
@@ -249,21 +250,13 @@ def _open_mesh(xp, shape, axis, indices, device):
 # --- take: the library's own `take`, one gather of slices (the open mesh's key gathers element
 # by element: forty times slower on NumPy for an embedding's rows)
 def _take_forward(xp, x, indices, *, axis):
-    return xp.take(x, _index_dtype(xp, indices), axis=axis)
-
-
-def _index_dtype(xp, indices):
-    """`indices` as int32 or int64: PyTorch's `take` and indexing refuse the narrower ones
-    (and read uint8 as a mask), where NumPy takes any integer dtype."""
-    if indices.dtype in (xp.int32, xp.int64):
-        return indices
-    return xp.astype(indices, xp.int64)
+    return xp.take(x, index_dtype(xp, indices), axis=axis)
 
 
 def _take_adjoint_forward(xp, g, indices, *, shape, axis):
     """Zeros of `shape` with the slices of `g` added at `indices` along `axis` (a repeated
     index accumulates: in the order of `indices` where the library has a scatter)."""
-    indices = _index_dtype(xp, indices)
+    indices = index_dtype(xp, indices)
     if not _scatters(g):
         return _one_hot_adjoint(xp, g, indices, shape[axis], axis)
     if axis == 0 and type(g) is np.ndarray:

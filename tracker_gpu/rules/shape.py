@@ -326,8 +326,17 @@ def _normalize_index(xp, x, k):
         k = k.data  # integers and booleans carry no gradient
     if isinstance(k, list) or (backend.is_array(k) and namespace_of(k) is not xp):
         device = x.device if isinstance(x, TrackedArray) else device_of(x)
-        return xp.asarray(np.asarray(k), device=device)
-    return k
+        k = xp.asarray(np.asarray(k), device=device)
+    return index_dtype(xp, k) if backend.is_array(k) else k
+
+
+def index_dtype(xp, k):
+    """An integer index array as int32 or int64, any other as it is: PyTorch's indexing and
+    `take` refuse the narrower integers (and read uint8 as a mask), where NumPy and the
+    standard take any integer dtype."""
+    if k.dtype in (xp.int32, xp.int64) or not xp.isdtype(k.dtype, "integral"):
+        return k
+    return xp.astype(k, xp.int64)
 
 
 # --- devices: the source device is an argument, so the pullback needs no value to send g back
