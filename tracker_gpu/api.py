@@ -190,6 +190,16 @@ def _withgradient(f, args, nest, wrt, quiet=False):
     args, inputs, tracked_args = track_inputs(args, nest, chosen)
     with nesting.inside():
         val = f(*tracked_args)
+    found, others = loss_pass(f, val, inputs, nest, since, quiet)
+    plain = not nest and recording.current() is None  # a recording keeps the values traced
+    grads = gradients_in_place(args, inputs, found, nest, chosen, captured(others, since))
+    return WithGradient(untracked(val) if plain else val, grads)
+
+
+def loss_pass(f, val, inputs, nest, since, quiet=False):
+    """`(found, others)`: the backward pass of the loss of `f`'s value `val` to the tracked
+    `inputs` (`backprop`), warning (unless `quiet`) where the loss is a Python number or
+    reaches none of them."""
     loss = val[0] if isinstance(val, tuple) else val
     if type(loss) in SCALARS and inputs and not quiet:
         _warn(
@@ -202,9 +212,7 @@ def _withgradient(f, args, nest, wrt, quiet=False):
     found = backprop(loss, inputs.values(), nest, others, since)
     if inputs and not quiet and _none_reached(inputs.values(), found):
         _warn_no_dependence(f, loss, "argument", others)
-    plain = not nest and recording.current() is None  # a recording keeps the values traced
-    grads = gradients_in_place(args, inputs, found, nest, chosen, captured(others, since))
-    return WithGradient(untracked(val) if plain else val, grads)
+    return found, others
 
 
 def captured(reached, since):

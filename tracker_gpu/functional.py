@@ -17,6 +17,7 @@ from .api import (
     given_seed,
     gradient,
     gradients_in_place,
+    loss_pass,
     nested_seed,
     positions,
     quiet_gradient,
@@ -176,12 +177,29 @@ def hvp(f, x, v):
     """
     if isinstance(x, tuple) or isinstance(v, tuple):
         return _hvp(f, *_tuple_form(x, v))
+    if callable(f) and not nesting.active() and recording.current() is None:
+        return _hvp_one(f, x, v)
 
-    def directional(x):
+    def directional(x):  # inside another transform, or recorded: two transforms, nested
         g = gradient(f, x, nest=True)[0]
         return 0.0 if g is None else _sum(g * v)
 
     return quiet_gradient(directional, x)[0]
+
+
+def _hvp_one(f, x, v):
+    """`hvp` of one argument at top level, one transform: the nested pass walks from the
+    loss of `f` straight to the transform's tracked input (no second set of inputs, no
+    identity node between them), then the outer pass from `sum(g * v)` to it; what
+    `gradient` warns of, it warns of."""
+    nest, since = nesting.begin(False)
+    args, inputs, (tracked_x,) = track_inputs((x,), nest)
+    with nesting.inside():
+        found, _ = loss_pass(f, f(tracked_x), inputs, True, since)
+        g = gradients_in_place(args, inputs, found, True)[0]  # tracked: nested
+        directional = 0.0 if g is None else _sum(g * v)
+    found, others = loss_pass(f, directional, inputs, nest, since, quiet=True)
+    return gradients_in_place(args, inputs, found, nest, None, captured(others, since))[0]
 
 
 def _tuple_form(primals, tangents):
