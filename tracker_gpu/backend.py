@@ -317,11 +317,17 @@ def _library(xp):
     return getattr(xp, "__name__", repr(xp)).replace("array_api_compat.", "")
 
 
+def own_scatter(xp, z):
+    """Whether `scatter_add` adds into `z` with its library's own scatter (NumPy, CuPy,
+    PyTorch), not with a one-hot product over all of `z`'s elements."""
+    return xp is np or is_cupy(z) or array_api_compat.is_torch_array(z)
+
+
 def scatter_add(xp, z, key, values):
     """`z[key] += values` with repeated indices accumulating; returns the result.
 
-    NumPy, CuPy and PyTorch use their own scatter; other libraries a one-hot product, which the
-    standard can express (it has no scatter).
+    NumPy, CuPy and PyTorch use their own scatter (`own_scatter`); other libraries a one-hot
+    product, which the standard can express (it has no scatter).
     """
     if xp is np:
         if not _add_at_flat(z, key, values):

@@ -257,19 +257,14 @@ def _take_adjoint_forward(xp, g, indices, *, shape, axis):
     """Zeros of `shape` with the slices of `g` added at `indices` along `axis` (a repeated
     index accumulates: in the order of `indices` where the library has a scatter)."""
     indices = index_dtype(xp, indices)
-    if not _scatters(g):
+    if not backend.own_scatter(xp, g):
         return _one_hot_adjoint(xp, g, indices, shape[axis], axis)
-    if axis == 0 and type(g) is np.ndarray:
+    if axis == 0 and xp is np:
         key = (indices,)  # whole rows: NumPy accumulates them by rows (backend.scatter_add)
     else:
         key = _open_mesh(xp, shape, axis, xp.reshape(indices, _along_axis(len(shape), axis)),
                          device_of(g))  # fmt: skip
     return _index_adjoint.forward(xp, g, shape, key)
-
-
-def _scatters(g):
-    """Whether `g`'s library has a scatter-add of its own (`backend.scatter_add`)."""
-    return type(g) is np.ndarray or backend.is_cupy(g) or array_api_compat.is_torch_array(g)
 
 
 def _one_hot_adjoint(xp, g, indices, n, axis):

@@ -324,10 +324,11 @@ def _normalize_index(xp, x, k):
                 f"{k.dtype}: pass tg.data(k) (an index passes no gradient on)"
             )
         k = k.data  # integers and booleans carry no gradient
-    if isinstance(k, list) or (backend.is_array(k) and namespace_of(k) is not xp):
+    array = backend.is_array(k)
+    if isinstance(k, list) or (array and namespace_of(k) is not xp):
         device = x.device if isinstance(x, TrackedArray) else device_of(x)
-        k = xp.asarray(np.asarray(k), device=device)
-    return index_dtype(xp, k) if backend.is_array(k) else k
+        k, array = xp.asarray(np.asarray(k), device=device), True
+    return index_dtype(xp, k) if array else k
 
 
 def index_dtype(xp, k):
