@@ -286,6 +286,25 @@ def test_attention_with_a_mask_and_other_keys(backend):
     assert np.allclose(s.sum(axis=-1), 1.0)
 
 
+def test_attention_refuses_a_mask_that_is_not_booleans_of_the_scores_shape(backend):
+    """PyTorch's float masks are additive (0 attends, -inf blocks): read as truth values they
+    would block what they allow. A mask must be booleans that broadcast to the scores."""
+    layer = nn.MultiHeadAttention(4, nheads=2, rng=rng(), **placed(backend))
+    x = backend.asarray(uniform((2, 3, 4), (-1, 1)))
+    additive = np.triu(np.full((3, 3), -np.inf), k=1)
+    for mask in (additive, (additive == 0).astype(np.int64)):
+        with pytest.raises(TypeError, match=r"must be booleans.*mask=\(attn_mask == 0\)"):
+            layer(x, mask=backend.asarray(mask))
+    with pytest.raises(ValueError, match=r"shape \(3, 2\) does not broadcast to the scores"):
+        layer(x, mask=backend.asarray(np.ones((3, 2), dtype=bool)))
+    block = nn.TransformerBlock(4, 2, hidden=8, rng=rng(), **placed(backend))
+    with pytest.raises(TypeError, match="must be booleans"):
+        block(x, mask=backend.asarray(additive))
+    _, scores = layer(x, mask=backend.asarray(additive == 0))  # the same mask, as booleans
+    s = numpy_of(backend, scores)
+    assert np.all(s[..., 0, 1:] == 0) and np.allclose(s.sum(axis=-1), 1.0)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_transformer_block(backend, causal):
     block = nn.TransformerBlock(8, 2, hidden=12, causal=causal, rng=rng(), **placed(backend))

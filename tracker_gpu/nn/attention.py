@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..backend import device_of, namespace_of
+from ..backend import device_of, is_array, namespace_of
 from ..rules.elementwise import add, multiply, where
 from ..rules.linalg import matmul, matrix_transpose
 from ..rules.nn import softmax
@@ -145,11 +145,35 @@ class MultiHeadAttention(Layer):
         return permute_dims(split, (0, 2, 1, 3))  # (b, h, length, d)
 
     def _allowed(self, mask, lq, lk, like):
+        if mask is not None:
+            self._check_mask(mask, like)
         if self.causal:
             xp, device = namespace_of(like), device_of(like)
             causal = xp.arange(lq, device=device)[:, None] >= xp.arange(lk, device=device)[None, :]
             mask = causal if mask is None else (mask & causal)  # a traced mask stays traced
         return mask
+
+    def _check_mask(self, mask, scores):
+        """A mask is booleans that broadcast to the scores `(batch, heads, lq, lk)`. PyTorch's
+        float masks are additive (0 attends, -inf blocks): read as truth values they would
+        block what they allow, without an error."""
+        plain = data(mask)
+        if not (is_array(plain) and namespace_of(plain).isdtype(plain.dtype, "bool")):
+            kind = getattr(plain, "dtype", type(plain).__name__)
+            raise TypeError(
+                f"{self!r}: the mask must be booleans, True where a query may attend to a key; "
+                f"got {kind}. For PyTorch's additive float mask (0 attends, -inf blocks) pass "
+                "mask=(attn_mask == 0); for its boolean attn_mask (True blocks) mask=~attn_mask"
+            )
+        shape = tuple(mask.shape)
+        if len(shape) > 4 or any(
+            n not in (1, m) for n, m in zip(reversed(shape), reversed(scores.shape))
+        ):
+            raise ValueError(
+                f"{self!r}: a mask of shape {shape} does not broadcast to the scores' "
+                f"{tuple(scores.shape)} (batch, heads, queries, keys); a padding mask of keys "
+                "per sequence is mask[:, None, None, :]"
+            )
 
     def __repr__(self):
         if not _is_layer_field(self.q_proj.weight):
