@@ -346,6 +346,30 @@ def test_clip_grad_norm_matches_torch(backend, p, max_norm):
         assert np.array_equal(numpy_of(backend, clipped["w"]), grads["w"])
 
 
+def test_clip_grad_norm_counts_a_tied_array_once_given_the_model():
+    """An embedding tied to the output layer: PyTorch's `parameters()` lists the tensor once, so
+    its gradient counts once in the norm; withgradient puts the whole gradient in both places."""
+    from tracker_gpu import nn
+
+    emb = nn.Embedding(5, 4, rng=np.random.default_rng(0), dtype="float64")
+    model = nn.Chain(emb, nn.Dense(4, 5, weight=emb.weight, bias=False))
+    x, y = np.array([[0, 1, 2]]), np.array([[1, 2, 3]])
+    _, (g,) = tg.withgradient(lambda m: nn.logitcrossentropy(m(x), y), model)
+    clipped, norm = optim.clip_grad_norm(g, 0.5, model=model)
+
+    weight = torch.tensor(emb.weight, requires_grad=True)
+    logits = torch.nn.functional.embedding(torch.tensor(x), weight) @ weight.T
+    torch.nn.functional.cross_entropy(logits.reshape(-1, 5), torch.tensor(y).reshape(-1)).backward()
+    expected = torch.nn.utils.clip_grad_norm_([weight], 0.5)
+    np.testing.assert_allclose(float(norm), float(expected), rtol=RTOL)
+    for place in (clipped.layers[0].weight, clipped.layers[1].weight):
+        np.testing.assert_allclose(place, weight.grad.numpy(), rtol=RTOL)
+    untied = float(optim.clip_grad_norm(g, 0.5)[1])  # each place counted: sqrt(2) times
+    np.testing.assert_allclose(untied, math.sqrt(2) * float(expected), rtol=RTOL)
+    with pytest.raises(ValueError, match="mismatched structures"):
+        optim.clip_grad_norm(g, 0.5, model={"w": emb.weight})
+
+
 def test_clip_grad_norm_is_global_and_clip_norm_is_per_array():
     grads = {"a": np.array([3.0, 0.0]), "b": np.array([0.0, 4.0])}
     clipped, norm = optim.clip_grad_norm(grads, 1.0)

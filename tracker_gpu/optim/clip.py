@@ -5,7 +5,7 @@ This is not a rule of `OptimiserChain`, which sees one array at a time: call it 
 `withgradient` and `update`. `ClipNorm` is the per-array rule (Optimisers.jl's): each array
 scaled down to norm `omega` on its own, which changes the gradient's direction.
 
->>> import numpy as np
+>>> import numpy as np, tracker_gpu as tg
 >>> grads = {"a": np.array([3.0]), "b": np.array([4.0]), "name": None}
 >>> clipped, norm = clip_grad_norm(grads, 1.0)
 >>> float(norm), clipped["a"].round(6), clipped["b"].round(6)
@@ -31,7 +31,7 @@ class _Settings:  # the hyperparameters, named in check_number's messages
 _Settings.__name__ = "clip_grad_norm"
 
 
-def clip_grad_norm(grads, max_norm, p=2.0, throw=False):
+def clip_grad_norm(grads, max_norm, p=2.0, throw=False, *, model=None):
     """`(clipped, norm)`: `norm` the `p`-norm of all the arrays of `grads` (a nested structure
     as `withgradient` returns it; None and non-arrays are left as they are) taken together, a
     0-d array, and `clipped` the arrays times `min(1, max_norm / (norm + 1e-6))`. PyTorch's
@@ -39,10 +39,21 @@ def clip_grad_norm(grads, max_norm, p=2.0, throw=False):
     error_if_nonfinite=throw)`, which scales the `.grad`s in place and returns the norm. With
     `throw=True` a norm that is NaN or infinite raises FloatingPointError (the norm is then
     read back: one synchronisation). The norm stays on the device and tg.compile replays it.
-    `ClipNorm` instead clips each array alone."""
+    `ClipNorm` instead clips each array alone.
+
+    `withgradient` puts a tied array's whole gradient in each of its places, so a model with
+    tied weights must be given as `model`: the gradient of an array found in several of its
+    places is then counted once, as PyTorch's `model.parameters()` lists a tied tensor once.
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> w = np.array([3.0])
+    >>> model = {"embed": w, "out": w}  # one array in two places
+    >>> grads = tg.gradient(lambda m: tg.sum(m["embed"] * m["out"]), model)[0]
+    >>> float(clip_grad_norm(grads, 1.0)[1]), float(clip_grad_norm(grads, 1.0, model=model)[1])
+    (8.48528137423857, 6.0)
+    """
     _check(max_norm, p, throw)
-    arrays = []
-    tree_map_with_path(lambda path, g: arrays.append(g) if _is_gradient(g) else None, grads)
+    arrays = _distinct_gradients(grads, model)
     if not arrays:
         raise ValueError(
             "clip_grad_norm: no gradient array in grads; pass the gradient that withgradient "
@@ -61,6 +72,23 @@ def clip_grad_norm(grads, max_norm, p=2.0, throw=False):
 
 def _is_gradient(g):
     return is_array(data(g))
+
+
+def _distinct_gradients(grads, model):
+    """The gradient arrays of `grads`, one for each array of `model` (all when it is None)."""
+    arrays, seen = [], set()
+
+    def visit(path, g, param=None):
+        if _is_gradient(g) and (param is None or id(param) not in seen):
+            arrays.append(g)
+            if param is not None:
+                seen.add(id(param))
+
+    if model is None:
+        tree_map_with_path(visit, grads)
+    else:
+        tree_map_with_path(visit, grads, model, names=("gradient", "model"))
+    return arrays
 
 
 def _check(max_norm, p, throw):
