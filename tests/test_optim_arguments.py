@@ -104,6 +104,40 @@ def test_adjust_is_checked_too():
         optim.adjust(state, eta="1e-3")
 
 
+def _rules():
+    """Each rule of `optim.__all__` that `setup` takes, made with its defaults."""
+    made = []
+    for cls in _optimisers():
+        rule = _make(cls)
+        if isinstance(rule, optim.Rule):
+            made.append(pytest.param(rule, id=cls.__name__))
+    return made
+
+
+@pytest.mark.parametrize("rule", _rules())
+def test_adjust_refuses_a_name_no_rule_has_and_changes_every_one_it_has(rule):
+    state = optim.setup(rule, {"w": np.ones(2)})
+    with pytest.raises(ValueError, match=r"adjust: no rule of this state .* has 'lr'.* eta"):
+        optim.adjust(state, lr=0.5)
+    for f in dataclasses.fields(rule):
+        value = getattr(rule, f.name)
+        if type(value) is float:  # each float hyperparameter, changed and read back
+            changed = optim.adjust(state, **{f.name: value / 2})
+            assert getattr(changed["w"].rule, f.name) == value / 2
+
+
+def test_adjust_of_a_chain_or_a_schedule_knows_its_parts():
+    chain = optim.OptimiserChain(optim.ClipGrad(1.0), optim.Adam())
+    state = optim.setup(chain, {"w": np.ones(2)})
+    assert optim.adjust(state, delta=2.0, eta=0.5)["w"].rule.rules[0].delta == 2.0
+    with pytest.raises(ValueError, match="'etaa'"):
+        optim.adjust(state, etaa=0.5)
+    scheduled = optim.setup(optim.Scheduled(optim.Adam(), optim.Exp(0.1, 0.5)), {"w": np.ones(2)})
+    optim.adjust(scheduled, eta=0.5, epsilon=1e-6)  # eta is the schedule's: kept, not refused
+    with pytest.raises(ValueError, match="'lr'"):
+        optim.adjust(scheduled, lr=0.5)
+
+
 def test_an_infinite_learning_rate_refused():
     with pytest.raises(ValueError, match=r"Descent: eta .*inf"):
         optim.Descent(math.inf)

@@ -51,8 +51,12 @@ class Rule:
 
     def adjust(self, **changes):
         """A copy with the given hyperparameters changed (those it does not have are ignored)."""
-        names = {f.name for f in dataclasses.fields(self)}
+        names = self.hyperparameters()
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if k in names})
+
+    def hyperparameters(self):
+        """The names `adjust` changes."""
+        return frozenset(f.name for f in dataclasses.fields(self))
 
 
 # What each hyperparameter is, for the error messages.
@@ -394,6 +398,9 @@ class OptimiserChain(Rule):
     def adjust(self, **changes):
         return OptimiserChain(*(r.adjust(**changes) for r in self.rules))
 
+    def hyperparameters(self):
+        return frozenset().union(*(hyperparameters(r) for r in self.rules))
+
     def __eq__(self, other):
         return isinstance(other, OptimiserChain) and self.rules == other.rules
 
@@ -402,3 +409,10 @@ class OptimiserChain(Rule):
 
     def __repr__(self):
         return f"OptimiserChain({', '.join(map(repr, self.rules))})"
+
+
+def hyperparameters(rule):
+    """The names `rule.adjust` changes; None where the rule does not say (a rule of the user's
+    own that does not derive from `Rule`)."""
+    names = getattr(rule, "hyperparameters", None)
+    return None if names is None else names()

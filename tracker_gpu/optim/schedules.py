@@ -29,7 +29,15 @@ import numpy as np
 from ..backend import device_of, is_array, namespace_of
 from ..rules.elementwise import PLAIN_FUNCTIONS, astype, cos, floor_divide, log, minimum, where
 from ..tracked import data
-from .rules import Descent, OptimiserChain, Rule, check_flags, check_nonnegative, check_number
+from .rules import (
+    Descent,
+    OptimiserChain,
+    Rule,
+    check_flags,
+    check_nonnegative,
+    check_number,
+    hyperparameters,
+)
 
 __all__ = [
     "Step",
@@ -369,6 +377,10 @@ class Scheduled(Rule):
     def adjust(self, **changes):
         changes.pop(self.field, None)
         return Scheduled(self.rule.adjust(**changes), self.schedule, self.field)
+
+    def hyperparameters(self):
+        inner = hyperparameters(self.rule)
+        return None if inner is None else inner | {self.field}
 
 
 def _rounded(rate, dtype):

@@ -35,7 +35,7 @@ from ..primitive import detached
 from ..pytree import tree_map
 from ..rules.elementwise import astype
 from ..tracked import data
-from .rules import Rule
+from .rules import Rule, hyperparameters
 from .schedules import Scheduled, next_count
 from .tree import matching, name, structure, tree_map_with_path
 
@@ -394,12 +394,34 @@ def _leaf_paths(state):
 
 def adjust(state, eta=None, **changes):
     """The state with each rule's hyperparameters changed (`eta=...` the learning rate; a rule
-    without such a field keeps it), the rules' states kept."""
+    without such a field keeps it), the rules' states kept. A name that no rule of the state
+    has (a typo, PyTorch's `lr`) raises ValueError."""
     if eta is not None:
         changes["eta"] = eta
+    _check_known(state, changes)
     return _map_leaves(
         state, lambda leaf: Leaf(leaf.rule.adjust(**changes), leaf.state, leaf.frozen)
     )
+
+
+def _check_known(state, changes):
+    names, rules = set(), set()
+
+    def collect(path, leaf):
+        if isinstance(leaf, Leaf):
+            found = hyperparameters(leaf.rule)
+            names.update(changes if found is None else found)
+            rules.add(type(leaf.rule).__name__)
+        return leaf
+
+    tree_map_with_path(collect, state, is_leaf=lambda x: isinstance(x, Leaf))
+    unknown = sorted(set(changes) - names)
+    if unknown and rules:
+        raise ValueError(
+            f"adjust: no rule of this state ({', '.join(sorted(rules))}) has "
+            f"{', '.join(map(repr, unknown))}; their hyperparameters are "
+            f"{', '.join(sorted(names))} (the learning rate is eta)"
+        )
 
 
 def freeze(state, *paths):
