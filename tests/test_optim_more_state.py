@@ -106,6 +106,26 @@ def test_a_resumed_run_is_the_run_straight_through(name, dtype, tmp_path):
                 assert v.dtype == np.dtype(dtype), f"{name}: a state array of {k} is {v.dtype}"
 
 
+@pytest.mark.parametrize("name", _names())
+def test_a_checkpoint_loaded_into_a_model_of_another_dtype_keeps_the_state_in_it(name, tmp_path):
+    """The model says each array's dtype on load: a float64 run loaded into a float32 model
+    has float32 parameters, and its state is what the rule keeps for them, float32 too (a
+    fresh state's dtypes), so the next steps are a float32 run's."""
+    model, state = train(make_model("float64"), optim.setup(make_rule(name), make_model("float64")),
+                         2, 0)  # fmt: skip
+    optim.save_checkpoint(tmp_path / "run.npz", model, state)
+    loaded, loaded_state, _ = optim.load_checkpoint(tmp_path / "run.npz", make_model("float32"))
+    for k in ("w", "b"):
+        fresh = arrays_and_numbers(make_rule(name).init(loaded[k]))
+        got = arrays_and_numbers(loaded_state[k].state)
+        assert [v.dtype for v in got] == [u.dtype for u in fresh], f"{name}: the state of {k}"
+        expected = arrays_and_numbers(state[k].state)
+        for u, v in zip(expected, got):  # the saved values, rounded to the new dtype
+            assert np.array_equal(u.astype(v.dtype), v), f"{name}: the state of {k}"
+    resumed, _ = train(loaded, loaded_state, 2, 2)
+    assert resumed["w"].dtype == resumed["b"].dtype == np.float32
+
+
 def test_a_checkpoint_written_before_a_field_existed_loads_with_its_default():
     """Rules gained `maximize` (issue 30): a checkpoint that lacks it gets False."""
     old = {"type": "Adam", "fields": {"eta": 0.1, "beta": {"tuple": [0.9, 0.999]},

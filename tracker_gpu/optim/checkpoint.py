@@ -8,7 +8,9 @@ between parameters and `info` (anything JSON can hold: the epoch, a random gener
 `load_checkpoint(path, model)` puts the arrays into a model built the same way, each placed like
 the model's array there, and returns `(model, state, info)`: the values are bit for bit the
 saved ones (bfloat16 arrays too, stored as their uint16 bits with the dtype's name), so k
-steps, a checkpoint and m more steps give the model of k + m steps.
+steps, a checkpoint and m more steps give the model of k + m steps. Placed means in the model's
+library, device and dtype: a float64 run loaded into a float32 model is rounded to float32, and
+the optimiser's arrays that had their parameter's dtype take the new one.
 
 The file is written atomically and durably (`tracker_gpu.files.atomic_file`): a kill or a full
 disk leaves the previous checkpoint, and a write that fails raises `SaveError` (an `OSError`)
@@ -37,7 +39,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from ..backend import device_of, is_array, namespace_of
+from ..backend import device_of, dtype_name, is_array, namespace_of
 from ..files import Archive, BadFileError, as_bits, write_npz
 from ..tracked import data
 from . import adaptive, rules, schedules, variants
@@ -154,7 +156,9 @@ def load_checkpoint(path, model):
         arrays = {name: archive.read(name, bits.get(name)) for name in names}
         try:
             new_model = _fill_model(path, model, meta["model"], arrays)
-            state = _fill_state(path, new_model, meta["state"], arrays)
+            saved_dtypes = {k: arrays[e["array"]].dtype for k, e in meta["model"].items()
+                            if "array" in e}  # fmt: skip
+            state = _fill_state(path, new_model, meta["state"], arrays, saved_dtypes)
         except BadFileError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
@@ -254,7 +258,7 @@ def _fill_model(path, model, entries, arrays):
     return tree_map_with_path(fill, model)
 
 
-def _fill_state(path, model, entries, arrays):
+def _fill_state(path, model, entries, arrays, saved_dtypes):
     leaves = {}
 
     def make(p, x):
@@ -263,9 +267,10 @@ def _fill_state(path, model, entries, arrays):
         if entry is None:
             return None
         if "same_as" not in entry:
-            decoded = [_decode(entry[k], arrays, x) for k in ("rule", "state")]
-            _check_leaf(key, *decoded, entry["frozen"], data(x))
-            leaves[key] = Leaf(*decoded, entry["frozen"])
+            rule, state = (_decode(entry[k], arrays, x) for k in ("rule", "state"))
+            kept = _check_leaf(key, rule, state, entry["frozen"], data(x))
+            state = _following(state, kept, saved_dtypes.get(key))
+            leaves[key] = Leaf(rule, state, entry["frozen"])
         return leaves[entry.get("same_as", key)]
 
     return tree_map_with_path(make, model)
@@ -302,8 +307,24 @@ def _check_leaf(key, rule, state, frozen, template):
     structure, numbers and array shapes of `rule.init` for the parameter."""
     if not isinstance(rule, rules.Rule) or not isinstance(frozen, bool):
         raise ValueError(f"the state of {key} has the rule {rule!r} (frozen {frozen!r})")
-    if not _alike(state, rule.init(template), shapes=True):
+    kept = rule.init(template)
+    if not _alike(state, kept, shapes=True):
         raise ValueError(f"the state of {key} is not what {type(rule).__name__} keeps")
+    return kept
+
+
+def _following(state, kept, saved):
+    """The state's arrays of the saved parameter's dtype `saved` in the dtypes of `kept`, the
+    rule's fresh state for the model's parameter: a float64 run loaded into a float32 model
+    keeps its moments in float32, as its parameters (a float64 step count, or float32 moments
+    of half-precision parameters, stay as saved)."""
+    if isinstance(state, tuple):
+        return tuple(_following(v, k, saved) for v, k in zip(state, kept))
+    if is_array(state) and is_array(kept):  # dtypes by name: `saved` is NumPy's
+        name = dtype_name(state.dtype)
+        if name == dtype_name(saved) != dtype_name(kept.dtype):
+            return namespace_of(state).astype(state, kept.dtype)
+    return state
 
 
 def _alike(value, like, shapes=False):
