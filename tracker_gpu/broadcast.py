@@ -143,6 +143,11 @@ class _SymbolicNamespace:
     def asarray(self, value, **kw):
         return Symbol(const(value))
 
+    def isdtype(self, dtype, kind):
+        """A symbol's dtype (`Symbol.dtype`) is real floating."""
+        kinds = (kind,) if isinstance(kind, str) else kind
+        return any(k in ("real floating", "numeric") for k in kinds)
+
 
 POLYGAMMA_MAX_ORDER = 16  # kernels/special.cuh computes up to 24, for derivatives of these
 

@@ -17,6 +17,7 @@ import math
 import sys
 import types
 
+import array_api_compat
 import numpy as np
 
 from . import creation, tracked
@@ -106,8 +107,17 @@ def __getattr__(name):  # PEP 562: a clear error for what the namespace does not
     _missing(name)
 
 
+# The rules whose forward is the library's operator: where its operators do not promote as the
+# standard's functions do (a 0-d tensor's dtype gives way in PyTorch's), the namespace's
+# functions promote first.
+_OPERATOR_RULES = "add subtract multiply divide pow remainder".split()
+
+
 def _contents(xp):
     contents = dict(_SHARED, **_CONSTANTS, linalg=linalg, fft=_fft_for(xp), special=special)
+    if array_api_compat.is_torch_namespace(xp):
+        promoted = elementwise.standard_promotion
+        contents.update({name: promoted(_SHARED[name]) for name in _OPERATOR_RULES})
     contents.update(__getattr__=__getattr__)
     contents.update(creation.bound_functions(xp))
     contents.update(__array_api_version__=__array_api_version__)

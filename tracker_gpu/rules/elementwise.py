@@ -14,7 +14,7 @@ import operator
 
 import numpy as np
 
-from ..backend import SCALARS, device_of, is_complex_dtype, is_cupy, namespace_of
+from ..backend import SCALARS, device_of, is_complex_dtype, is_cupy, isdtype, namespace_of
 from ..primitive import Primitive, no_gradient
 from ..tape import Node
 from ..tracked import TrackedArray, data
@@ -120,16 +120,38 @@ def _function(name):
 
 
 def _as_arrays(xp, *args, device=None):
+    """The Python numbers among `args` as arrays of the array's dtype (the standard's rule),
+    where the number's kind fits it. A number of a higher kind (2.5 beside integers, 2 beside
+    booleans) is left to the library's function, which promotes or refuses it as it does
+    for a plain array: made an integer, it would silently give another value."""
     like = next((a for a in args if type(a) not in SCALARS), None)
     if like is None:  # only numbers: the library's default dtype, on the given device
         return tuple(xp.asarray(a, device=device) for a in args)
-    dtype = like.dtype
-    if any(type(a) is complex for a in args) and not is_complex(like):
-        dtype = complex_dtype(xp, dtype)  # a complex number beside a real array: complex
+    if all(type(a) not in SCALARS for a in args):
+        return args
+    dtype, rank = like.dtype, _kind_rank(xp, like.dtype)
+    if rank == _RANKS[float] and any(type(a) is complex for a in args):
+        dtype, rank = complex_dtype(xp, dtype), _RANKS[complex]  # complex beside real floats
     return tuple(
-        xp.asarray(a, dtype=dtype, device=device_of(like)) if type(a) in SCALARS else a
+        xp.asarray(a, dtype=dtype, device=device_of(like))
+        if type(a) in SCALARS and _RANKS[type(a)] <= rank
+        else a
         for a in args
     )
+
+
+_RANKS = {bool: 0, int: 1, float: 2, complex: 3}  # a Python number's kind
+_KINDS = ("bool", "integral", "real floating", "complex floating")  # a dtype's, in that order
+_KIND_RANKS = {}
+
+
+def _kind_rank(xp, dtype):
+    key = (type(dtype), dtype)  # libraries' dtypes do not compare with each other
+    rank = _KIND_RANKS.get(key)
+    if rank is None:
+        rank = next((i for i, kind in enumerate(_KINDS) if isdtype(xp, dtype, kind)), 3)
+        _KIND_RANKS[key] = rank
+    return rank
 
 
 def zeros_like(x):
@@ -164,6 +186,27 @@ divide = _binary(
     lambda g, ans, x, y: -g * _conj(ans) / _conj(y),
     ("y", "ans y"),
 )
+
+
+def standard_promotion(function):
+    """`function(x1, x2)` (a rule whose forward is the library's operator) with two arrays of
+    different dtypes first cast to the standard's result type: the namespace's function where
+    the library's operators promote otherwise. PyTorch's let a 0-d tensor's dtype give way
+    (float32 times a 0-d float64 is float32; int8 plus a 0-d int64 wraps at 127), where the
+    standard's `multiply` and `add`, and array-api-compat's, promote; its operators on tracked
+    arrays stay its own, as on plain tensors."""
+
+    def promoted(x1, x2, /):
+        a, b = data(x1), data(x2)
+        if type(a) not in SCALARS and type(b) not in SCALARS and a.dtype != b.dtype:
+            dtype = namespace_of(a).result_type(a, b)
+            x1 = x1 if a.dtype == dtype else astype(x1, dtype)
+            x2 = x2 if b.dtype == dtype else astype(x2, dtype)
+        return function(x1, x2)
+
+    promoted.__name__ = promoted.__qualname__ = function.__name__
+    promoted.__doc__, promoted.__signature__ = function.__doc__, function.__signature__
+    return promoted
 
 
 # The conjugates are taken factor by factor, so that on real data each vjp multiplies in the
@@ -429,7 +472,21 @@ where = Primitive(
 
 
 def _clip_forward(xp, x, lo, hi):
-    return xp.clip(x, data(lo), data(hi))
+    y = xp.clip(x, data(lo), data(hi))
+    if y.dtype == x.dtype or not (xp is np or is_cupy(x)):
+        return y
+    # NumPy's and CuPy's own clip promote x with its bounds; the standard's keeps x's dtype, as
+    # array-api-compat's does: the bounds in that dtype (an integer beyond it, no bound)
+    return xp.clip(x, *(_bound_in_dtype(xp, data(b), x) for b in (lo, hi)))
+
+
+def _bound_in_dtype(xp, bound, x):
+    if bound is None:
+        return None
+    if type(bound) is int and isdtype(xp, x.dtype, "integral"):
+        info = xp.iinfo(x.dtype)
+        return bound if info.min < bound < info.max else None
+    return xp.asarray(bound, dtype=x.dtype, device=device_of(x))
 
 
 def _clip_vjp_x(g, ans, x, lo, hi):
