@@ -25,6 +25,7 @@ from .expr import ONE, RULES, SPECIAL, ZERO, Expr, const, partials, topological
 from .primitive import ByPosition, Primitive
 from .rules import special, special_julia
 from .rules.elementwise import conjugate_derivative, is_complex, real_dtype
+from .rules.nn import sigmoid
 from .tracked import TrackedArray, data
 
 __all__ = ["broadcast", "trace", "Expr"]
@@ -240,6 +241,8 @@ def _special(op, values, numbers):
     """tg.special's function `op` (its rule, so a nested pass stays differentiable)."""
     if op == "polygamma":  # the order is a number, not an array
         return special.polygamma(int(values[0]), numbers(values[1]))
+    if op == "expit":  # the logistic rule of every library (tg.sigmoid's traces as this op)
+        return sigmoid(numbers(values[0]))
     function = getattr(special, op, None) or getattr(special_julia, op)
     return function(*map(numbers, values))
 

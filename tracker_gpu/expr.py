@@ -71,7 +71,7 @@ RULES = {
         e(
             "multiply",
             a[1],
-            e("pow", a[0], e("where", e("eq", a[1], ZERO), ONE, e("subtract", a[1], ONE))),
+            e("pow", a[0], _where_both_zero(a[0], a[1], ONE, e("subtract", a[1], ONE))),
         ),  # fmt: skip
         e("multiply", e("log", e("where", e("eq", a[0], ZERO), ONE, a[0])), out),
     ),
@@ -103,6 +103,12 @@ RULES = {
 }
 
 
+def _where_both_zero(x, y, value, elsewhere):
+    """`value` where `x == 0` and `y == 0`, else `elsewhere` (pow's exponent of x in its x
+    partial: 0 ** 0 has slope 0, and x ** -1 stays the y-derivative of y * x ** (y - 1))."""
+    return e("where", e("eq", y, ZERO), e("where", e("eq", x, ZERO), value, elsewhere), elsewhere)
+
+
 # tg.special's functions (their names there), with derivatives written with functions of this
 # table, so that they are differentiable again; at the edges they follow `rules/special.py`.
 SPECIAL = frozenset(
@@ -129,8 +135,19 @@ def _at_zero(a, value, elsewhere):
     return e("where", zero, const(value), elsewhere(e("where", zero, ONE, a)))
 
 
-def _nonzero(a):
-    return e("where", e("ne", a, ZERO), ONE, ZERO)
+def _logarithm_taken(x, y, edge):
+    """1 where xlogy's (xlog1py's: `edge` -1) partial in x is the logarithm: but at x == 0 with
+    y <= edge (rules/special.py)."""
+    return e("where", e("ne", x, ZERO), ONE, e("where", e("gt", y, const(edge)), ONE, ZERO))
+
+
+def _sinc_partial(a, out):
+    """`(cos(pi a) - out) / a`, and `-(pi^2 / 3) a` at 0, where that is 0 with sinc's second
+    derivative as its slope (rules/special.py)."""
+    zero = e("eq", a, ZERO)
+    near = e("subtract", ZERO, _times(math.pi**2 / 3, a))
+    x = e("where", zero, ONE, a)
+    return e("where", zero, near, e("divide", e("subtract", e("cos", _times(math.pi, x)), out), x))
 
 
 def _over(f, out):
@@ -171,9 +188,12 @@ RULES.update({
         e("divide", ONE, e("multiply", a[0], e("subtract", ONE, a[0]))),
     ),
     "expit": lambda a, out: (e("multiply", out, e("subtract", ONE, out)),),
-    "xlogy": lambda a, out: (e("xlogy", _nonzero(a[0]), a[1]), e("divide", a[0], a[1])),
+    "xlogy": lambda a, out: (
+        e("xlogy", _logarithm_taken(a[0], a[1], 0), a[1]), e("divide", a[0], a[1])
+    ),
     "xlog1py": lambda a, out: (
-        e("xlog1py", _nonzero(a[0]), a[1]), e("divide", a[0], e("add", a[1], ONE))
+        e("xlog1py", _logarithm_taken(a[0], a[1], -1), a[1]),
+        e("divide", a[0], e("add", a[1], ONE)),
     ),
     "entr": lambda a, out: (e("negative", e("add", e("log", a[0]), ONE)),),
     "i0": lambda a, out: (e("i1", a[0]),),
@@ -186,10 +206,7 @@ RULES.update({
     "j1": lambda a, out: (_at_zero(a[0], 0.5, _over(lambda x: e("j0", x), out)),),
     "y0": lambda a, out: (e("negative", e("y1", a[0])),),
     "y1": lambda a, out: (_over(lambda x: e("y0", x), out)(a[0]),),
-    "sinc": lambda a, out: (
-        _at_zero(a[0], 0.0, lambda x: e("divide", e("subtract", e("cos", _times(math.pi, x)),
-                                                       out), x)),
-    ),  # fmt: skip
+    "sinc": lambda a, out: (_sinc_partial(a[0], out),),
     "cbrt": lambda a, out: (e("divide", ONE, _times(3.0, e("multiply", out, out))),),
     "exp2": lambda a, out: (_times(math.log(2.0), out),),
     "sinpi": lambda a, out: (_times(math.pi, e("cospi", a[0])),),

@@ -26,6 +26,7 @@ from .elementwise import (
     real,
     real_dtype,
     subtract,
+    where,
 )
 from .linalg_base import _H, _eye, _tracked, _xp, matmul, solve
 from .reductions import sum as _sum
@@ -76,6 +77,13 @@ def _inverse_gaps(w):
     eye = _eye(w, n)
     gaps = add(subtract(expand_dims(w, axis=-2), expand_dims(w, axis=-1)), eye)
     return divide(1 - eye, gaps)
+
+
+def _gap_weighted(f, x):
+    """`f o x` (`f` of `_inverse_gaps`), 0 where `x` is 0: where the loss reads no direction of
+    the vectors, tied values (an infinite `f`) add nothing, as PyTorch leaves the vectors' term
+    out when they have no gradient (else 0 * inf, nan everywhere)."""
+    return multiply(where(x != 0, f, 0.0), x)
 
 
 def _pack(xp, batch, parts):
@@ -210,7 +218,7 @@ def _eigh_vjp(g, ans, x):
     w, v = _unpack(ans, batch, shapes)
     gw, gv = _unpack(g, batch, shapes)
     w, gw = _real_if_complex(w), _real_if_complex(gw)
-    inner = add(multiply(_inverse_gaps(w), matmul(_H(v), gv)), _diag_embed(gw))
+    inner = add(_gap_weighted(_inverse_gaps(w), matmul(_H(v), gv)), _diag_embed(gw))
     ga = matmul(matmul(v, inner), _H(v))
     return (ga + _H(ga)) * 0.5
 
@@ -357,8 +365,8 @@ def _svd_vjp(g, ans, x):
     utgu = matmul(_H(u), gu)
     vtgv = matmul(vh, _H(gvh))
     skew_u = subtract(utgu, _H(utgu))
-    j = multiply(f, skew_u)
-    kk = multiply(f, subtract(vtgv, _H(vtgv)))
+    j = _gap_weighted(f, skew_u)
+    kk = _gap_weighted(f, subtract(vtgv, _H(vtgv)))
     inner = add(multiply(j, expand_dims(s, axis=-2)), multiply(expand_dims(s, axis=-1), kk))
     inner = add(inner, _diag_embed(gs))
     if is_complex(skew_u):

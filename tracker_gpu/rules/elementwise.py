@@ -215,7 +215,7 @@ def standard_promotion(function):
 def _pow_vjp_x(g, ans, x, y):
     if type(y) in SCALARS:
         return g * _conj(y) * _conj(x ** (y - 1 if y != 0 else 1))
-    return g * _conj(y) * _conj(x ** where(y == 0, 1.0, y - 1))
+    return g * _conj(y) * _conj(x ** where((y == 0) & (x == 0), 1.0, y - 1))
 
 
 def _pow_vjp_y(g, ans, x, y):
@@ -423,12 +423,14 @@ hypot = _binary(
     lambda g, ans, x, y: nonzero_divide(g, y, ans),
     ("x ans", "y ans"),
 )
+# d/dx logaddexp(x, y) = 1 / (1 + exp(y - x)) (PyTorch's formula): 1 and 0 beside an infinite
+# argument, where exp(x - ans) would be exp(inf - inf)
 logaddexp = _binary(
     "logaddexp",
     _function("logaddexp"),
-    lambda g, ans, x, y: g * exp(subtract(x, ans)),
-    lambda g, ans, x, y: g * exp(subtract(y, ans)),
-    ("x ans", "y ans"),
+    lambda g, ans, x, y: g / (1 + exp(subtract(y, x))),
+    lambda g, ans, x, y: g / (1 + exp(subtract(x, y))),
+    ("x y", "x y"),
 )
 # copysign(x, y) = |x| sign(y): flat at x = +-0, as abs (and PyTorch).
 copysign = _binary(

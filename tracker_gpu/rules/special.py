@@ -5,8 +5,8 @@ with this package's functions, the special ones included (`gammaln' = digamma`,
 `digamma' = polygamma(1, .)`), so that it is differentiable again (`nest=True`, `jvp`). An
 argument a function is not differentiable in (`polygamma`'s order, `gammainc`'s `a`, `zeta`'s
 exponent) must be a constant: a tracked one is refused when the function is called. At the
-edges, derivatives follow PyTorch's formulas (`xlogy`'s gradient in `x` is 0 where `x == 0`;
-`i1'(0) = 0.5`; `sinc'(0) = 0`).
+edges, derivatives follow PyTorch's formulas (`xlogy`'s gradient in `x` is `log(y)`, also at
+`x == 0`, and 0 there where `y <= 0`; `i1'(0) = 0.5`; `sinc'(0) = 0`).
 
 >>> import numpy as np, tracker_gpu as tg
 >>> float(tg.special.erf(np.array(0.5)))
@@ -15,7 +15,7 @@ edges, derivatives follow PyTorch's formulas (`xlogy`'s gradient in `x` is 0 whe
 >>> np.round(g, 6)  # digamma(1) = -euler_gamma, digamma(2) = 1 - euler_gamma
 array([-0.577216,  0.422784])
 >>> tg.gradient(lambda x: tg.sum(tg.special.xlogy(x, 2.0)), np.array([0.0, 1.0]))[0]
-array([0.        , 0.69314718])
+array([0.69314718, 0.69314718])
 """
 
 import math
@@ -95,10 +95,15 @@ def _where_zero(x, at_zero, elsewhere_of):
     return where(zero, at_zero, elsewhere_of(where(zero, 1.0, x)))
 
 
-def _nonzero(x):
-    """1.0 where `x != 0`, else 0.0, in `x`'s dtype: a constant."""
-    x = x.data if type(x) is TrackedArray else x
-    return where(x != 0, 1.0, 0.0) if not isinstance(x, (int, float)) else float(x != 0)
+def _logarithm_taken(x, y, edge):
+    """1.0 where the gradient of `x * log(y)` (`log1p`: `edge` -1) in `x` is the logarithm,
+    else 0.0, a constant: everywhere but at `x == 0` with `y <= edge`, where the logarithm is
+    -inf or nan and PyTorch's gradient is 0 (at `x == 0`, `y > edge`, it is the logarithm)."""
+    x, y = (v.data if type(v) is TrackedArray else v for v in (x, y))
+    if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+        return float(x != 0 or y > edge)
+    taken = (y > edge) | (x != 0) if isinstance(x, (int, float)) else (x != 0) | (y > edge)
+    return where(taken, 1.0, 0.0)
 
 
 # --- the error function and its relatives
@@ -272,20 +277,22 @@ zeta = _binary(
 xlogy = _binary(
     "xlogy",
     (
-        lambda g, ans, x, y: g * xlogy(_nonzero(x), y),
+        lambda g, ans, x, y: g * xlogy(_logarithm_taken(x, y, 0), y),
         lambda g, ans, x, y: g * x / y,
     ),
     "x1 x2",
-    "`x * log(y)`, and 0 where `x == 0` (then the gradient in `x` is 0 too, as PyTorch).",
+    "`x * log(y)`, and 0 where `x == 0`; the gradient in `x` is `log(y)`, 0 where `x == 0` "
+    "and `y <= 0` (as PyTorch).",
 )
 xlog1py = _binary(
     "xlog1py",
     (
-        lambda g, ans, x, y: g * xlog1py(_nonzero(x), y),
+        lambda g, ans, x, y: g * xlog1py(_logarithm_taken(x, y, -1), y),
         lambda g, ans, x, y: g * x / (y + 1),
     ),
     "x1 x2",
-    "`x * log1p(y)`, and 0 where `x == 0`.",
+    "`x * log1p(y)`, and 0 where `x == 0`; the gradient in `x` is `log1p(y)`, 0 where "
+    "`x == 0` and `y <= -1` (as PyTorch).",
 )
 entr = _unary("entr", lambda g, ans, x: g * -(log(x) + 1), "x", "`-x log(x)`: 0 at 0, -inf below.")
 rel_entr = _binary(
@@ -326,9 +333,13 @@ j0 = _unary("j0", lambda g, ans, x: -g * j1(x), "x", "The Bessel function of the
 j1 = _unary("j1", _over_x_vjp(lambda x: j0(x), 0.5), "x ans", "The Bessel function J1.")
 y0 = _unary("y0", lambda g, ans, x: -g * y1(x), "x", "The Bessel function of the second kind Y0.")
 y1 = _unary("y1", _over_x_vjp(lambda x: y0(x), None), "x ans", "The Bessel function Y1.")
+# sinc'(x) near 0 is -(pi^2 / 3) x: written so at 0, where it is 0, its own slope stays right
+_SINC_SLOPE = math.pi**2 / 3
 sinc = _unary(
     "sinc",
-    lambda g, ans, x: g * _where_zero(x, 0.0, lambda x: (cos(x * math.pi) - ans) / x),
+    lambda g, ans, x: (
+        g * _where_zero(x, 0.0 - x * _SINC_SLOPE, lambda x: (cos(x * math.pi) - ans) / x)
+    ),
     "x ans",
     "The normalised sinc, `sin(pi x) / (pi x)` (1 at 0).",
 )
