@@ -5,7 +5,7 @@ This is not a rule of `OptimiserChain`, which sees one array at a time: call it 
 `withgradient` and `update`. `ClipNorm` is the per-array rule (Optimisers.jl's): each array
 scaled down to norm `omega` on its own, which changes the gradient's direction.
 
->>> import numpy as np, tracker_gpu as tg
+>>> import numpy as np
 >>> grads = {"a": np.array([3.0]), "b": np.array([4.0]), "name": None}
 >>> clipped, norm = clip_grad_norm(grads, 1.0)
 >>> float(norm), clipped["a"].round(6), clipped["b"].round(6)

@@ -399,7 +399,8 @@ class OptimiserChain(Rule):
         return OptimiserChain(*(r.adjust(**changes) for r in self.rules))
 
     def hyperparameters(self):
-        return frozenset().union(*(hyperparameters(r) for r in self.rules))
+        names = [hyperparameters(r) for r in self.rules]
+        return None if None in names else frozenset().union(*names)
 
     def __eq__(self, other):
         return isinstance(other, OptimiserChain) and self.rules == other.rules
