@@ -6,9 +6,9 @@ PyTorch's (float64), a closed form, or a central finite difference of our own fi
 (which is checked against PyTorch where it differs from it); none is copied from our output.
 
 Then the promise that covers the first: for every elementwise function of the tracked
-namespace and every activation of `tg.nn` that `tg.broadcast` traces, the traced function's
-value and gradient are the function's own over the whole domain (zeros of both signs, tiny,
-huge, infinite, nan)."""
+namespace and of `tg.special`, and every activation of `tg.nn`, that `tg.broadcast` traces, the
+traced function's value and gradient are the function's own over the whole domain (zeros of
+both signs, tiny, huge, infinite, nan)."""
 
 import math
 
@@ -154,14 +154,13 @@ def _domain(arity):
 
 
 def _traceable():
-    """Every function of the tracked namespace and activation of tg.nn that broadcast traces
-    on one or two float64 arguments, elementwise. (tg.special's Julia-named functions are
-    traced from their formulas and are not yet held to this: see the README's broadcast
-    section.)"""
+    """Every function of the tracked namespace, of `tg.special` and activation of tg.nn that
+    broadcast traces on one or two float64 arguments, elementwise."""
     xp = array_api_compat.array_namespace(tg.param(np.zeros(1)))
     found = {name: getattr(xp, name) for name in dir(xp) if not name.startswith("_")}
-    found.update({f"nn.{n}": getattr(tg.nn, n) for n in dir(tg.nn) if n.islower()
-                  and not n.startswith("_")})  # fmt: skip
+    for prefix, module in (("special.", tg.special), ("nn.", tg.nn)):
+        found.update({prefix + n: getattr(module, n) for n in dir(module)
+                      if n.islower() and not n.startswith("_")})  # fmt: skip
     traced = {}
     for name, f in sorted(found.items()):
         if not callable(f) or isinstance(f, type) or name in NOT_OF_ARRAYS:
@@ -188,6 +187,7 @@ def test_the_traceable_functions_are_enumerated():
     names = set(TRACEABLE)
     assert {"exp", "tanh", "sigmoid", "nn.swish", "nn.gelu", "nn.elu"} <= names
     assert {"add", "multiply", "divide", "pow", "maximum", "minimum"} <= names
+    assert {"special.sech", "special.xlogx", "special.sinc", "special.xlogy"} <= names
 
 
 @pytest.mark.parametrize("name", sorted(TRACEABLE))
@@ -206,3 +206,19 @@ def test_broadcast_of_a_function_is_the_function_over_the_domain(name):
     for i in positions:  # a constant's gradient is None, broadcast's 0
         expected = np.zeros_like(args[i]) if grads[i] is None else grads[i]
         assert_agree(traced[i], expected, ulps=4, what=f"{name} gradient {i}")
+
+
+def test_a_rule_whose_vjp_does_not_trace_is_differentiated_through_its_forward():
+    """A vjp that needs concrete values (here a Python float of the gradient) cannot be traced:
+    broadcast then differentiates the rule's traced forward, as it did every rule before."""
+    from tracker_gpu.primitive import Primitive
+
+    doubled_exp = Primitive(
+        "doubled_exp",
+        lambda xp, x: xp.exp(x) * 2.0,
+        # float() of a traced value raises; were this traced, the gradient would be 10 times
+        (lambda g, ans, x: g * (float(g) * ans * 10.0),),
+    )
+    x = np.array([-1.0, 0.0, 2.0])
+    (traced,) = tg.gradient(lambda a: tg.sum(tg.broadcast(doubled_exp, a)), x)
+    np.testing.assert_allclose(traced, 2.0 * np.exp(x), rtol=1e-15)

@@ -21,11 +21,10 @@ import numpy as np
 
 from .backend import SCALARS, device_of, full_exactly, is_floating_dtype, namespace_of
 from .cuda import codegen
-from .expr import ONE, RULES, SPECIAL, ZERO, Expr, const, partials, topological
+from .expr import ONE, RULES, SPECIAL, ZERO, Expr, const, derivatives, partials, topological
 from .primitive import ByPosition, Primitive
 from .rules import special, special_julia
 from .rules.elementwise import conjugate_derivative, is_complex, real_dtype
-from .rules.nn import sigmoid
 from .tracked import TrackedArray, data
 
 __all__ = ["broadcast", "trace", "Expr"]
@@ -144,10 +143,49 @@ class _SymbolicNamespace:
     def asarray(self, value, **kw):
         return Symbol(const(value))
 
+    def traced_rule(self, rule, args, kw):
+        """A rule of the namespace called inside f: its forward traced, and differentiated by
+        the rule's own vjps (traced too), so that broadcast's derivative is the rule's at every
+        point, where the forward's formula may take another branch (at 0, at infinities). An
+        operation of the table (`expr.RULES`, `SPECIAL`) is that operation."""
+        out = rule.forward(self, *args, **kw)
+        if (rule.name in RULES or rule.name in SPECIAL or kw or not isinstance(out, Symbol)
+                or out.expr.op in ("arg", "const")):  # fmt: skip
+            return out
+        derivatives = _Derivatives(rule, args)
+        ruled = derivatives.out = Symbol(Expr("ruled", (out.expr, *map(_expr, args)),
+                                              value=derivatives))  # fmt: skip
+        return ruled
+
     def isdtype(self, dtype, kind):
         """A symbol's dtype (`Symbol.dtype`) is real floating."""
         kinds = (kind,) if isinstance(kind, str) else kind
         return any(k in ("real floating", "numeric") for k in kinds)
+
+
+class _Derivatives:
+    """A traced rule's partial derivatives, each its vjp of a gradient 1, traced when first
+    asked for (a rule's vjp may call another whose vjp calls the first: sind and cosd)."""
+
+    def __init__(self, rule, args):
+        self.rule, self.args, self.traced = rule, args, None
+        self.out = None  # the rule's value, as the vjps read it: differentiated as the rule
+
+    def __call__(self, forward, args):
+        """The partials in the expressions `args`, as expressions (None: no gradient); where a
+        vjp does not trace, the derivatives of the rule's traced `forward` itself."""
+        if self.traced is None:
+            try:
+                self.traced = tuple(self._partial(vjp) for _, vjp in zip(self.args, self.rule.vjps))
+            except (TypeError, AttributeError, ValueError, NotImplementedError):
+                self.traced = tuple(derivatives(forward, list(args)))
+        return self.traced
+
+    def _partial(self, vjp):
+        if vjp is None:
+            return None
+        d = vjp(Symbol(ONE), self.out, *self.args)
+        return None if d is None else _expr(d)
 
 
 POLYGAMMA_MAX_ORDER = 16  # kernels/special.cuh computes up to 24, for derivatives of these
@@ -181,11 +219,16 @@ def evaluate(expr, xp, args):
     does, where Python's own arithmetic would raise or round in another precision."""
     numbers = _Numbers(xp, args)
     values = {}
-    for node in topological([expr]):
+    for node in topological([expr], rules_whole=True):
         if node.op == "arg":
             values[id(node)] = args[node.value]
         elif node.op == "const":
             values[id(node)] = node.value
+        elif node.op == "ruled":  # the rule itself: in a nested pass, its own vjps
+            operands = [values[id(c)] for c in node.args[1:]]
+            if all(type(v) in SCALARS for v in operands):
+                operands = list(map(numbers, operands))
+            values[id(node)] = node.value.rule(*operands)
         else:
             operands = [values[id(c)] for c in node.args]
             values[id(node)] = _apply(xp, node.op, operands, numbers)
@@ -241,8 +284,6 @@ def _special(op, values, numbers):
     """tg.special's function `op` (its rule, so a nested pass stays differentiable)."""
     if op == "polygamma":  # the order is a number, not an array
         return special.polygamma(int(values[0]), numbers(values[1]))
-    if op == "expit":  # the logistic rule of every library (tg.sigmoid's traces as this op)
-        return sigmoid(numbers(values[0]))
     function = getattr(special, op, None) or getattr(special_julia, op)
     return function(*map(numbers, values))
 
@@ -307,7 +348,7 @@ class _Compiled:
 # complex number (conjugated in the vjp).
 _HOLOMORPHIC = frozenset(
     "arg const add subtract multiply divide pow negative exp expm1 log log1p sqrt square "
-    "reciprocal sin cos tan sinh cosh tanh".split()
+    "reciprocal sin cos tan sinh cosh tanh ruled".split()
 )
 
 # Traced functions, least recently used first; define f once rather than a new lambda per call.

@@ -12,7 +12,18 @@ same thing, which is what generated kernels are keyed by.
 
 import math
 
-__all__ = ["Expr", "const", "ZERO", "ONE", "RULES", "SPECIAL", "e", "partials", "topological"]
+__all__ = [
+    "Expr",
+    "const",
+    "ZERO",
+    "ONE",
+    "RULES",
+    "SPECIAL",
+    "e",
+    "partials",
+    "derivatives",
+    "topological",
+]
 
 
 class Expr:
@@ -94,6 +105,8 @@ RULES = {
     "maximum": lambda a, out: (_selected("gt", a[0], a[1]), _selected("lt", a[0], a[1])),
     "minimum": lambda a, out: (_selected("lt", a[0], a[1]), _selected("gt", a[0], a[1])),
     "where": lambda a, out: (None, e("where", a[0], ONE, ZERO), e("where", a[0], ZERO, ONE)),
+    # a rule of the namespace: `ruled(forward, *args)`, its partials traced from its own vjps
+    "ruled": lambda a, out: (None, *out.value(a[0], a[1:])),
     "gt": lambda a, out: (None, None),
     "ge": lambda a, out: (None, None),
     "lt": lambda a, out: (None, None),
@@ -230,15 +243,27 @@ COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
 
 def partials(out, n):
     """One expression per argument: the derivative of `out` with respect to it."""
-    order = topological([out])
+    args = {node.value: node for node in topological([out]) if node.op == "arg"}
+    found = derivatives(out, list(args.values()))
+    by_position = dict(zip(args, found))
+    return [by_position.get(i, ZERO) for i in range(n)]
+
+
+def derivatives(out, wrt):
+    """The derivative of `out` with respect to each expression of `wrt`, taken as independent
+    variables (what they are computed from is not differentiated): reverse mode over the
+    expression, each operation's partials from `RULES`."""
+    positions = {id(w): i for i, w in enumerate(wrt)}
     adjoint = {id(out): ONE}
-    grads = [ZERO] * n
-    for node in reversed(order):
+    grads = [ZERO] * len(wrt)
+    for node in reversed(topological([out])):
         g = adjoint.pop(id(node), None)
         if g is None or node.op == "const":
             continue
+        if id(node) in positions:
+            grads[positions[id(node)]] = e("add", grads[positions[id(node)]], g)
+            continue
         if node.op == "arg":
-            grads[node.value] = e("add", grads[node.value], g)
             continue
         for child, d in zip(node.args, RULES[node.op](node.args, node)):
             if d is not None:
@@ -250,8 +275,9 @@ def partials(out, n):
     return grads
 
 
-def topological(roots):
-    """Every node reachable from `roots`, each after its arguments, each once."""
+def topological(roots, rules_whole=False):
+    """Every node reachable from `roots`, each after its arguments, each once; `rules_whole`:
+    a rule's node (`ruled`) after its arguments alone, not its traced forward."""
     order, seen = [], set()
     stack = [(root, False) for root in reversed(roots)]
     while stack:
@@ -261,5 +287,6 @@ def topological(roots):
         elif id(node) not in seen:
             seen.add(id(node))
             stack.append((node, True))
-            stack.extend((child, False) for child in reversed(node.args))
+            children = node.args[1:] if rules_whole and node.op == "ruled" else node.args
+            stack.extend((child, False) for child in reversed(children))
     return order

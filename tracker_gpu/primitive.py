@@ -24,6 +24,7 @@ import inspect
 import pickle
 import sys
 import threading
+from types import ModuleType
 
 import numpy as np
 
@@ -105,6 +106,8 @@ class Primitive:
         if xp is None:  # Python numbers in, a Python number out
             _check_number(self.name, args)
             return _as_number(self.forward(np, *args, **kw))
+        if type(xp) is not ModuleType and hasattr(xp, "traced_rule"):  # tg.broadcast's values
+            return xp.traced_rule(self, args, kw)
         return self.forward(xp, *args, **kw)
 
     def _as_eager(self, node):

@@ -58,6 +58,7 @@ C = {
     "maximum": "TG_MAXIMUM({0}, {1})",
     "minimum": "TG_MINIMUM({0}, {1})",
     "where": "({0} ? {1} : {2})",
+    "ruled": "{0}",  # a rule's forward (its arguments follow, for its derivatives)
     "gt": "(TG_DAZ({0}) > TG_DAZ({1}))",
     "ge": "(TG_DAZ({0}) >= TG_DAZ({1}))",
     "lt": "(TG_DAZ({0}) < TG_DAZ({1}))",
