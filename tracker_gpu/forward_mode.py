@@ -13,6 +13,8 @@ at the cost of about three passes.
 
 import math
 
+import numpy as np
+
 from . import backend, nesting
 from .api import quiet_gradient, untracked
 from .pytree import tree_leaves, tree_map
@@ -28,7 +30,7 @@ def jvp(f, primals, tangents):
     """`(f(*primals), J t)`: the value and its derivative along `tangents` (shaped like
     `primals`, nested structures alike). The value may be an array or a structure of arrays;
     the tangent comes back in the same structure."""
-    primals, tangents = tuple(primals), tuple(tangents)
+    primals, tangents = untied(_floats_as_arrays(primals)), _floats_as_arrays(tangents)
     _check_tangents(primals, tangents)
 
     def pulled_back(*cotangents):
@@ -38,19 +40,55 @@ def jvp(f, primals, tangents):
             return _total(parts)
 
         grads = quiet_gradient(weighted, *primals, nest=True)
-        products = [
-            _sum(g * t)
-            for g, t in zip(tree_leaves(grads), tree_leaves(tangents))
-            if isinstance(g, TrackedArray)
-        ]
-        return _total(products)
+        return directional(grads, tangents)
 
     value = f(*primals)
     cotangents = [_zeros_like(y) for y in _leaves(value)]
     found = quiet_gradient(pulled_back, *cotangents)
     outputs = iter(_zeros_like(y) if g is None else g for y, g in zip(_leaves(value), found))
     plain = value if nesting.active() else untracked(value)  # nested: linked to the outer pass
-    return plain, tree_map(lambda v: next(outputs) if _is_array(v) else v, plain)
+    return plain, tree_map(lambda v: next(outputs) if _is_array(v) else _still(v), plain)
+
+
+def directional(grads, tangents):
+    """The sum of `sum(g * t)` over each gradient and the tangent in its place (a dict's by
+    key), 0.0 for none: a directional derivative, for `jvp` and `hvp`."""
+    parts = []
+
+    def part(g, t):
+        if isinstance(g, TrackedArray):
+            parts.append(_sum(g * t))
+
+    tree_map(part, grads, tangents)
+    return _total(parts)
+
+
+def untied(primals):
+    """`primals` with an array found in several places copied in the later ones: a directional
+    derivative takes each place as its own variable, with its own tangent (as JAX does), where
+    `gradient` gives a tied array the whole gradient in each place."""
+    seen = set()
+
+    def once(x):
+        if backend.is_array(x) and not isinstance(x, TrackedArray):
+            if id(x) in seen:
+                return backend.namespace_of(x).asarray(x, copy=True)
+            seen.add(id(x))
+        return x
+
+    return tree_map(once, primals)
+
+
+def _floats_as_arrays(primals):
+    """Python floats given as primals (or tangents) themselves, as 0-d float64 arrays (as
+    `gradient` takes them), so that the value and its tangent are arrays."""
+    return tuple(np.asarray(p) if type(p) is float else p for p in primals)
+
+
+def _still(v):
+    """The tangent of an output that is not an array: 0 for a number (a constant), else
+    the value itself (a name, None)."""
+    return type(v)(0) if type(v) in (int, float, complex) else v
 
 
 def jacfwd(f, x):
@@ -100,7 +138,9 @@ def _check_tangents(primals, tangents):
         raise ValueError(
             f"jvp takes one tangent per primal: {len(primals)} primals, {len(tangents)} tangents"
         )
-    for p, t in zip(tree_leaves(primals), tree_leaves(tangents)):
+    pairs = []
+    tree_map(lambda p, t: pairs.append((p, t)), primals, tangents)  # dicts by key
+    for p, t in pairs:
         if _is_array(p) and (not _is_array(t) or tuple(t.shape) != tuple(p.shape)):
             shape = tuple(t.shape) if _is_array(t) else type(t).__name__
             raise ValueError(

@@ -23,12 +23,11 @@ from .api import (
     quiet_gradient,
     track_inputs,
 )
-from .backend import namespace_of
+from .backend import SCALARS, is_array, namespace_of
+from .forward_mode import directional, untied
 from .primitive import Primitive, record_saving_arguments, resolve, tracked_values
-from .pytree import tree_leaves
 from .recording import ACTIVE
 from .rules.elementwise import identity
-from .rules.reductions import sum as _sum
 from .rules.shape import reshape, stack
 from .tape import Node, older_nodes, serial_now, walk
 from .tracked import TrackedArray, constant, data, istracked, leaf
@@ -55,6 +54,8 @@ def forward(f, *args):
     with nesting.inside():
         y = f(*tracked_args)
 
+    _check_one_array(y, "forward", "tg.forward(lambda x: f(x)[0], x)")
+
     def back(dy):
         if not istracked(y):
             return gradients_in_place(args, inputs, {}, nest=nest)
@@ -66,6 +67,16 @@ def forward(f, *args):
         return gradients_in_place(args, inputs, found, nest, closed_over=outer)
 
     return (y if nest else primitive.detached(y)), back  # while tg.compile records, traced data
+
+
+def _check_one_array(y, name, fix):
+    """Refuse a structure where one array (or number) is differentiated: its parts would be
+    taken for a constant, every derivative silently zero."""
+    if not (isinstance(y, TrackedArray) or is_array(y) or type(y) in SCALARS):
+        raise TypeError(
+            f"{name}: f must return one array, it returned a {type(y).__name__}; take each "
+            f"output on its own ({fix}), or tg.jvp, which takes structures"
+        )
 
 
 def _cotangent(y, dy):
@@ -118,6 +129,7 @@ def _jacobian(f, x):
         x_in = leaf(_as_float(data(x)))
     with nesting.inside():
         y = f(x_in)
+    _check_one_array(y, "jacobian", "tg.jacobian(lambda x: f(x)[0], x)")
     xp = namespace_of(data(x_in))
     n = _size(x_in.shape)
     shape = tuple(getattr(y, "shape", ())) + tuple(x_in.shape)  # JAX's layout
@@ -180,11 +192,10 @@ def hvp(f, x, v):
     if callable(f) and not nesting.active() and recording.current() is None:
         return _hvp_one(f, x, v)
 
-    def directional(x):  # inside another transform, or recorded: two transforms, nested
-        g = gradient(f, x, nest=True)[0]
-        return 0.0 if g is None else _sum(g * v)
+    def along(x):  # inside another transform, or recorded: two transforms, nested
+        return directional(gradient(f, x, nest=True)[0], v)
 
-    return quiet_gradient(directional, x)[0]
+    return quiet_gradient(along, x)[0]
 
 
 def _hvp_one(f, x, v):
@@ -197,8 +208,8 @@ def _hvp_one(f, x, v):
     with nesting.inside():
         found, _ = loss_pass(f, f(tracked_x), inputs, True, since)
         g = gradients_in_place(args, inputs, found, True)[0]  # tracked: nested
-        directional = 0.0 if g is None else _sum(g * v)
-    found, others = loss_pass(f, directional, inputs, nest, since, quiet=True)
+        along = directional(g, v)
+    found, others = loss_pass(f, along, inputs, nest, since, quiet=True)
     return gradients_in_place(args, inputs, found, nest, None, captured(others, since))[0]
 
 
@@ -220,19 +231,10 @@ def _tuple_form(primals, tangents):
 def _hvp(f, primals, tangents):
     """The products of the Hessian of `f(*primals)` with the direction `tangents`, a tuple."""
 
-    def directional(*xs):
-        grads = gradient(f, *xs, nest=True)
-        parts = [
-            _sum(g * t)
-            for g, t in zip(tree_leaves(grads), tree_leaves(tangents))
-            if isinstance(g, TrackedArray)
-        ]
-        total = 0.0
-        for part in parts:
-            total = part + total
-        return total
+    def along(*xs):
+        return directional(gradient(f, *xs, nest=True), tangents)
 
-    return quiet_gradient(directional, *primals)
+    return quiet_gradient(along, *untied(primals))
 
 
 def _as_float(x):

@@ -1,0 +1,63 @@
+"""jvp, hvp, jacobian and forward on structures and Python numbers, against JAX's answers
+written out by hand (JAX itself is not a dependency): a tangent pairs with its primal by
+place (a dict's by key, not by insertion order), an array passed in two places is two
+variables with a tangent each, a Python float primal is a 0-d array whose tangent is the
+derivative (it used to come back as the value itself), a number in the output has a zero
+tangent, and jacobian and forward refuse a structure they would have taken for a constant."""
+
+import numpy as np
+import pytest
+
+import tracker_gpu as tg
+
+
+def test_a_float_primal_has_the_derivative_as_its_tangent():
+    assert tuple(map(float, tg.jvp(lambda y: y * y, (3.0,), (1.0,)))) == (9.0, 6.0)
+    assert tuple(map(float, tg.jvp(lambda t: t, (2.0,), (7.0,)))) == (2.0, 7.0)
+    value, tangent = tg.jvp(tg.sin, (1.0,), (1.0,))
+    assert float(value) == np.sin(1.0) and float(tangent) == np.cos(1.0)
+
+
+def test_a_number_in_the_output_has_a_zero_tangent():
+    value, tangent = tg.jvp(lambda y: {"a": y * y, "b": 2.0}, (np.array(3.0),), (np.array(1.0),))
+    assert value["b"] == 2.0 and tangent["b"] == 0.0 and float(tangent["a"]) == 6.0
+
+
+def test_nested_jvps_of_floats_do_not_confuse_their_perturbations():
+    inner = lambda x: tg.jvp(lambda y: x + y, (1.0,), (1.0,))[1]  # d/dy (x + y) = 1
+    assert float(tg.jvp(lambda x: x * inner(x), (3.0,), (1.0,))[1]) == 1.0
+
+
+def test_tangents_pair_with_primals_by_key():
+    a, b = np.array([1.0, 2.0]), np.array([3.0, 4.0])
+    primal = {"a": a, "b": b}
+    direction = {"b": np.ones(2), "a": np.zeros(2)}  # another insertion order
+    _, t = tg.jvp(lambda d: d["a"] * 2 + d["b"] ** 2, (primal,), (direction,))
+    np.testing.assert_array_equal(t, 2 * b)
+    (h,) = tg.hvp(lambda d: tg.sum(d["a"] ** 3 + d["b"] ** 2), (primal,), (direction,))
+    np.testing.assert_array_equal(h["a"], [0.0, 0.0])
+    np.testing.assert_array_equal(h["b"], [2.0, 2.0])
+    single = tg.hvp(lambda d: tg.sum(d["a"] ** 3), {"a": a}, {"a": np.ones(2)})
+    np.testing.assert_array_equal(single["a"], 6 * a)
+
+
+@pytest.mark.parametrize("given", ["arguments", "dict"])
+def test_an_array_in_two_places_is_two_variables(given):
+    x, o = np.array([1.0, 2.0, 3.0]), np.ones(3)
+    if given == "arguments":
+        _, t = tg.jvp(lambda a, b: a * b, (x, x), (o, o))
+    else:
+        _, t = tg.jvp(lambda d: d["a"] * d["b"], ({"a": x, "b": x},), ({"a": o, "b": o},))
+    np.testing.assert_array_equal(t, 2 * x)  # o * x + x * o
+    ha, hb = tg.hvp(lambda a, b: tg.sum(a**2 * b), (x, x), (o, o))
+    np.testing.assert_array_equal(ha, 2 * x + 2 * x)  # (2b) o + (2a) o at a = b = x
+    np.testing.assert_array_equal(hb, 2 * x)  # (2a) o
+
+
+@pytest.mark.parametrize("output", [lambda t: (t * 2, t * 3), lambda t: {"p": t * 2}])
+def test_jacobian_and_forward_refuse_a_structure(output):
+    x = np.array([1.0, 2.0])
+    with pytest.raises(TypeError, match="jacobian: f must return one array"):
+        tg.jacobian(output, x)
+    with pytest.raises(TypeError, match="forward: f must return one array"):
+        tg.forward(output, x)
