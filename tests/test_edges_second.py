@@ -16,17 +16,12 @@ import array_api_compat
 import numpy as np
 import pytest
 from domain import assert_agree, special_values
+from test_edges import torch_gradients
 
 import tracker_gpu as tg
 from tracker_gpu.cuda import generic_only
 
 torch = pytest.importorskip("torch")
-
-
-def torch_gradient(f, *arrays):
-    ts = [torch.tensor(np.asarray(a, dtype=np.float64), requires_grad=True) for a in arrays]
-    torch.sum(f(*ts)).backward()
-    return [t.grad.numpy() for t in ts]
 
 
 def hessian_by_differences(f, x, h=1e-6):
@@ -50,7 +45,7 @@ def test_the_slope_of_sigmoid_at_zero_is_a_quarter_wherever_it_is_traced(backend
     }[how]
     (ours,) = tg.gradient(lambda x: tg.sum(f(x)), x)
     swish = lambda t: t * torch.sigmoid(t)
-    (expected,) = torch_gradient(swish if "swish" in how else torch.sigmoid, [0.0, -0.0, 1.0])
+    (expected,) = torch_gradients(swish if "swish" in how else torch.sigmoid, [0.0, -0.0, 1.0])
     np.testing.assert_allclose(backend.to_numpy(ours), expected, rtol=1e-14)
 
 
@@ -89,7 +84,7 @@ def test_the_gradient_of_xlogy_in_x_at_zero_is_the_logarithm(backend, name):
                                backend.asarray(x), backend.asarray(y))  # fmt: skip
         except NotImplementedError as e:  # a library without special functions says so
             pytest.skip(str(e))
-    expected = torch_gradient(getattr(torch.special, name), x, y)
+    expected = torch_gradients(getattr(torch.special, name), x, y)
     for a, e in zip(ours, expected):
         np.testing.assert_allclose(backend.to_numpy(a), e, rtol=1e-14)
 
@@ -117,7 +112,7 @@ def test_logaddexp_beside_an_infinity_has_pytorchs_gradient(backend):
     y = np.array([1.0, np.inf, 1.0, 3.0, 0.0, 0.0])
     with tg.sync_checks(False):  # the loss is infinite
         ours = tg.gradient(lambda x, y: tg.sum(tg.logaddexp(x, y)), *map(backend.asarray, (x, y)))
-    expected = torch_gradient(torch.logaddexp, x, y)
+    expected = torch_gradients(torch.logaddexp, x, y)
     for a, e in zip(ours, expected):
         np.testing.assert_allclose(backend.to_numpy(a), e, rtol=1e-14)
 
@@ -137,7 +132,7 @@ def test_tied_values_alone_have_a_finite_gradient(name, matrix):
         theirs = lambda a: torch.linalg.svd(a, full_matrices=False).S ** 2
     with np.errstate(divide="ignore"):
         (g,) = tg.gradient(ours, matrix)
-    np.testing.assert_allclose(g, torch_gradient(theirs, matrix)[0], atol=1e-12)
+    np.testing.assert_allclose(g, torch_gradients(theirs, matrix)[0], atol=1e-12)
 
 
 # --- tg.broadcast against the functions it traces, over the whole domain

@@ -13,10 +13,8 @@ at the cost of about three passes.
 
 import math
 
-import numpy as np
-
 from . import backend, nesting
-from .api import quiet_gradient, untracked
+from .api import quiet_gradient, top_levels, untracked
 from .pytree import tree_leaves, tree_map
 from .rules.elementwise import multiply
 from .rules.reductions import sum as _sum
@@ -80,9 +78,10 @@ def untied(primals):
 
 
 def _floats_as_arrays(primals):
-    """Python floats given as primals (or tangents) themselves, as 0-d float64 arrays (as
-    `gradient` takes them), so that the value and its tangent are arrays."""
-    return tuple(np.asarray(p) if type(p) is float else p for p in primals)
+    """Python floats given as primals (or tangents) themselves, as 0-d arrays, as `gradient`
+    takes them (`api.top_levels`), so that the value and its tangent are arrays."""
+    primals = tuple(primals)
+    return top_levels(primals, frozenset(range(len(primals))))
 
 
 def _still(v):

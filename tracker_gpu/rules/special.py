@@ -21,7 +21,7 @@ array([0.69314718, 0.69314718])
 import math
 
 from ..primitive import Primitive
-from ..tracked import TrackedArray, istracked
+from ..tracked import data, istracked
 from .elementwise import PLAIN_FUNCTIONS as _PLAIN
 from .elementwise import (
     _as_arrays,
@@ -99,11 +99,8 @@ def _logarithm_taken(x, y, edge):
     """1.0 where the gradient of `x * log(y)` (`log1p`: `edge` -1) in `x` is the logarithm,
     else 0.0, a constant: everywhere but at `x == 0` with `y <= edge`, where the logarithm is
     -inf or nan and PyTorch's gradient is 0 (at `x == 0`, `y > edge`, it is the logarithm)."""
-    x, y = (v.data if type(v) is TrackedArray else v for v in (x, y))
-    if isinstance(x, (int, float)) and isinstance(y, (int, float)):
-        return float(x != 0 or y > edge)
-    taken = (y > edge) | (x != 0) if isinstance(x, (int, float)) else (x != 0) | (y > edge)
-    return where(taken, 1.0, 0.0)
+    taken = (data(x) != 0) | (data(y) > edge)
+    return float(taken) if type(taken) is bool else where(taken, 1.0, 0.0)
 
 
 # --- the error function and its relatives
