@@ -133,7 +133,10 @@ def test_adjust_of_a_chain_or_a_schedule_knows_its_parts():
     with pytest.raises(ValueError, match="'etaa'"):
         optim.adjust(state, etaa=0.5)
     scheduled = optim.setup(optim.Scheduled(optim.Adam(), optim.Exp(0.1, 0.5)), {"w": np.ones(2)})
-    optim.adjust(scheduled, eta=0.5, epsilon=1e-6)  # eta is the schedule's: kept, not refused
+    adjusted = optim.adjust(scheduled, epsilon=1e-6)
+    assert adjusted["w"].rule.rule.epsilon == 1e-6
+    with pytest.raises(ValueError, match="eta of Scheduled.*set by its schedule"):
+        optim.adjust(scheduled, eta=0.5, epsilon=1e-6)  # the schedule would undo it: refused
     with pytest.raises(ValueError, match="'lr'"):
         optim.adjust(scheduled, lr=0.5)
 

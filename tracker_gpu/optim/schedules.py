@@ -331,7 +331,7 @@ def _field_names(rule):
 class Scheduled(Rule):
     """`rule` with its learning rate (the field `field`, `eta` by default) set by `schedule(t)`
     at each step `t`. The state is `(t, state of rule)`. `adjust` changes the rule's other
-    hyperparameters; the schedule keeps setting the rate."""
+    hyperparameters; the schedule keeps setting the rate (adjusting the rate itself raises)."""
 
     rule: Rule = Descent()
     schedule: object = Exp(0.1)
@@ -375,7 +375,12 @@ class Scheduled(Rule):
         return (next_count(t), inner), delta
 
     def adjust(self, **changes):
-        changes.pop(self.field, None)
+        if self.field in changes:
+            raise ValueError(
+                f"adjust: {self.field} of Scheduled({type(self.rule).__name__}) is set by its "
+                f"schedule at every step, so {self.field}={changes[self.field]!r} would change "
+                "nothing; set up the state with a new Scheduled (or another schedule) instead"
+            )
         return Scheduled(self.rule.adjust(**changes), self.schedule, self.field)
 
     def hyperparameters(self):
