@@ -35,11 +35,11 @@ def test_layers_create_parameters_on_the_chosen_library_device_and_dtype(backend
         nn.BatchNorm(3, momentum=None, xp=backend.xp, device=backend.device),  # and its count
         nn.InstanceNorm(3, affine=True, track_stats=True, xp=backend.xp, device=backend.device),
     ]
-    arrays = [a for layer in layers for a in nn._parameters(layer).values()]
+    arrays = [(k, a) for layer in layers for k, a in nn._parameters(layer).items()]
     assert len(arrays) == 16
-    for a in arrays:
+    for name, a in arrays:
         same_library_and_device(backend, a)
-        assert a.dtype == backend.xp.float32  # the default
+        assert a.dtype == (backend.xp.int64 if name == "count" else backend.xp.float32)
     dense = nn.Dense(3, 2, rng=rng(), **placed(backend))
     assert dense.weight.dtype == dense.bias.dtype == backend.xp.float64
 

@@ -175,6 +175,23 @@ def test_batchnorm_cumulative_average(backend, shape):
     )
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_batchnorm_counts_on_past_what_a_half_dtype_holds(dtype):
+    """The count is an integer: in float16 (or bfloat16) 3000 + 1 would round back to 3000,
+    and the running statistics would stop following the batches. PyTorch's reference: the
+    same update with its int64 count."""
+    layer = nn.trainmode(nn.BatchNorm(1, momentum=None, dtype=dtype))
+    layer = dataclasses.replace(layer, count=np.full_like(layer.count, 3000))  # as it made it
+    x = np.array([[999.0], [1001.0]])
+    layer(x.astype(layer.scale.dtype))
+    module = torch.nn.BatchNorm1d(1, momentum=None).double().train()
+    module.num_batches_tracked.fill_(3000)
+    module(torch.from_numpy(x))
+    assert layer.count.dtype == np.int64 and int(layer.count) == 3001
+    expected = module.running_mean.numpy().astype(layer.running_mean.dtype)
+    assert np.array_equal(layer.running_mean, expected) and float(expected[0]) > 0
+
+
 # --- LayerNorm without bias
 def test_layernorm_without_bias(backend):
     layer = randomised(backend, nn.LayerNorm((3, 4), bias=False, **placed(backend)))
@@ -484,7 +501,8 @@ def test_save_load_pickle_and_place(tmp_path):
     _same_outputs(expected, _outputs(loaded))
     _same_outputs(expected, _outputs(pickle.loads(pickle.dumps(model))))
     single = nn.place(model, dtype="float32")
-    assert all(a.dtype == np.float32 for a in nn._parameters(single).values())
+    for name, a in nn._parameters(single).items():  # the count of batches stays an integer
+        assert a.dtype == (np.int64 if name.endswith("count") else np.float32), name
     moved = nn.place(model, xp="torch")
     assert all(isinstance(a, torch.Tensor) for a in nn._parameters(moved).values())
     _same_outputs(expected, _outputs(moved, like=torch.tensor), atol=1e-12)

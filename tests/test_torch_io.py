@@ -234,11 +234,12 @@ def test_round_trip_gives_pytorchs_module_back(case):
 def test_the_converted_arrays_are_placed_as_asked():
     module = T.Sequential(T.Linear(3, 4), T.BatchNorm1d(4, momentum=None)).double()
     model = nn.from_torch(module, dtype="float32", xp="torch")
-    for array in nn._parameters(model).values():
-        assert isinstance(array, torch.Tensor) and array.dtype == torch.float32
+    for name, array in nn._parameters(model).items():  # the count of batches an integer
+        expected = torch.int64 if name.endswith("count") else torch.float32
+        assert isinstance(array, torch.Tensor) and array.dtype == expected, name
     assert nn.to_torch(model)[0].weight.dtype == torch.float32
     batchnorm = nn.from_torch(module)[1]
-    assert batchnorm.count.dtype == np.float64 and float(batchnorm.count) == 0
+    assert batchnorm.count.dtype == np.int64 and int(batchnorm.count) == 0
     copied = nn.from_torch(module)  # a copy: PyTorch's training leaves it as it was
     before = np.array(copied[0].weight)
     with torch.no_grad():

@@ -231,8 +231,8 @@ class BatchNorm(Layer):
     PyTorch's `BatchNorm1d/2d/3d(channels, eps, momentum, affine, track_running_stats=
     track_stats)`, the same defaults; its training mode is `module.train()`, ours automatic.
     `momentum=None` is PyTorch's cumulative average: the running statistics are the mean of
-    every batch's so far, `momentum = 1 / count`, `count` (PyTorch's `num_batches_tracked`) an
-    array of the layer, counted in its dtype (exact to 2**24 batches in float32).
+    every batch's so far, `momentum = 1 / count`, `count` (PyTorch's `num_batches_tracked`) a
+    0-d int64 array of the layer (an integer, so that it counts on in float16 and bfloat16).
 
     >>> import numpy as np
     >>> from tracker_gpu import nn
@@ -240,7 +240,7 @@ class BatchNorm(Layer):
     >>> for batch in ([[1.0], [3.0]], [[5.0], [7.0]]):
     ...     _ = bn(np.array(batch))
     >>> bn.running_mean, bn.count
-    (array([4.]), array(2.))
+    (array([4.]), array(2))
     """
 
     scale: Any
@@ -377,7 +377,7 @@ def _init_running(layer, given, cumulative):
                      for s in (np.zeros(channels), np.ones(channels)))  # fmt: skip
     count = given.get("count")
     if count is None and cumulative and mean is not None:
-        count = asarray(np.zeros(()), xp=xp, device=device, dtype=dtype)
+        count = asarray(np.zeros((), dtype=np.int64), xp=xp, device=device)
     layer.scale, layer.bias, layer.running_mean, layer.running_var = scale, bias, mean, var
     layer.activation, layer.channels, layer.eps = given["activation"], channels, given["eps"]
     layer.momentum, layer.active = given["momentum"], given["active"]
@@ -452,8 +452,8 @@ def _running_forward(xp, running, x, *count, axes, momentum, correction, per_sam
         batch = xp.var(x, axis=axes, correction=correction)
     if per_sample:
         batch = xp.mean(batch, axis=0)
-    if momentum is None:
-        momentum = 1 / count[0]
+    if momentum is None:  # 1 / count in float64, as PyTorch computes it
+        momentum = 1 / xp.astype(count[0], xp.float64)
     new = running * (1 - momentum) + batch * momentum
     return new if new.dtype == running.dtype else xp.astype(new, running.dtype)
 

@@ -126,17 +126,19 @@ def to_numpy(x):
 
 
 def place(model, *, xp=None, device=None, dtype=None):
-    """`model` (or an array) with every floating array moved to library `xp` and `device`, and
-    cast to `dtype` (Flux's `gpu`, `cpu` and `f32` in one). Unset arguments are kept as they are.
-    An array found in several places (tied weights) is moved once: the places stay tied.
+    """`model` (or an array) with every array moved to library `xp` and `device`, and each
+    real floating one cast to `dtype` (Flux's `gpu`, `cpu` and `f32` in one; a count of batches
+    stays an integer). Unset arguments are kept as they are. An array found in several places
+    (tied weights) is moved once: the places stay tied.
     """
     moved = {}
 
     def move(x):
-        if not is_array(x) or not isdtype(namespace_of(x), x.dtype, "real floating"):
+        if not is_array(x):
             return x
         if id(x) not in moved:
-            moved[id(x)] = (x, _place_array(x, xp, device, dtype))
+            cast = dtype if isdtype(namespace_of(x), x.dtype, "real floating") else None
+            moved[id(x)] = (x, _place_array(x, xp, device, cast))
         return moved[id(x)][1]
 
     return tree_map_with_path(lambda path, x: move(x), model)

@@ -140,8 +140,8 @@ def _norm_to(layer, rank):
 
 
 def _count(count):
-    """Our count of batches (floating) as PyTorch's `num_batches_tracked`."""
-    value = 0 if count is None else round(float(to_numpy(data(count))))
+    """Our count of batches as PyTorch's `num_batches_tracked`."""
+    value = 0 if count is None else int(to_numpy(data(count)))
     return _torch().tensor(value, dtype=_torch().long)
 
 

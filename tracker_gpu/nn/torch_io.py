@@ -189,7 +189,7 @@ def _running(m, put):
 def _batchnorm(m, put):
     count = None
     if m.momentum is None and m.track_running_stats:  # the cumulative average counts batches
-        count = put(m.num_batches_tracked, dtype=str(m.running_mean.dtype).split(".")[-1])
+        count = asarray(int(m.num_batches_tracked), dtype="int64", xp=put.xp, device=put.device)
     return BatchNorm(m.num_features, momentum=m.momentum, count=count, **_running(m, put))
 
 
