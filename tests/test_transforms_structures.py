@@ -3,7 +3,8 @@ written out by hand (JAX itself is not a dependency): a tangent pairs with its p
 place (a dict's by key, not by insertion order), an array passed in two places is two
 variables with a tangent each, a Python float primal is a 0-d array whose tangent is the
 derivative (it used to come back as the value itself), a number in the output has a zero
-tangent, and jacobian and forward refuse a structure they would have taken for a constant."""
+tangent, and jacobian and forward refuse a structure they would have taken for a constant.
+jacobian keeps wrt's order, and refuses a complex output of a real input."""
 
 import numpy as np
 import pytest
@@ -61,3 +62,24 @@ def test_jacobian_and_forward_refuse_a_structure(output):
         tg.jacobian(output, x)
     with pytest.raises(TypeError, match="forward: f must return one array"):
         tg.forward(output, x)
+
+
+@pytest.mark.parametrize("wrt", [(1, 0), (-1, 0), (0, 1)])
+def test_jacobians_come_in_the_order_wrt_names_them(wrt):
+    a, x = np.array([[1.0, 2.0], [3.0, 4.0]]), np.array([5.0, -6.0])
+    by_position = {0: np.kron(np.eye(2), x).reshape(2, 2, 2), 1: a}  # d(a @ x)/da and /dx
+    found = tg.jacobian(lambda a, x: a @ x, a, x, wrt=wrt)
+    assert len(found) == len(wrt)
+    for i, jac in zip(wrt, found):
+        np.testing.assert_array_equal(jac, by_position[i % 2])
+
+
+def test_jacobian_refuses_a_complex_output_of_a_real_input():
+    """Its Jacobian is complex, (1 + 2j) I here, and the reverse passes would give its real
+    part alone, as they once did; the parts taken apart give it."""
+    x = np.array([1.0, 2.0])
+    with pytest.raises(TypeError, match=r"complex values .*tg\.real\(f\(x\)\)"):
+        tg.jacobian(lambda x: x * (1 + 2j), x)
+    real = tg.jacobian(lambda x: tg.real(x * (1 + 2j)), x)
+    imag = tg.jacobian(lambda x: tg.imag(x * (1 + 2j)), x)
+    np.testing.assert_array_equal(real + 1j * imag, (1 + 2j) * np.eye(2))

@@ -23,7 +23,7 @@ from .api import (
     quiet_gradient,
     track_inputs,
 )
-from .backend import SCALARS, is_array, namespace_of
+from .backend import SCALARS, is_array, is_complex_dtype, namespace_of
 from .forward_mode import directional, untied
 from .primitive import Primitive, record_saving_arguments, resolve, tracked_values
 from .recording import ACTIVE
@@ -92,8 +92,8 @@ def _cotangent(y, dy):
 def jacobian(f, *args, wrt=0):
     """The Jacobian of `f` at the array `args[wrt]`, of shape `f(*args).shape + x.shape` (as
     JAX lays it out: for vectors, one row per output, one column per input); the other
-    arguments are data. `wrt` a tuple of positions gives a tuple of Jacobians. Seeds are made
-    on the data's device.
+    arguments are data. `wrt` a tuple of positions gives a tuple of Jacobians, in its order (as
+    JAX's `argnums`). Seeds are made on the data's device.
 
     >>> import numpy as np, tracker_gpu as tg
     >>> A = np.array([[1.0, 2.0], [3.0, 4.0]])
@@ -107,7 +107,8 @@ def jacobian(f, *args, wrt=0):
     if not args:
         raise TypeError("jacobian needs the point: tg.jacobian(f, x)")
     if isinstance(wrt, tuple):
-        return tuple(jacobian(f, *args, wrt=i) for i in sorted(positions(wrt, len(args))))
+        positions(wrt, len(args))  # checked
+        return tuple(jacobian(f, *args, wrt=i) for i in wrt)
     along, x = _along(f, args, wrt)
     return _jacobian(along, x)
 
@@ -130,6 +131,7 @@ def _jacobian(f, x):
     with nesting.inside():
         y = f(x_in)
     _check_one_array(y, "jacobian", "tg.jacobian(lambda x: f(x)[0], x)")
+    _check_real_to_real(x_in, y)
     xp = namespace_of(data(x_in))
     n = _size(x_in.shape)
     shape = tuple(getattr(y, "shape", ())) + tuple(x_in.shape)  # JAX's layout
@@ -149,6 +151,17 @@ def _jacobian(f, x):
     if nest or outer is None or recording.current() is not None:
         return jac
     return cut_off(jac, outer, x_in._xp)
+
+
+def _check_real_to_real(x, y):
+    """A complex output of a real input has a complex Jacobian, which the reverse passes (each
+    a real gradient) would give only the real part of: refused, as JAX and PyTorch refuse it."""
+    if is_array(data(y)) and is_complex_dtype(y.dtype) and not is_complex_dtype(x.dtype):
+        raise TypeError(
+            f"jacobian: f returns complex values ({y.dtype}) of a real input, whose Jacobian is "
+            "complex; take the parts apart: tg.jacobian(lambda x: tg.real(f(x)), x) and "
+            "tg.jacobian(lambda x: tg.imag(f(x)), x), or give a complex input"
+        )
 
 
 def hessian(f, *args, wrt=0):
