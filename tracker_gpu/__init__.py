@@ -13,8 +13,9 @@ from .custom import rule
 from . import operators  # binds Python's operators to TrackedArray
 from . import namespace, testing
 from .namespace import *
-from .api import Grads, NestedDerivativeError, Params, WithGradient, back, gradient, nobacksies
+from .api import NestedDerivativeError, WithGradient, back, gradient, nobacksies
 from .api import withgradient
+from .params import Grads, Params
 from .broadcast import broadcast
 from .rules.indexed import at
 from .checks import sync_checks

@@ -1,4 +1,4 @@
-"""Tracker's gradient API: back, gradient, withgradient, Params and Grads, nobacksies.
+"""Tracker's gradient API: back, gradient, withgradient (implicit `Params` too), nobacksies.
 
 >>> import numpy as np, tracker_gpu as tg
 >>> f = lambda x: tg.sum(x**2) + tg.prod(x[1:])
@@ -19,6 +19,7 @@ import numpy as np
 from . import backend, nesting, recording
 from .backend import SCALARS
 from .checks import checking
+from .params import Grads, Params
 from .primitive import record, traced_data
 from .pytree import is_container, tree_leaves, tree_map
 from .tape import BackError, walk
@@ -29,8 +30,6 @@ __all__ = [
     "gradient",
     "withgradient",
     "WithGradient",
-    "Params",
-    "Grads",
     "nobacksies",
     "NestedDerivativeError",
 ]
@@ -579,60 +578,6 @@ def _same(xp, value):
 
 
 # --- the implicit interface
-class Params:
-    """An ordered set of tracked leaves, de-duplicated by identity (Flux's implicit params)."""
-
-    def __init__(self, xs=()):
-        self._items = []
-        self._ids = set()
-        for x in xs:
-            self.append(x)
-
-    def append(self, x):
-        if not isinstance(x, TrackedArray):
-            raise TypeError(f"Params holds tracked values (tg.param(x)), got {type(x).__name__}")
-        if id(x) not in self._ids:
-            self._ids.add(id(x))
-            self._items.append(x)
-
-    def __iter__(self):
-        return iter(self._items)
-
-    def __len__(self):
-        return len(self._items)
-
-    def __contains__(self, x):
-        return id(x) in self._ids
-
-    def __repr__(self):
-        return f"Params({len(self)} arrays)"
-
-
-class Grads:
-    """Gradients of implicit parameters, looked up by parameter: `gs[W]`."""
-
-    def __init__(self, params, found):
-        self.params = params
-        self._found = found
-
-    def __getitem__(self, x):
-        if x not in self.params:
-            raise KeyError("not one of the Params this gradient was taken for")
-        return self._found.get(id(x))
-
-    def __iter__(self):
-        return iter(self.params)
-
-    def __len__(self):
-        return len(self.params)
-
-    def items(self):
-        return [(p, self[p]) for p in self.params]
-
-    def __repr__(self):
-        return f"Grads({len(self)} arrays)"
-
-
 def _implicit(f, params, nest):
     nest, _ = nesting.begin(nest)  # the implicit form walks the whole graph
     given = [alias(p) for p in params]  # the parameters as they are before f writes into one
