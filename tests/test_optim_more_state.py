@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tracker_gpu as tg
-from tracker_gpu import optim
+from tracker_gpu import nn, optim
 from tracker_gpu.optim import checkpoint, schedules
 
 # The rules that need arguments, and options worth a run of their own.
@@ -49,9 +49,12 @@ def make_rule(name):
     return CONFIGURED[name]() if name in CONFIGURED else getattr(optim, name)()
 
 
-def make_model(dtype, seed=0):
+def make_model(dtype, seed=0, scalar=False):
     rng = np.random.default_rng(seed)
-    return {"w": rng.standard_normal((3, 2)).astype(dtype), "b": np.zeros(2, dtype), "n": 3}
+    model = {"w": rng.standard_normal((3, 2)).astype(dtype), "b": np.zeros(2, dtype), "n": 3}
+    if scalar:  # a NumPy scalar (NumPy's float64 is a Python float too)
+        model["s"] = np.float64(seed + 1.5)
+    return model
 
 
 def loss(m, x):
@@ -85,14 +88,15 @@ def test_every_rule_is_enumerated():
 @pytest.mark.parametrize("name", _names())
 def test_a_resumed_run_is_the_run_straight_through(name, dtype, tmp_path):
     rule = make_rule(name)
-    model = make_model(dtype)
+    model = make_model(dtype, scalar=True)
     state = optim.setup(rule, model)
     straight, straight_state = train(model, state, 5, 0)
     half, half_state = train(model, state, 3, 0)
     path = tmp_path / "run.npz"
     optim.save_checkpoint(path, half, half_state, step=3)
-    loaded, loaded_state, info = optim.load_checkpoint(path, make_model(dtype, seed=9))
+    loaded, loaded_state, info = optim.load_checkpoint(path, make_model(dtype, 9, scalar=True))
     assert info == {"step": 3} and loaded_state["w"].rule == rule
+    assert loaded["s"] == half["s"] == 1.5 and loaded["s"].dtype == np.float64
     resumed, resumed_state = train(loaded, loaded_state, 2, 3)
     for k in ("w", "b"):
         assert resumed[k].dtype == np.dtype(dtype), f"{name}: {k} is {resumed[k].dtype}"
@@ -124,6 +128,35 @@ def test_a_checkpoint_loaded_into_a_model_of_another_dtype_keeps_the_state_in_it
             assert np.array_equal(u.astype(v.dtype), v), f"{name}: the state of {k}"
     resumed, _ = train(loaded, loaded_state, 2, 2)
     assert resumed["w"].dtype == resumed["b"].dtype == np.float32
+
+
+def test_a_resumed_run_draws_what_the_run_straight_through_drew(tmp_path):
+    """The model's generators (its Dropout layers', one shared by two) are saved with it."""
+
+    def build(seed):
+        rng = np.random.default_rng(seed)
+        dense = lambda i, o, *f: nn.Dense(i, o, *f, rng=rng, dtype="float64")  # noqa: E731
+        return nn.Chain(dense(3, 8, nn.relu), nn.Dropout(0.5, rng=rng), dense(8, 2),
+                        nn.Dropout(0.3, rng=rng))  # fmt: skip
+
+    def steps(model, state, first, last):
+        for k in range(first, last):
+            x = np.random.default_rng(100 + k).standard_normal((4, 3))
+            _, (g, _) = tg.withgradient(lambda m, x: tg.sum(m(x) ** 2), model, x)
+            state, model = optim.update(state, model, g)
+        return model, state
+
+    model = build(0)
+    state = optim.setup(optim.Adam(0.01), model)
+    straight, _ = steps(model, state, 0, 5)
+    model = build(0)
+    half, half_state = steps(model, optim.setup(optim.Adam(0.01), model), 0, 3)
+    optim.save_checkpoint(tmp_path / "run.npz", half, half_state)
+    loaded, loaded_state, _ = optim.load_checkpoint(tmp_path / "run.npz", build(9))
+    assert loaded.layers[1].rng is loaded.layers[3].rng  # the shared generator stays one
+    resumed, _ = steps(loaded, loaded_state, 3, 5)
+    for k in (0, 2):
+        assert np.array_equal(straight.layers[k].weight, resumed.layers[k].weight)
 
 
 def test_a_checkpoint_written_before_a_field_existed_loads_with_its_default():

@@ -4,7 +4,9 @@ so that a stopped run resumes exactly where it stopped.
 `save_checkpoint(path, model, state, **info)` writes every array as NumPy (a run on any library
 and device resumes anywhere) and, as JSON, each parameter's rule with its hyperparameters, its
 state's numbers (Adam's powers of beta, a schedule's step), whether it is frozen, the ties
-between parameters and `info` (anything JSON can hold: the epoch, a random generator's state).
+between parameters, the state of each NumPy generator of the model (a Dropout's, so that the
+resumed run draws what the run straight through drew) and `info` (anything JSON can hold: the
+epoch, the data's generator's state).
 `load_checkpoint(path, model)` puts the arrays into a model built the same way, each placed like
 the model's array there, and returns `(model, state, info)`: the values are bit for bit the
 saved ones (bfloat16 arrays too, stored as their uint16 bits with the dtype's name), so k
@@ -73,6 +75,7 @@ def save_checkpoint(path, model, state, **info):
     arrays, meta = {}, {"format": _FORMAT, "model": {}, "state": {}, "info": info}
     _record_model(model, arrays, meta["model"])
     _record_state(state, arrays, meta["state"])
+    meta["generators"] = _generator_states(model)
     try:
         text = json.dumps(meta)
     except TypeError as error:
@@ -99,6 +102,49 @@ def _record_model(model, arrays, entries):
     tree_map_with_path(record, model)
 
 
+def _generator_states(model):
+    """`{path: state}` of each NumPy generator of `model` (a Dropout's), so that a resumed run
+    draws what the run straight through drew; `{path: {"same_as": path}}` where one generator
+    is found again (several layers drawing from one)."""
+    found, first = {}, {}
+
+    def record(path, x):
+        if isinstance(x, np.random.Generator):
+            key = path or "_"
+            if id(x) in first:
+                found[key] = {"same_as": first[id(x)]}
+            else:
+                first[id(x)] = key
+                state = json.dumps(x.bit_generator.state, default=lambda a: a.tolist())
+                found[key] = json.loads(state)  # MT19937's key, an array, as a list
+        return x
+
+    tree_map_with_path(record, model)
+    return found
+
+
+def _fill_generators(model, states):
+    """`model` with a new generator in the saved state where one was saved (a checkpoint
+    written before generators were saved keeps the template's)."""
+    made = {}
+
+    def fill(path, x):
+        key = path or "_"
+        saved = states.get(key)
+        if saved is None or not isinstance(x, np.random.Generator):
+            return x
+        if "same_as" in saved:
+            return made[saved["same_as"]]
+        kind = getattr(np.random, saved["bit_generator"])
+        if not (isinstance(kind, type) and issubclass(kind, np.random.BitGenerator)):
+            raise TypeError(f"{saved['bit_generator']!r} is not a NumPy bit generator")
+        made[key] = np.random.Generator(kind())
+        made[key].bit_generator.state = saved
+        return made[key]
+
+    return tree_map_with_path(fill, model)
+
+
 def _record_state(state, arrays, entries):
     first = {}
 
@@ -123,6 +169,8 @@ def _encode(value, prefix, arrays):
     """JSON for a rule, a schedule or a state; its arrays go into `arrays` under `prefix`."""
     from ..nn.placement import to_numpy
 
+    if isinstance(value, np.generic) and prefix is not None:
+        value = np.asarray(value)  # NumPy's float64 is a Python float too: kept an array
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, (tuple, list)):
@@ -156,6 +204,7 @@ def load_checkpoint(path, model):
         arrays = {name: archive.read(name, bits.get(name)) for name in names}
         try:
             new_model = _fill_model(path, model, meta["model"], arrays)
+            new_model = _fill_generators(new_model, meta.get("generators", {}))
             saved_dtypes = {k: arrays[e["array"]].dtype for k, e in meta["model"].items()
                             if "array" in e}  # fmt: skip
             state = _fill_state(path, new_model, meta["state"], arrays, saved_dtypes)
