@@ -135,3 +135,46 @@ def test_a_finished_run_resumed_as_it_was_started_is_evaluated(capsys, tmp_path)
     (result,), out = _run(capsys, ["--models", "mlp", "--resume", str(tmp_path)])
     assert "mlp: the checkpoint has all 1 epochs of its run: evaluated, not trained" in out
     assert len(result.history["loss"]) == 1 and result.test_accuracy > 0.5
+
+
+def test_a_fresh_run_refuses_a_save_folder_holding_an_earlier_runs_checkpoint(capsys, tmp_path):
+    """A stop would leave the earlier checkpoint beside this run's, and the command it prints
+    would go on from both: the earlier run's CNN with this run's MLP."""
+    (tmp_path / "cnn.npz").write_bytes(b"an earlier run's checkpoint")
+    line = _refused(capsys, ["--models", "mlp,cnn", "--epochs", "1", "--save", str(tmp_path)])
+    assert f"{tmp_path / 'cnn.npz'} holds a checkpoint of an earlier run" in line
+    assert f"--resume {tmp_path}" in line
+
+
+def test_a_model_not_started_when_the_run_stopped_trains_with_the_runs_options(capsys, tmp_path):
+    """Stopped during the MLP, the run resumed with the bare command trains the CNN with the
+    options the run was given (its epochs, rate and precision), not the CNN's defaults."""
+    argv = ["--models", "mlp,cnn", "--epochs", "1", "--lr", "0.01", "--precision", "bf16"]
+    asked = []
+    stop = lambda: asked.append(1) or (2 if len(asked) == 3 else None)  # noqa: E731
+    with pytest.raises(train_module.loop.Interrupted):
+        train_module.run([*COMMON, *argv, "--save", str(tmp_path)], stop=stop)
+    capsys.readouterr()
+    _run(capsys, ["--models", "mlp,cnn", "--save", str(tmp_path), "--resume", str(tmp_path)])
+    for name in ("mlp", "cnn"):
+        settings = train_module.loop.checkpoint_info(tmp_path / f"{name}.npz")["settings"]
+        assert (settings["epochs"], settings["lr"], settings["precision"]) == (1, 0.01, "bf16")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--save", ""], "--save: give a folder; an empty name would save nothing"),
+        (["--resume", ""], "--resume: give a folder; an empty name would resume nothing"),
+        (["--lr", "1e39"], "less than 3.4"),
+        (["--plot", "{folder}"], "is a folder; give the plot's file"),
+        (["--save", "{file}/runs"], "--save: cannot make the folder"),
+        (["--save", "{folder}"], "is a folder, where this run writes a checkpoint"),
+        (["--resume", "{folder}"], "is a folder, not a checkpoint"),
+    ],
+)
+def test_paths_and_rates_are_checked_before_any_work(capsys, tmp_path, argv, message):
+    (tmp_path / "mlp.npz").mkdir()  # a folder where the checkpoint goes
+    (tmp_path / "file").write_text("")
+    argv = [a.format(folder=tmp_path, file=tmp_path / "file") for a in argv]
+    assert message in _refused(capsys, ["--models", "mlp", "--epochs", "1", *argv])

@@ -243,6 +243,22 @@ def test_a_resume_with_another_setting_is_refused(tmp_path, capsys):
     assert "saved with --width 16" in capsys.readouterr().err
 
 
+def test_a_resumed_run_keeps_its_eval_every_and_a_fresh_one_refuses_an_earlier_checkpoint(
+    tmp_path, capsys
+):
+    args = [*TINY_ARGS, "--steps", "6", "--eval-every", "2", "--sample-length", "0"]
+    asked = []
+    stop = lambda: asked.append(1) or (signal.SIGINT if len(asked) == 1 else None)  # noqa: E731
+    with pytest.raises(Interrupted):
+        text_cli.run([*args, "--save", str(tmp_path)], stop=stop)
+    resumed = text_cli.run([*TINY_ARGS, "--sample-length", "0", "--resume", str(tmp_path)])
+    assert resumed.config.eval_every == 2 and resumed.history["valid_step"] == [2, 4, 6]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # a fresh run would leave it beside its own
+        text_cli.main([*args, "--save", str(tmp_path)])
+    assert "holds a checkpoint of an earlier run" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["transformer", "text_data"])
 def test_the_docstring_examples(name):
     import doctest

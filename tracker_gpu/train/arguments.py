@@ -13,13 +13,26 @@ import argparse
 import contextlib
 import importlib
 import math
+import os
 import signal
 import threading
 from pathlib import Path
 
+import numpy as np
+
 from .loop import Interrupted
 
-__all__ = ["number", "check_plot", "check_modules", "Stop", "signals", "option", "without"]
+__all__ = [
+    "number",
+    "LEARNING_RATE",
+    "check_plot",
+    "check_folders",
+    "check_modules",
+    "Stop",
+    "signals",
+    "option",
+    "without",
+]
 
 
 def number(kind, low, *, strict=True, high=math.inf):
@@ -43,9 +56,16 @@ def number(kind, low, *, strict=True, high=math.inf):
     return parse
 
 
+# A learning rate: positive, and finite in float32, the dtype the jobs train in
+LEARNING_RATE = number(float, 0, high=float(np.finfo(np.float32).max))
+
+
 def check_plot(p, args):
     if not args.plot:
         return
+    if os.path.isdir(args.plot) or args.plot.endswith(("/", os.sep)):
+        p.error(f"--plot: {args.plot!r} is a folder; give the plot's file, such as "
+                f"{os.path.join(args.plot, 'plot.png')!r}")  # fmt: skip
     path = Path(args.plot)
     if not path.suffix:
         path = path.with_name(path.name + ".png")
@@ -59,6 +79,38 @@ def check_plot(p, args):
         p.error(f"--plot: the folder {str(path.parent)!r} does not exist; create it, or pass "
                 "--plot ''")  # fmt: skip
     args.plot = str(path)
+
+
+def check_folders(p, args, files, resumed=()):
+    """`--save DIR` and `--resume DIR` of a job writing the checkpoints `files` (names in DIR):
+    neither an empty name (which would save or resume nothing, silently); DIR a folder that is
+    made now if it is missing, where none of `files` is a folder or a checkpoint left by an
+    earlier run (a stop of this run would leave it beside its own, and the resume line would go
+    on from both), but for the checkpoints this run goes on from (`resumed`, paths)."""
+    for flag in ("save", "resume"):
+        if getattr(args, flag) is not None and not getattr(args, flag).strip():
+            p.error(f"--{flag}: give a folder; an empty name would {flag} nothing")
+    if not args.save:
+        return
+    if os.path.exists(args.save) and not os.path.isdir(args.save):
+        p.error(f"--save: {args.save!r} is a file; give a folder for the checkpoints")
+    try:
+        os.makedirs(args.save, exist_ok=True)
+    except OSError as error:
+        p.error(f"--save: cannot make the folder {args.save!r} ({error.strerror}); give a "
+                "folder that can be written")  # fmt: skip
+    if not os.access(args.save, os.W_OK):
+        p.error(f"--save: the folder {args.save!r} cannot be written; give another")
+    ours = {os.path.realpath(path) for path in resumed}
+    for name in files:
+        path = os.path.join(args.save, name)
+        if os.path.isdir(path):
+            p.error(f"--save: {path!r} is a folder, where this run writes a checkpoint; move it "
+                    "away or give another --save folder")  # fmt: skip
+        if os.path.exists(path) and os.path.realpath(path) not in ours:
+            p.error(f"--save: {path} holds a checkpoint of an earlier run, which this run would "
+                    f"leave beside its own; pass --resume {args.save} to go on with that run, or "
+                    "another --save folder (or delete that file) to start anew")  # fmt: skip
 
 
 class Stop:

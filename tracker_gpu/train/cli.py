@@ -16,7 +16,16 @@ import numpy as np
 
 from tracker_gpu.distributed import STEP_TIMEOUT, StalledWorkers, StalledWorkerWarning
 
-from .arguments import check_modules, check_plot, number, option, signals, without
+from .arguments import (
+    LEARNING_RATE,
+    check_folders,
+    check_modules,
+    check_plot,
+    number,
+    option,
+    signals,
+    without,
+)
 from .data import SKLEARN_MISSING, digits
 from .devices import keep_freed_memory, select_backend
 from .loop import (
@@ -57,7 +66,7 @@ def parser():
                    help=f"default {BATCH_SIZE}, or the checkpoint's")  # fmt: skip
     p.add_argument(
         "--lr",
-        type=number(float, 0),
+        type=LEARNING_RATE,
         help="Adam's learning rate (default per model, or the checkpoint's)",
     )
     p.add_argument("--seed", type=number(int, 0, strict=False, high=2**32),
@@ -118,14 +127,14 @@ def _checked(p, argv):
         p.error(f"--models: unknown {unknown}; choose from {', '.join(RECIPES)}")
     check_modules(p, args, [("sklearn.datasets", SKLEARN_MISSING)])
     check_plot(p, args)
-    if args.save and os.path.exists(args.save) and not os.path.isdir(args.save):
-        p.error(f"--save: {args.save!r} is a file; give a folder for the checkpoints")
+    check_folders(p, args, [])  # the names' checks; the folder's once the resumes are known
     try:
         args.where = select_backend(args.backend, args.device)
     except ValueError as error:
         p.error(str(error))
     _check_cluster(p, args)
     _plan(p, args)
+    check_folders(p, args, [f"{name}.npz" for name in args.names], args.resumes.values())
     return args
 
 
@@ -175,20 +184,39 @@ def _plan(p, args):
     args.seed = _common(p, args, "--seed", args.seed, seeds, SEED)
     batches = {name: info["batch_size"] for name, info in infos.items() if "batch_size" in info}
     common_batch = _common(p, args, "--batch-size", args.batch_size, batches, BATCH_SIZE)
+    args.options = _run_options(p, args, saved)
     args.settings = {}
     for name in args.names:
-        if name not in infos:
-            settings = dict(epochs=args.epochs, lr=args.lr, seed=args.seed,
+        if name not in infos:  # not started yet: the run's options (the resumed run's too)
+            settings = dict(epochs=args.options["epochs"], lr=args.options["lr"], seed=args.seed,
                             batch_size=args.batch_size or common_batch)  # fmt: skip
+            settings["precision"] = _precision(args, {"precision": args.options["precision"]})
         else:
             settings = _resumed_settings(p, args, name, infos[name], saved[name])
             args.resumes[name] = _checkpoint(args.resume, name)
+            settings["precision"] = _precision(args, saved[name])
+        settings["options"] = args.options
         args.settings[name] = settings
-        settings["precision"] = _precision(args, saved.get(name, {}))
     missing = [name for name in args.names if name not in infos]
     if args.resume and missing:
         args.notes.append(f"no checkpoint in {args.resume} for {', '.join(missing)}: "
                           "trained from scratch")  # fmt: skip
+
+
+def _run_options(p, args, saved):
+    """The options the run was given that each model applies on its own (`--epochs`, `--lr`,
+    `--precision`; None where not given): this run's, else the resumed checkpoints' (where
+    they record them), so that a model that had not started when the run stopped trains as
+    the run would have trained it."""
+    options = {}
+    for key in ("epochs", "lr", "precision"):
+        values = {name: s["options"][key] for name, s in saved.items() if "options" in s}
+        given = getattr(args, key)
+        if given is None and len(set(values.values())) > 1:
+            p.error(f"--resume: the checkpoints in {args.resume} were saved with different "
+                    f"--{key} {values}; give --{key} to go on")  # fmt: skip
+        options[key] = given if given is not None else next(iter(values.values()), None)
+    return options
 
 
 def _precision(args, saved):
@@ -196,7 +224,7 @@ def _precision(args, saved):
     settings), else 32; data-parallel steps train in float32."""
     if args.workers or args.scheduler:
         return DEFAULT
-    return args.precision or saved.get("precision", DEFAULT)
+    return args.precision or saved.get("precision") or DEFAULT
 
 
 def _resume_infos(p, args):
@@ -205,6 +233,8 @@ def _resume_infos(p, args):
     infos = {}
     for name in args.names:
         path = _checkpoint(args.resume, name)
+        if os.path.isdir(path):
+            p.error(f"--resume: {path!r} is a folder, not a checkpoint")
         if os.path.exists(path):
             try:
                 infos[name] = checkpoint_info(path, name)
@@ -404,6 +434,7 @@ def _train_one(args, name, data, step, stop):
         progress=not args.no_progress,
         save=_checkpoint(args.save, name) if args.save else None,
         resume=args.resumes.get(name),
+        options=settings["options"],
         step=step,
         stop=stop,
         step_kind=_step_kind(args),

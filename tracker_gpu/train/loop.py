@@ -213,7 +213,7 @@ class Interrupted(Exception):
 
 def train(name="mlp", *, epochs=None, batch_size=32, lr=None, seed=0, xp=None, device=None,
           data=None, progress=False, save=None, resume=None, on_epoch=None,
-          step=train_step, stop=None, step_kind="eager"):  # fmt: skip
+          step=train_step, stop=None, step_kind="eager", options=None):  # fmt: skip
     """Train model `name` ("mlp", "cnn" or "lstm") on the digits and return a `Result`.
 
     `xp` (a namespace or "numpy", "torch", "cupy", "strict") and `device` say where the model and
@@ -225,7 +225,7 @@ def train(name="mlp", *, epochs=None, batch_size=32, lr=None, seed=0, xp=None, d
     scale is saved and resumed with the rest). `stop()`, asked after each step, returns a
     signal number to stop there: the checkpoint is written (mid-epoch) and `Interrupted`
     raised. A resumed run whose checkpoint has `epochs` epochs already is evaluated, not
-    trained.
+    trained. `options` (JSON), the job's options as given, are saved with the settings.
     """
     recipe = RECIPES[name]
     epochs = recipe.epochs if epochs is None else epochs
@@ -249,6 +249,8 @@ def train(name="mlp", *, epochs=None, batch_size=32, lr=None, seed=0, xp=None, d
                            data=data, step=step_kind,
                            precision=_mixed_of(step).precision)  # fmt: skip
     settings["parameters"] = {k: list(v.shape) for k, v in nn._parameters(model).items()}
+    if options is not None:
+        settings["options"] = options
     # on CuPy every new array and kernel goes to the data's GPU, not the current one
     with one_thread(data.train_x), on_device_of(data.train_x):
         run = _Run(name, data, batch_size, rng, step, save, on_epoch, stop, settings, within)

@@ -13,7 +13,16 @@ import sys
 
 import numpy as np
 
-from .arguments import check_modules, check_plot, number, option, signals, without
+from .arguments import (
+    LEARNING_RATE,
+    check_folders,
+    check_modules,
+    check_plot,
+    number,
+    option,
+    signals,
+    without,
+)
 from .devices import keep_freed_memory, select_backend
 from .loop import Interrupted
 from .mixed import DEFAULT, PRECISIONS, described
@@ -36,6 +45,7 @@ CPU = dict(layers=2, width=64, heads=4, context=64, batch_size=32, steps=1000, l
 GPU = dict(layers=4, width=256, heads=8, context=128, batch_size=64, steps=3000, lr=1e-3,
            dropout=0.1)  # fmt: skip
 WARMUP = 100  # steps of the learning rate's linear warm-up (a tenth of a shorter run)
+EVAL_EVERY = 250
 
 
 def parser():
@@ -48,18 +58,20 @@ def parser():
                        ("heads", "attention heads (they must divide the width)"),
                        ("context", "characters the model sees"),
                        ("batch-size", "windows per step"),
-                       ("steps", "training steps in all, a resumed run included")]:  # fmt: skip
+                       ("steps", "training steps in all, a resumed run included (which "
+                                 "keeps its checkpoint's)")]:  # fmt: skip
         key = name.replace("-", "_")
         p.add_argument(f"--{name}", type=positive,
                        help=f"{help} (default {CPU[key]}; {GPU[key]} on cupy)")  # fmt: skip
-    p.add_argument("--lr", type=number(float, 0), help="AdamW's peak learning rate "
+    p.add_argument("--lr", type=LEARNING_RATE, help="AdamW's peak learning rate "
                    f"(default {CPU['lr']:g}; {GPU['lr']:g} on cupy)")  # fmt: skip
     dropout = f"dropout (default {CPU['dropout']}; {GPU['dropout']} on cupy)"
     p.add_argument("--dropout", type=number(float, 0, strict=False, high=1), help=dropout)
     p.add_argument("--seed", type=number(int, 0, strict=False, high=2**32),
                    help="initial weights, batches and dropout (default 0)")  # fmt: skip
-    p.add_argument("--eval-every", type=positive, default=250,
-                   help="steps between validation losses (default 250)")  # fmt: skip
+    p.add_argument("--eval-every", type=positive,
+                   help=f"steps between validation losses (default {EVAL_EVERY}, or the "
+                   "checkpoint's)")  # fmt: skip
     p.add_argument("--prompt", default="The ", help="the start of the sample (default 'The ')")
     p.add_argument("--temperature", type=number(float, 0), default=0.8,
                    help="the sample's temperature (default 0.8)")  # fmt: skip
@@ -93,10 +105,10 @@ def _checked(p, argv):
         args.where = select_backend(args.backend, args.device)
     except ValueError as error:
         p.error(str(error))
-    if args.save and os.path.exists(args.save) and not os.path.isdir(args.save):
-        p.error(f"--save: {args.save!r} is a file; give a folder for the checkpoint")
+    check_folders(p, args, [])  # the names' checks; the folder's once the resume is known
     args.text = Text.of(corpus())
     args.config = _config(p, args)
+    check_folders(p, args, ["text.npz"], [_path(args.resume)] if args.resume else [])
     _check_sample(p, args)
     return args
 
@@ -123,7 +135,8 @@ def _config(p, args):
                 f"({longest} characters); choose a shorter context")  # fmt: skip
     _precision(p, args, saved)
     warmup = min(WARMUP, values["steps"] // 10)
-    return TextConfig(**{k: values[k] for k in RUN}, warmup=warmup, eval_every=args.eval_every)
+    every = args.eval_every or saved.get("eval_every", EVAL_EVERY)  # not a setting of the run
+    return TextConfig(**{k: values[k] for k in RUN}, warmup=warmup, eval_every=every)
 
 
 def _precision(p, args, saved):
