@@ -19,7 +19,7 @@ from .pytree import tree_leaves, tree_map
 from .rules.elementwise import multiply
 from .rules.reductions import sum as _sum
 from .rules.shape import reshape, stack
-from .tracked import TrackedArray, data
+from .tracked import TrackedArray, alias, constant, data
 
 __all__ = ["jvp", "jacfwd"]
 
@@ -40,7 +40,7 @@ def jvp(f, primals, tangents):
         grads = quiet_gradient(weighted, *primals, nest=True)
         return directional(grads, tangents)
 
-    value = f(*primals)
+    value = f(*_unwritten(primals))
     cotangents = [_zeros_like(y) for y in _leaves(value)]
     found = quiet_gradient(pulled_back, *cotangents)
     outputs = iter(_zeros_like(y) if g is None else g for y, g in zip(_leaves(value), found))
@@ -59,6 +59,19 @@ def directional(grads, tangents):
 
     tree_map(part, grads, tangents)
     return _total(parts)
+
+
+def _unwritten(primals):
+    """The primals as `f` may write into them (`x[0] = v`) without changing the caller's: a
+    plain array as a tracked constant over it (the write copies it: the caller holds the
+    buffer), a tracked one as a second handle on it (the write rebinds the handle alone)."""
+
+    def guarded(x):
+        if isinstance(x, TrackedArray):
+            return alias(x)
+        return constant(x, backend.namespace_of(x)) if backend.is_array(x) else x
+
+    return tree_map(guarded, primals)
 
 
 def untied(primals):

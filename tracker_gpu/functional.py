@@ -30,7 +30,7 @@ from .recording import ACTIVE
 from .rules.elementwise import identity
 from .rules.shape import reshape, stack
 from .tape import Node, older_nodes, serial_now, walk
-from .tracked import TrackedArray, constant, data, istracked, leaf
+from .tracked import TrackedArray, alias, constant, data, istracked, leaf
 
 __all__ = [
     "forward",
@@ -128,8 +128,9 @@ def _jacobian(f, x):
         x_in = identity(x) if nest else leaf(x.data)
     else:
         x_in = leaf(_as_float(data(x)))
+    x_in, given = alias(x_in), x_in  # `x_in` as given: f may write into `given` (x[0] = v)
     with nesting.inside():
-        y = f(x_in)
+        y = f(given)
     _check_one_array(y, "jacobian", "tg.jacobian(lambda x: f(x)[0], x)")
     _check_real_to_real(x_in, y)
     xp = namespace_of(data(x_in))
@@ -293,8 +294,9 @@ class _Checkpoint:
         else:
             _, values = resolve(node, given, saved)
             inputs = [leaf(v) if type(a) is Node else v for a, v in zip(given, values)]
-        with draws.replayed(states), nesting.inside():
-            y = self.fn(*inputs, **self.kw)
+        inputs, given = [alias(i) if istracked(i) else i for i in inputs], inputs
+        with draws.replayed(states), nesting.inside():  # fn may write into what it is given
+            y = self.fn(*given, **self.kw)
         if not istracked(y):
             return [None] * len(args)
         stops = [i._node for i in inputs if istracked(i)]

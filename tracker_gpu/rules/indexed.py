@@ -189,10 +189,9 @@ def _alone(x):
     (no view of another) and that nothing else references (no pullback saved it, no view of
     it, no caller holds it). Writing into it in place then changes nothing anyone can see.
     Other libraries' arrays are never written in place."""
-    value = x.data
-    if type(value) is not np.ndarray and not backend.is_cupy(value):
-        return False
-    return value.base is None and _references(x) <= _ALONE
+    if type(x.data) is not np.ndarray and not backend.is_cupy(x.data):
+        return False  # (no local name for x.data: it would count as one more reference)
+    return x.data.base is None and _references(x) <= _ALONE
 
 
 def write(x, key, value):
