@@ -330,3 +330,63 @@ def test_every_transform_differentiates_a_function_writing_into_its_argument(tra
     np.testing.assert_allclose(found, expected, rtol=1e-15)
     np.testing.assert_array_equal(tg.data(x), a)
     assert given == "array" or tg.isleaf(x)
+
+
+# --- dtypes and shapes of written values, as NumPy's own writes
+WRITE_KEYS = {
+    "slice": slice(0, 2),
+    "integer array": np.array([0, 1]),
+    "boolean mask": np.array([True, True, False]),
+}
+
+
+@pytest.mark.parametrize("key", WRITE_KEYS)
+@pytest.mark.parametrize("dtypes", [("int64", "float64"), ("float32", "float64")])
+def test_a_write_keeps_the_arrays_dtype_as_numpy_does(key, dtypes):
+    """x[key] = v and at(x)[key].set(v) cast v to x's dtype (an integer-array key once made x
+    float64 and kept the fractions)."""
+    into, value = dtypes
+    v = np.array([2.7, -3.2], dtype=value)
+    expected = np.zeros(3, dtype=into)
+    expected[WRITE_KEYS[key]] = v  # NumPy's own write
+    x = tg.zeros(3, dtype=getattr(tg, into))
+    x[WRITE_KEYS[key]] = v
+    assert x.dtype == expected.dtype and np.array_equal(tg.data(x), expected)
+    y = tg.at(np.zeros(3, dtype=into))[WRITE_KEYS[key]].set(v)
+    assert y.dtype == expected.dtype and np.array_equal(y, expected)
+
+
+@pytest.mark.parametrize("how", ["add", "subtract", "multiply"])
+def test_an_update_integers_cannot_hold_is_refused_as_numpy_refuses_it(how):
+    """at(ints)[k].add(0.5) left the array as it was, and .multiply(2.5) multiplied by 2."""
+    ints = np.array([1, 2, 3])
+    with pytest.raises(TypeError):  # NumPy's own in-place operator refuses it
+        getattr(ints[0:2], f"__i{how[:3] if how != 'subtract' else 'sub'}__")(2.5)
+    with pytest.raises(TypeError, match=rf"at\(x\)\[idx\]\.{how}\(v\) gives values of dtype"):
+        getattr(tg.at(ints)[0:2], how)(2.5)
+    expected = ints.copy()
+    getattr(expected[0:2], f"__i{how[:3] if how != 'subtract' else 'sub'}__")(2)
+    np.testing.assert_array_equal(getattr(tg.at(ints)[0:2], how)(2), expected)
+
+
+@pytest.mark.parametrize("key", [0, np.array([0, 2])], ids=["integer", "integer array"])
+def test_a_value_with_leading_axes_of_one_is_written_and_differentiated(key):
+    """NumPy takes v of shape (1, 4) for a row of shape (4,); its gradient has v's shape
+    (it was refused in the backward pass, after the forward took it)."""
+    v = np.arange(1.0, 5.0).reshape(1, 1, 4)
+
+    def f(x, v):
+        y = x * 1.0
+        y[key] = v
+        return tg.sum(y**2)
+
+    rows = 1 if isinstance(key, int) else 2
+    expected = np.ones((3, 4))
+    expected[key] = v.reshape(4)
+    assert float(f(np.ones((3, 4)), v)) == np.sum(expected**2)
+    gx, gv = tg.gradient(f, np.ones((3, 4)), v)
+    assert gv.shape == v.shape
+    np.testing.assert_array_equal(gv, rows * 2 * v)  # each written row's d(y**2) = 2 v
+    kept = np.ones((3, 4), dtype=bool)
+    kept[key] = False
+    np.testing.assert_array_equal(gx, 2.0 * kept)  # d(x**2) where x was not written over

@@ -44,7 +44,17 @@ from .. import backend, recording
 from ..backend import device_of, namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray, constant, data, istracked
-from .elementwise import add, astype, maximum, minimum, multiply, subtract, where
+from .elementwise import (
+    _RANKS,
+    _kind_rank,
+    add,
+    astype,
+    maximum,
+    minimum,
+    multiply,
+    subtract,
+    where,
+)
 from .shape import (
     _fill,
     _index_adjoint,
@@ -158,7 +168,9 @@ def _write_vjp_x(g, ans, x, v, *, key):
 
 
 def _write_vjp_value(g, ans, x, v, *, key):
-    return getitem(g, key)
+    gv = getitem(g, key)
+    extra = len(v.shape) - len(gv.shape)  # leading axes of one that the write dropped
+    return reshape(gv, (1,) * extra + tuple(gv.shape)) if extra > 0 else gv
 
 
 _write = Primitive(
@@ -330,7 +342,7 @@ def _update(x, idx, v, how):
         return multiply(x, 1)
     if how == "add":  # one scatter: repeated positions add up
         out = add(flat_x, _scatter(flat_v, n, flat_p, xp, device))
-        return reshape(out, shape)
+        return _in_dtype_of(x, reshape(out, shape), how)
     out = flat_x
     for elements in _rounds(flat_p, last_only=how == "set"):
         where_ = flat_p[elements]
@@ -341,7 +353,23 @@ def _update(x, idx, v, how):
         if how != "set":
             picked = _COMBINE[how](getitem(out, _on(xp, where_, device)), picked)
         out = where(mask, _scatter(picked, n, where_, xp, device), out)
-    return reshape(out, shape)
+    return _in_dtype_of(x, reshape(out, shape), how)
+
+
+def _in_dtype_of(x, out, how):
+    """`at(x)[idx].how(v)` in x's dtype, as NumPy's `x[idx] = v` and `x[idx] += v` leave it:
+    a value set is cast (float into integers truncates), a result of a higher kind than x
+    (integers plus 0.5) is refused, as NumPy and array-api-extra refuse it."""
+    if out.dtype == x.dtype:
+        return out
+    if how != "set":
+        xp = namespace_of(data(out))
+        if _kind_rank(xp, out.dtype) > _kind_rank(xp, x.dtype):
+            raise TypeError(
+                f"at(x)[idx].{how}(v) gives values of dtype {out.dtype}, which x of dtype "
+                f"{x.dtype} cannot hold; cast x first (x = astype(x, {out.dtype}))"
+            )
+    return astype(out, x.dtype)
 
 
 def _traced_update(x, idx, v, how):
@@ -406,12 +434,19 @@ def _host(k):
 
 
 def _values(v, x, xp, device, shape):
-    """`v` broadcast to `shape` (the shape of x[idx]), as an array of x's library and dtype."""
+    """`v` broadcast to `shape` (the shape of x[idx]), as an array of x's library; a number in
+    x's dtype where its kind fits (0.5 beside integers is not truncated to 0: `_in_dtype_of`
+    refuses what it gives)."""
     if not isinstance(v, TrackedArray):
-        if not backend.is_array(v):
+        if type(v) in _RANKS and _RANKS[type(v)] > _kind_rank(xp, x.dtype):
+            v = xp.asarray(v, device=device)
+        elif not backend.is_array(v):
             v = xp.asarray(v, dtype=x.dtype, device=device)
         elif namespace_of(v) is not xp:
             v = xp.asarray(np.asarray(_host(v)), dtype=x.dtype, device=device)
+    extra = len(v.shape) - len(shape)
+    if extra > 0 and all(n == 1 for n in tuple(v.shape)[:extra]):
+        v = reshape(v, tuple(v.shape)[extra:])  # leading axes of one, dropped as NumPy does
     if tuple(v.shape) != tuple(shape):
         try:
             np.broadcast_shapes(tuple(v.shape), tuple(shape))
