@@ -411,7 +411,9 @@ _checked_indices = no_gradient("embedding_indices", _indices_checked)
 
 def trainmode(model, active=True):
     """A copy of `model` whose Dropout and BatchNorm layers are in training mode (Flux's
-    `trainmode!`); `active=None` gives them back their automatic mode."""
+    `trainmode!`); `active=None` gives them back their automatic mode. The copy shares the
+    model's arrays: the running statistics a BatchNorm updates in training are the model's
+    own buffers, updated in place as PyTorch's are (a snapshot of them is `copy.deepcopy`)."""
     return _set_active(model, active)
 
 
