@@ -734,7 +734,7 @@ def test_main_job_numbers_that_are_not_positive(capsys, monkeypatch):
     monkeypatch.setattr(train.cli, "train", lambda *a, **k: pytest.fail("work started"))
     for option in ("--epochs", "--batch-size", "--lr"):
         err = _main_job(["--backend", "numpy", option, "0"], capsys)
-        assert f"argument {option}: must be more than 0, got 0" in err
+        assert f"argument {option}: must be more than 0" in err and err.strip().endswith("got 0")
 
 
 def test_main_job_plot_into_a_missing_folder(capsys, tmp_path):

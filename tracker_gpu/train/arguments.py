@@ -47,7 +47,11 @@ def number(kind, low, *, strict=True, high=math.inf):
             bound = f"more than {low}" if strict else f"at least {low}"
             raise argparse.ArgumentTypeError(
                 f"must be {bound}"
-                + (f" and less than {high}" if high < math.inf else "")
+                + (
+                    f" and less than {high:{'g' if type(high) is float else ''}}"
+                    if high < math.inf
+                    else ""
+                )
                 + f", got {text}"
             )
         return value
