@@ -45,15 +45,11 @@ def number(kind, low, *, strict=True, high=math.inf):
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         if (value <= low if strict else value < low) or value >= high:
             bound = f"more than {low}" if strict else f"at least {low}"
-            raise argparse.ArgumentTypeError(
-                f"must be {bound}"
-                + (
-                    f" and less than {high:{'g' if type(high) is float else ''}}"
-                    if high < math.inf
-                    else ""
+            if high < math.inf:
+                bound += (
+                    f" and less than {high:g}" if type(high) is float else f" and less than {high}"
                 )
-                + f", got {text}"
-            )
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
         return value
 
     parse.__name__ = kind.__name__
