@@ -389,3 +389,16 @@ def test_traced_flags_of_one_value_keep_their_own_slots(fuse):
         g = np.asarray(g)
         assert float(compiled(scale, g)) == float(f(scale, g)), g
     assert compiled.cache_info().misses == 1
+
+
+def test_a_numpy_scalar_passed_through_comes_back_as_eagerly():
+    """A NumPy scalar the function returns as it was given came back a 0-d array, so the next
+    call, given it, recorded anew."""
+    f = lambda m, x: {"s": m["s"], "y": tg.sum(x * m["w"])}  # noqa: E731
+    compiled = tg.compile(f, gradient=False)
+    model = {"w": np.ones(3), "s": np.float64(1.5)}
+    for _ in range(3):
+        out = compiled(model, np.ones(3))
+        assert type(out["s"]) is type(f(model, np.ones(3))["s"]) is np.float64
+        model = {"w": model["w"], "s": out["s"]}
+    assert compiled.cache_info().misses == 1

@@ -170,8 +170,8 @@ class Program:
         taken = set(self._kept) | {id(a) for a in arrays}
 
         def fresh(value):
-            if id(value) in taken and is_array(value):
-                return namespace_of(value).asarray(value, copy=True)
+            if id(value) in taken and is_array(value) and not isinstance(value, np.generic):
+                return namespace_of(value).asarray(value, copy=True)  # (a scalar never changes)
             taken.add(id(value))
             return value
 
