@@ -402,3 +402,31 @@ def test_a_numpy_scalar_passed_through_comes_back_as_eagerly():
         assert type(out["s"]) is type(f(model, np.ones(3))["s"]) is np.float64
         model = {"w": model["w"], "s": out["s"]}
     assert compiled.cache_info().misses == 1
+
+
+@pytest.mark.parametrize("name", layer_classes())
+def test_every_layer_predicts_compiled_without_a_gradient_as_eagerly(name):
+    """`tg.compile(predict, gradient=False)`: the layer in its automatic mode sees plain
+    arguments, as eagerly: inference (a BatchNorm once normalised by the batch and wrote its
+    statistics into the running ones, a Dropout dropped), and Python numbers stay numbers."""
+    make, make_input = LAYERS[name]
+    eager, replayed = make(np.random.default_rng(3)), make(np.random.default_rng(3))
+    predict = lambda m, x, scale: total(m(x)) * scale  # noqa: E731
+    compiled = tg.compile(predict, gradient=False)
+    for _ in range(CALLS):
+        x = make_input()
+        expected, found = predict(eager, x, 0.5), compiled(replayed, x, 0.5)
+        assert type(found) is type(expected) and found.dtype == expected.dtype, name
+        np.testing.assert_array_equal(found, expected, err_msg=name)
+    for field in ("running_mean", "running_var", "count"):
+        if getattr(eager, field, None) is not None:
+            np.testing.assert_array_equal(getattr(replayed, field), getattr(eager, field))
+
+
+def test_a_number_given_without_a_gradient_stays_a_number():
+    step = lambda w, lr: w - lr * w  # noqa: E731
+    compiled = tg.compile(step, gradient=False)
+    w = np.ones(3, np.float32)
+    for lr in (0.1, 0.2, 0.1):
+        found = compiled(w, lr)
+        assert found.dtype == step(w, lr).dtype == np.float32 and np.array_equal(found, step(w, lr))

@@ -429,7 +429,12 @@ def _input(x, nest, recorded=False):
         return TrackedArray(x, np)
     if isinstance(x, TrackedArray):
         if x._node is not None and not recording.is_data(x._node):
-            return identity(x) if nest or recorded else leaf(x.data)  # linked when nested
+            if not (nest or recorded):
+                return leaf(x.data)
+            made = identity(x)  # linked to x, and tracked: this pass's parameter
+            if recorded:
+                recording.current().tracked_as([made._node], True)
+            return made
         x = x.data  # a constant, or traced data: a value as a plain array is
     if not backend.is_array(x):
         return None

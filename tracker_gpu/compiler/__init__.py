@@ -126,7 +126,8 @@ class Compiled:
         if self._matcher is not None:  # its hits since the last call here count as uses
             self._programs.move_to_end(self._matcher[0])
         memo = {}
-        chosen = positions(self.wrt, len(args))  # a Python number outside wrt stays one
+        # a Python number outside wrt stays one (and every one without a gradient, as eagerly)
+        chosen = frozenset() if self.gradient is False else positions(self.wrt, len(args))
         original, warned = args, any(_top_level_number(args[i]) for i in chosen)
         args = tuple(_prepared(a, memo) for a in top_levels(args, chosen))
         kwargs_given = kwargs
@@ -321,7 +322,11 @@ def _traced_run(f, args, recorder, wrt=None, gradient=True, kwargs=None):
     or None and `f` took its own gradient: `_own_gradient`). The keyword arguments' arrays
     are traced as data, as the arguments outside `wrt` are."""
     chosen = positions(wrt, len(args))
+    if gradient is False:  # a Python number stays one, as eagerly
+        chosen = frozenset(i for i in chosen if not _top_level_number(args[i]))
     args, inputs, tracked_args = track_inputs(args, nest=False, chosen=chosen)
+    if gradient is False:  # traced, but plain eagerly: layers stay in their inference mode
+        recorder.tracked_as([x._node for x in inputs.values()], False)
     f = _with_keywords(f, _as_data(kwargs) if kwargs else None)
     start, passes = len(recorder.steps), nesting.top_level_passes()
     if gradient:  # differentiated, as by withgradient: the passes f makes inside nest

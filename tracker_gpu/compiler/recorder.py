@@ -292,6 +292,13 @@ class Recorder:
         self._remember(buffer, self.writes[id(buffer)][1])  # read from now on: the value
         buffer[...] = value.data if type(value) is TrackedArray else value
 
+    def tracked_as(self, nodes, tracked):
+        """Say whether the values of `nodes` are tracked eagerly, where their kind does not
+        tell: the arguments of a function compiled with `gradient=False` (plain eagerly) and
+        the inputs an inner transform makes of them (tracked)."""
+        for node in nodes:
+            self._tracks[id(node)] = tracked
+
     def tracks(self, node):
         """Whether the value of `node` would be tracked eagerly: it is computed from a parameter
         (a leaf that is not data), not from data only (arguments outside `wrt`, labels, draws),
