@@ -79,6 +79,26 @@ def test_a_global_number_rebound_records_anew(new):
     assert step.cache_info().hits == 1
 
 
+CALLS_SO_FAR = 0
+
+
+def _counting(x):
+    global CALLS_SO_FAR
+    CALLS_SO_FAR += 1  # f changes what it reads: guarded as it was before f ran
+    return tg.sum(x) * min(1.0, CALLS_SO_FAR / 4)
+
+
+def test_a_global_that_f_itself_changes_is_guarded_as_f_read_it():
+    """The guards were taken after the recording run, at the value f left: the next call
+    matched it and replayed the first call's factor forever."""
+    global CALLS_SO_FAR
+    CALLS_SO_FAR, step = 0, tg.compile(_counting)
+    found = [float(step(X).val) for _ in range(6)]
+    CALLS_SO_FAR = 0
+    assert found == [float(tg.withgradient(_counting, X).val) for _ in range(6)]
+    assert found[:4] == [float(np.sum(X)) * k / 4 for k in (1, 2, 3, 4)]
+
+
 def test_a_global_number_rebound_on_every_backend(backend):
     global SCALE
     step, x = tg.compile(_scaled), backend.asarray(X)

@@ -193,6 +193,7 @@ class Compiled:
         """Record `f` for a new signature, or anew for one whose recordings' guards (the
         globals and closure they read, `guards.py`) no longer hold: one more variant."""
         changed = None if variants is None else variants[0][0].failing()
+        guards = guards_of(self.f, args, kwargs)  # what f reads, before f runs (it may change it)
         try:
             program, result = record(
                 self.f,
@@ -210,7 +211,7 @@ class Compiled:
                 raise
             # a refusal the run could not go on from eagerly: f runs again, eagerly
             program, result = None, self._eager(args, kwargs)
-        guards = Guards() if program is None else guards_of(self.f, args, kwargs)
+        guards = Guards() if program is None else guards
         self._warn_random(guards)
         if variants is None:
             variants = self._programs[key] = []
