@@ -283,3 +283,26 @@ def test_vecdot_has_the_value_of_the_plain_vecdot(backend):
     x, y = (backend.asarray(rng.standard_normal((3, 1000)), dtype=np.float32) for _ in range(2))
     value = tg.vecdot(tg.param(x), y)
     assert np.array_equal(backend.to_numpy(tg.data(value)), backend.to_numpy(tg.vecdot(x, y)))
+
+
+@pytest.mark.parametrize(
+    "name, dtype",
+    [("mean", "float16"), ("var", "float16"), ("std", "float16"), ("var", "bfloat16"),
+     ("std", "bfloat16")],  # NumPy's own mean sums bfloat16 in bfloat16: stuck at 256
+)  # fmt: skip
+def test_a_half_dtype_is_averaged_past_its_largest_count(name, dtype):
+    """Over 70,000 elements, more than float16 holds (65,504): `var` and `std` came out 0
+    and `mean`'s gradient 0 (the count, made float16, was infinite); in bfloat16 `var` came
+    out float32. PyTorch, which accumulates half dtypes in float32 too, is the reference."""
+    torch = pytest.importorskip("torch")
+    half = tg.backend.half_dtype(dtype, np)
+    x = (np.random.default_rng(0).standard_normal(70_000) * 0.1 + 1.0).astype(half)
+    t = torch.tensor(x.astype(np.float32), dtype=getattr(torch, dtype), requires_grad=True)
+    expected = getattr(torch, name)(t, **({} if name == "mean" else {"correction": 0}))
+    expected.backward()
+    value, (g,) = tg.withgradient(getattr(tg, name), x)
+    assert value.dtype == g.dtype == half
+    np.testing.assert_allclose(float(value), expected.item(), rtol=2e-2)
+    reference = t.grad.float().numpy()
+    np.testing.assert_allclose(g.astype(np.float32), reference, rtol=2e-2, atol=1e-7)
+    assert np.count_nonzero(g) >= 0.99 * np.count_nonzero(reference) > 0  # (the bug: all 0)

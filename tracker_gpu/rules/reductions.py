@@ -18,11 +18,12 @@ import builtins
 
 import numpy as np
 
-from ..backend import device_of, namespace_of
+from ..backend import device_of, dtype_name, namespace_of
 from ..primitive import Primitive, no_gradient, record, tracking
 from ..tape import Node
 from ..tracked import TrackedArray, data
 from .elementwise import (
+    astype,
     conjugate_derivative,
     is_complex,
     mask,
@@ -70,6 +71,24 @@ def _count(shape, axis):
     for a in normalize_axes(axis, len(shape)):
         n *= shape[a]
     return n
+
+
+_HALF = ("float16", "bfloat16")
+
+
+def _in_float32(a):
+    """`a` in float32 where it is float16 or bfloat16 (whose arithmetic NumPy and PyTorch
+    accumulate in float32), else None."""
+    if dtype_name(a.dtype) not in _HALF:
+        return None
+    return astype(a, namespace_of(data(a)).float32)
+
+
+def _over_count(a, n):
+    """`a / n`, `n` a count of elements: through float32 where `a` is a half dtype (a count
+    over 65,504 is infinite in float16, and `a / inf` is 0), back in `a`'s dtype."""
+    wide = _in_float32(a)
+    return a / n if wide is None else astype(wide / n, a.dtype)
 
 
 def _reduction(name):
@@ -166,7 +185,7 @@ mean = Primitive(
     _reduction_without_dtype("mean"),
     (
         lambda g, ans, x, axis=None, keepdims=False: (
-            expand(g, x, axis, keepdims) / _count(x.shape, axis)
+            _over_count(expand(g, x, axis, keepdims), _count(x.shape, axis))
         ),
     ),
     saves="",
@@ -263,6 +282,9 @@ def var(x, /, *, axis=None, correction=0.0, keepdims=False):
     """Variance over `axis`, divided by `n - correction` (real data, as the standard says)."""
     _check_real("var", x)
     check_axes("var", axis, x.ndim)
+    wide = _in_float32(x)
+    if wide is not None:  # accumulated in float32, as NumPy and PyTorch do; x's dtype out
+        return astype(var(wide, axis=axis, correction=correction, keepdims=keepdims), x.dtype)
     centred = x - mean(x, axis=axis, keepdims=True)
     n = _count(x.shape, axis)
     return sum(square(centred), axis=axis, keepdims=keepdims) / builtins.max(n - correction, 0)
