@@ -255,6 +255,31 @@ def test_the_unscaled_gradients_are_the_gradients():
     assert not np.allclose(lost, want, rtol=2e-2, atol=2e-2 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("placed", [False, True], ids=["host", "device"])
+@pytest.mark.parametrize("scale", [2.0**15, 2.0**25])
+def test_half_gradients_are_unscaled_through_float32(scale, placed):
+    """The inverse of a scale over 2^24 is 0 in float16: the gradients came out 0, and the
+    step counted as good. Through float32, each is the float32 quotient rounded once."""
+    g = np.array([2.0**-5, -(2.0**-3), 1.0], np.float16) * np.float16(2.0**10)
+    scaler = tg.LossScale(scale).placed(g) if placed else tg.LossScale(scale)
+    got = scaler.unscaled({"w": g})["w"]
+    want = (g.astype(np.float32) / np.float32(scale)).astype(np.float16)
+    assert got.dtype == np.float16 and np.array_equal(got, want) and np.all(want != 0)
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["host", "device"])
+def test_the_scale_never_grows_to_infinity(placed):
+    """PyTorch's GradScaler grows only to a finite scale: an infinite one skipped every
+    step from then on, and its state could not be loaded again."""
+    top = 2.0**127 if placed else 2.0**1023  # float32's, float64's largest power of two
+    scaler = tg.LossScale(top / 2, period=1)
+    scaler = scaler.placed(np.zeros(1, np.float32)) if placed else scaler
+    for _ in range(3):
+        scaler = scaler.after(np.asarray(True) if placed else True)
+    assert float(tg.data(scaler.scale)) == top
+    assert tg.LossScale(**scaler.state_dict()).scale == top  # loads again
+
+
 def test_bad_loss_scales_are_refused():
     with pytest.raises(ValueError, match="factor must be > 1"):
         tg.LossScale(factor=1.0)

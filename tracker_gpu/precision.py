@@ -293,13 +293,21 @@ class LossScale:
         return loss * float(self.scale)
 
     def unscaled(self, grads):
-        """The gradients divided by the scale, each in its own dtype (None stays None)."""
+        """The gradients divided by the scale, each in its own dtype (None stays None); a half
+        one through float32 (the inverse of a scale over 2^24 is 0 in float16)."""
         if self.on_device:
             inverse = 1.0 / self.scale
-            at = lambda g: g * astype(inverse, data(g).dtype)  # noqa: E731
+            times = lambda g: g * astype(inverse, data(g).dtype)  # noqa: E731
         else:
             inverse = 1.0 / float(self.scale)
-            at = lambda g: g * inverse  # noqa: E731
+            times = lambda g: g * inverse  # noqa: E731
+
+        def at(g):
+            dtype = data(g).dtype
+            if _name(dtype) not in HALF:
+                return times(g)
+            return astype(times(astype(g, namespace_of(data(g)).float32)), dtype)
+
         return tree_map(lambda g: at(g) if is_array(data(g)) else g, grads)
 
     def after(self, finite):
@@ -310,7 +318,10 @@ class LossScale:
             scale = max(self.scale / self.factor, self.minimum) if self.dynamic else self.scale
             return dataclasses.replace(self, scale=float(scale), good=0, skipped=self.skipped + 1)
         if self.dynamic and self.good + 1 >= self.period:
-            return dataclasses.replace(self, scale=float(self.scale * self.factor), good=0)
+            grown = float(self.scale * self.factor)  # not to infinity (as PyTorch's)
+            return dataclasses.replace(
+                self, scale=grown if grown < math.inf else self.scale, good=0
+            )
         return dataclasses.replace(self, good=self.good + 1)
 
     def _after_on_device(self, finite):
@@ -319,9 +330,11 @@ class LossScale:
         skipped = self.skipped + _ns.where(finite, 0, 1)
         if not self.dynamic:
             return dataclasses.replace(self, good=good, skipped=skipped)
+        grown = self.scale * self.factor
         grow = _ns.logical_and(finite, good >= self.period)
         shrunk = _ns.maximum(self.scale / self.factor, float(self.minimum))
-        scale = _ns.where(finite, _ns.where(grow, self.scale * self.factor, self.scale), shrunk)
+        grown = _ns.where(_ns.isfinite(grown), grown, self.scale)  # not to infinity
+        scale = _ns.where(finite, _ns.where(grow, grown, self.scale), shrunk)
         return dataclasses.replace(
             self, scale=scale, good=_ns.where(grow, 0, good), skipped=skipped
         )

@@ -35,8 +35,8 @@ def policy_of(precision):
 
 
 def scaler_of(precision):
-    """A fresh dynamic `tg.LossScale` (PyTorch's GradScaler's defaults) for float16, else
-    None."""
+    """A fresh dynamic `tg.LossScale` (from 2^15, grown and shrunk as PyTorch's GradScaler
+    does) for float16, else None."""
     return tg.LossScale() if precision in SCALED else None
 
 
