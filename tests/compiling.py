@@ -58,12 +58,25 @@ def floats(*shape):
     return RNG.standard_normal(shape)
 
 
+class _Calls:
+    """A count of calls, `calls[0]`: an object whose value tg.compile's guards do not read
+    (a list would be guarded by its items, and f changing it while recording is warned of)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self):
+        self.n = 0
+
+    def __getitem__(self, i):
+        return (self.n,)[i]
+
+
 def counted(f):
     """`f` counting its calls in `calls[0]`."""
-    calls = [0]
+    calls = _Calls()
 
     def counted(*args):
-        calls[0] += 1
+        calls.n += 1
         return f(*args)
 
     return counted, calls

@@ -430,3 +430,18 @@ def test_a_number_given_without_a_gradient_stays_a_number():
     for lr in (0.1, 0.2, 0.1):
         found = compiled(w, lr)
         assert found.dtype == step(w, lr).dtype == np.float32 and np.array_equal(found, step(w, lr))
+
+
+def test_a_traced_array_prints_without_its_value():
+    """str(x) of a traced value gave the recording's value, which a string test then froze
+    into every replay; it shows the shape and dtype, as JAX's tracers do."""
+    seen = []
+
+    def f(x):
+        seen.append((str(tg.sum(x)), f"{x}", repr(x * 2.0)))
+        return tg.sum(x)
+
+    tg.compile(f)(np.array([1.0, -2.0]))
+    for text in seen[0]:
+        assert "traced" in text and "1." not in text and "-2" not in text, text
+    assert "shape=(2,), dtype=float64" in seen[0][1]

@@ -299,6 +299,8 @@ class TrackedArray:
             return f"TrackedArray({self.data!r}, constant)"
         rule = self._node.rule
         kind = "leaf" if rule is None else f"rule={getattr(rule, 'name', '?')}"
+        if ACTIVE and recording.current() is not None:  # no value: a replay has another
+            return f"TrackedArray(traced, shape={tuple(self.shape)}, dtype={self.dtype}, {kind})"
         return f"TrackedArray({self.data!r}, {kind})"
 
 

@@ -193,7 +193,7 @@ class Compiled:
         """Record `f` for a new signature, or anew for one whose recordings' guards (the
         globals and closure they read, `guards.py`) no longer hold: one more variant."""
         changed = None if variants is None else variants[0][0].failing()
-        guards = guards_of(self.f, args, kwargs)  # what f reads, before f runs (it may change it)
+        before = guards_of(self.f, args, kwargs)  # what f reads, as it reads it
         try:
             program, result = record(
                 self.f,
@@ -211,8 +211,9 @@ class Compiled:
                 raise
             # a refusal the run could not go on from eagerly: f runs again, eagerly
             program, result = None, self._eager(args, kwargs)
-        guards = Guards() if program is None else guards
+        guards = Guards() if program is None else guards_of(self.f, args, kwargs)
         self._warn_random(guards)
+        self._warn_changed(before.changed())
         if variants is None:
             variants = self._programs[key] = []
         variants.insert(0, (guards, _EAGER if program is None else program))
@@ -231,6 +232,21 @@ class Compiled:
         if self.gradient is False:
             return _Own(self.f(*args, **kwargs))
         return withgradient(_with_keywords(self.f, kwargs), *args, wrt=self.wrt)
+
+    def _warn_changed(self, names):
+        """Warn of what `f` read and changed while recording (a counter): a replay runs none
+        of f's Python code, so it stays as the recording left it, and f's reads of it are
+        the recording's."""
+        if names:
+            warnings.warn(
+                f"tg.compile of {getattr(self.f, '__name__', 'f')!r}: f changed "
+                f"{', '.join(names)} while recording, which it reads; a replay runs none of "
+                "f's Python code, so it is left as the recording left it, and what f computed "
+                "from it is the recording's. Keep such state outside f, or pass it as an "
+                "argument (a 0-d array that f writes into is replayed)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _warn_random(self, guards):
         if not guards.random or self._warned_random:

@@ -79,12 +79,17 @@ class Guards:
 
     def failing(self):
         """The name of the first guard that does not hold (None when all do)."""
+        return next(iter(self.changed()), None)
+
+    def changed(self):
+        """The names of the guards that do not hold."""
+        found = []
         for entry, name in zip(self.entries, self.names):
             probe = Guards()
             probe.entries = [entry]
             if not probe.holds():
-                return name
-        return None
+                found.append(name)
+        return found
 
     def add(self, source, name, value, label):
         """Guard `source[name]` (a cell's contents when `name` is None), now `value`."""
