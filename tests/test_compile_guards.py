@@ -2,6 +2,7 @@
 hashable argument that `f` reads and that changes between calls makes a new recording, whose
 answers are eager's; keyword arguments are part of the signature, as positional ones are."""
 
+import functools
 import warnings
 
 import numpy as np
@@ -409,3 +410,78 @@ def test_a_layers_draws_do_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tg.compile(lambda x: tg.sum(drop(x)))(X)
+
+
+# --- reads through methods, classes, defaults, partials and containers of functions
+class _Module:
+    def __call__(self, x):
+        return self.forward(x)
+
+
+class _Net(_Module):
+    def __init__(self):
+        self.k = 2.0
+
+    def forward(self, x):
+        return tg.sum(x * self.k)
+
+
+class _Settings:
+    scale = 2.0
+
+    def __init__(self):
+        self._k = 2.0
+
+    @property
+    def k(self):
+        return self._k
+
+    def apply(self, x):
+        return x * self._k
+
+
+_NET, _SETTINGS, _CONFIG, _HYPER = _Net(), _Settings(), {"scale": 2.0}, {"lr": 2.0, "act": tg.tanh}
+
+
+def _with_default(x, config=_CONFIG):
+    return tg.sum(x * config["scale"])
+
+
+READ_ELSEWHERE = {  # f, and the change to what it reads
+    "an inherited __call__'s self": (_NET, lambda: setattr(_NET, "k", 5.0)),
+    "a method of a global": (
+        lambda x: tg.sum(_SETTINGS.apply(x)),
+        lambda: setattr(_SETTINGS, "_k", 5.0),
+    ),
+    "a property": (lambda x: tg.sum(x * _SETTINGS.k), lambda: setattr(_SETTINGS, "_k", 5.0)),
+    "a class attribute": (
+        lambda x: tg.sum(x * _Settings.scale),
+        lambda: setattr(_Settings, "scale", 5.0),
+    ),
+    "a default argument": (_with_default, lambda: _CONFIG.update(scale=5.0)),
+    "a partial's argument": (
+        functools.partial(lambda c, x: tg.sum(x * c["scale"]), _CONFIG),
+        lambda: _CONFIG.update(scale=5.0),
+    ),
+    "a dict holding a function": (
+        lambda x: tg.sum(_HYPER["act"](x) * _HYPER["lr"]),
+        lambda: _HYPER.update(lr=5.0),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", READ_ELSEWHERE)
+def test_a_value_read_through_a_method_class_default_or_partial_records_anew(case):
+    """Each of these reads was not guarded: the replay kept the recording's 2.0."""
+    f, change = READ_ELSEWHERE[case]
+    saved = (_NET.k, _SETTINGS._k, _Settings.scale, dict(_CONFIG), dict(_HYPER))
+    try:
+        step = tg.compile(f)
+        step(X)
+        change()
+        assert float(step(X).val) == float(tg.withgradient(f, X).val), case
+        assert step.cache_info().misses == 2
+    finally:
+        _NET.k, _SETTINGS._k, _Settings.scale = saved[:3]
+        _CONFIG.update(saved[3])
+        _HYPER.update(saved[4])

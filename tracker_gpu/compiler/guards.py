@@ -2,15 +2,18 @@
 
 A recording fixes every value `f` reads from outside its arguments: a global `scale = 2.0`
 multiplied in is a constant of the program. So, once a recording is made, `guards_of` lists
-what the function's code reads from its globals and closure cells, from those of the user
-functions it reads there (to a depth of `DEPTH`), from a bound method's `self`, and the
-attributes that code reads from objects found there or passed as hashable arguments (keyed
-by identity in the signature). Each is guarded by what decides the program:
+what the function's code reads from its globals and closure cells, its default arguments and
+a partial's, what the user functions it reads there read (to a depth of `DEPTH`), and the
+attributes that code reads from a bound method's `self`, from objects and user classes found
+there or passed as hashable arguments (keyed by identity in the signature), the methods and
+properties it names on them looked into as functions. Each is guarded by what decides the
+program:
 
 - a Python number, string, `None`, NumPy scalar, or tuple of those: its value (by its bits: a
   float's `-0.0` is not `0.0`);
 - an array (any library's): its identity, shape and dtype;
-- a dict or list of at most 16 of those (`{"lr": 0.1}`): its identity and its items;
+- a dict or list of at most 16 items (`{"lr": 0.1}`): its identity and its items (numbers
+  and strings by value, anything else by identity);
 - anything else (a function, a layer, a dict): its identity.
 
 The library's own modules and functions, and those of installed packages and the standard
@@ -33,6 +36,7 @@ import dataclasses
 import dis
 import functools
 import os
+import sys
 import sysconfig
 import types
 
@@ -132,13 +136,19 @@ class _Collector:
 
     def function(self, fn, depth):
         """Guard what `fn` reads from its globals and closure (a user function, a bound
-        method of one, an object whose class defines `__call__` in user code)."""
+        method of one, an object whose class defines `__call__` in user code, a partial of
+        one: its arguments too), and its default arguments."""
+        if isinstance(fn, functools.partial):
+            self.given(dict(enumerate(fn.args)), "partial", depth)
+            self.given(fn.keywords, "partial", depth)
         fn, owner = _unwrapped(fn)
         if fn is None or id(fn) in self._functions or _in_library(fn.__code__.co_filename):
             return
         self._functions.add(id(fn))
         names, attributes = _reads(fn.__code__)
         self.attribute_names |= attributes
+        self.given(dict(enumerate(fn.__defaults__ or ())), f"{fn.__name__}'s default", depth)
+        self.given(fn.__kwdefaults__ or {}, f"{fn.__name__}'s default", depth)
         for name in names:
             if name in fn.__globals__:
                 self.value(fn.__globals__, name, fn.__globals__[name], name, attributes, depth)
@@ -148,6 +158,13 @@ class _Collector:
                 self.value(cell, None, value, name, attributes, depth)
         if owner is not None:
             self.attributes(owner, attributes, "self", depth + 1)
+
+    def given(self, values, label, depth):
+        """Guard the arguments a function is given besides the call's (defaults, a partial's):
+        a dict of them, read as they were then (their items, where they are containers)."""
+        for name, value in values.items():
+            if _kind(value)[0] != _SAME:
+                self.guards.add(values, name, value, f"{label} {name}")
 
     def value(self, source, name, value, label, attributes, depth):
         """Guard one value read, and look into it: a function's reads, an object's attributes
@@ -166,14 +183,14 @@ class _Collector:
             self.guards.random.append(label)
         elif depth < DEPTH and callable(value) and not isinstance(value, type):
             self.function(value, depth + 1)
-        elif depth < DEPTH and _plain_object(value):
+        elif depth < DEPTH and (_plain_object(value) or _users_class(value)):
             self.attributes(value, attributes, label, depth + 1)
 
     def attributes(self, x, attributes, label, depth, leaves_only=False):
         """Guard the attributes of `x` that the reading code names (a module's: only numbers,
         strings and arrays, the settings a config module holds)."""
         found = getattr(x, "__dict__", None)
-        if type(found) is not dict:
+        if type(found) is not dict and not isinstance(x, type):  # a class's: a mappingproxy
             return
         for name in sorted(attributes & found.keys()):
             value = found[name]
@@ -181,6 +198,18 @@ class _Collector:
                 continue
             if self.guards.add(found, name, value, f"{label}.{name}") and _is_generator(value):
                 self.guards.random.append(f"{label}.{name}")
+        if not leaves_only and depth < DEPTH and not isinstance(x, type):
+            self.methods(x, attributes - found.keys(), depth)
+
+    def methods(self, x, names, depth):
+        """Look into the methods and properties of `x`'s class (user code) that the reading
+        code names (`self.forward(x)`, `config.scale` as a property): what they read."""
+        for name in sorted(names):
+            member = getattr(type(x), name, None)
+            if isinstance(member, property) and member.fget is not None:
+                self.function(types.MethodType(member.fget, x), depth + 1)
+            elif isinstance(member, types.FunctionType):
+                self.function(types.MethodType(member, x), depth + 1)
 
 
 def _contents(cell):
@@ -212,10 +241,9 @@ def _items_key(items):
     found = []
     for name, value in pairs:
         key = _value_key(value)
-        if key is None:
-            if not backend.is_array(value):
-                return None
-            key = (_Same(value), value.shape, value.dtype)
+        if key is None:  # an array, or another object (a function): by identity
+            is_array = backend.is_array(value)
+            key = (_Same(value), value.shape, value.dtype) if is_array else _Same(value)
         found.append((name, key))
     return tuple(found)
 
@@ -276,7 +304,8 @@ def _unwrapped(fn):
     if isinstance(fn, types.MethodType):
         fn, owner = fn.__func__, fn.__self__
     elif not isinstance(fn, types.FunctionType):
-        call = vars(type(fn)).get("__call__")  # a class of the user's own
+        # a class of the user's own, or a base's
+        call = next((vars(k)["__call__"] for k in type(fn).__mro__ if "__call__" in vars(k)), None)
         fn, owner = (call, fn) if isinstance(call, types.FunctionType) else (None, None)
     if not isinstance(fn, types.FunctionType):
         return None, None
@@ -288,6 +317,14 @@ def _plain_object(x):
     return type(getattr(x, "__dict__", None)) is dict and not isinstance(
         x, (type, types.FunctionType, types.MethodType)
     )
+
+
+def _users_class(x):
+    """A class defined in the user's code (its attributes are settings: `Config.scale`)."""
+    if not isinstance(x, type):
+        return False
+    module = sys.modules.get(x.__module__)
+    return module is not None and not _in_library(getattr(module, "__file__", None))
 
 
 def _is_generator(x):
