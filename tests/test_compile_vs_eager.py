@@ -445,3 +445,14 @@ def test_a_traced_array_prints_without_its_value():
     for text in seen[0]:
         assert "traced" in text and "1." not in text and "-2" not in text, text
     assert "shape=(2,), dtype=float64" in seen[0][1]
+
+
+def test_a_loss_of_data_alone_is_returned_as_eagerly_even_when_not_finite():
+    """Nothing differentiated (`wrt=()`, integers): eagerly the loss is a plain value and no
+    pass runs; the recording traced it and its pass refused the infinite loss."""
+    f = lambda x, n: tg.sum(x * n) * 1e308  # noqa: E731
+    x, n = np.array([1.0, 2.0]), np.array([3, 4])
+    with np.errstate(over="ignore"):
+        expected = tg.withgradient(f, x, n, wrt=())
+        found = tg.compile(f, wrt=())(x, n)
+    assert found.val == expected.val == np.inf and found.grad == expected.grad == (None, None)

@@ -456,7 +456,7 @@ def backprop(loss, inputs, nest, others=None, since=0):
     made since the serial `since` (older ones are values closed over). The list `others`, if
     given, collects the other leaves and older nodes reached (not the seeds of nested passes)."""
     _check_loss_is_scalar(loss)
-    if not istracked(loss):
+    if not istracked(loss) or recording.is_data(loss._node):  # data: a plain value eagerly
         return {}
     with backend.on_device_of(loss.data):  # buffers and kernels on the loss's GPU
         seed = scalar_seed(loss.data, loss._xp)
