@@ -182,6 +182,24 @@ def test_fallback_runs_f_once_with_eager_draws():
     assert step.cache_info().eager == 1
 
 
+def test_fallback_running_f_again_draws_what_eager_draws():
+    """A refusal f cannot go on from (NumPy's own `astype` of traced labels) runs f again
+    eagerly: the generator is first put back where the recording found it (the recording's
+    draws shifted every later mask)."""
+
+    def run(compiled):
+        drop = nn.Dropout(0.5, rng=np.random.default_rng(0))
+        h = lambda x, labels: tg.sum(drop(x)) * labels.astype(np.float64).sum()  # noqa: E731
+        if compiled:
+            step = tg.compile(h, fallback=True, wrt=(0,))
+        else:
+            step = lambda *a: tg.withgradient(h, *a, wrt=(0,))  # noqa: E731
+        return [step(np.ones(6), np.array([1, 2])).grad[0] for _ in range(3)]
+
+    for eager, compiled in zip(run(False), run(True)):
+        np.testing.assert_array_equal(compiled, eager)
+
+
 # --- checks: a replay raises what eager raises
 def test_nonfinite_loss_raises_in_replay():
     f = lambda x: tg.sum(tg.log(x))

@@ -8,8 +8,6 @@ that state, then puts it back where it was, as PyTorch's checkpoint does with it
 A generator whose state cannot be read and restored is refused inside a checkpointed block.
 
 >>> import numpy as np
-
-from . import backend, recording
 >>> rng = np.random.default_rng(0)
 >>> with noted() as states:
 ...     first = uniform(rng, (2,))
@@ -26,7 +24,7 @@ import numpy as np
 
 from . import backend, recording
 
-__all__ = ["uniform", "draw", "noted", "replayed"]
+__all__ = ["uniform", "draw", "noted", "replayed", "rewind"]
 
 _local = threading.local()
 
@@ -80,6 +78,13 @@ def replayed(states):
     finally:
         for rng, state in current:
             _restore(rng, state)
+
+
+def rewind(states):
+    """Each generator of `states` back to its noted state, to draw again what it drew (a run
+    that tg.compile could not record, run again eagerly)."""
+    for rng, state in states.values():
+        _restore(rng, state)
 
 
 def _state(rng):

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import nesting, recording
+from .. import draws, nesting, recording
 from ..api import (
     HandOut,
     WithGradient,
@@ -195,21 +195,24 @@ class Compiled:
         changed = None if variants is None else variants[0][0].failing()
         before = guards_of(self.f, args, kwargs)  # what f reads, as it reads it
         try:
-            program, result = record(
-                self.f,
-                args,
-                self.cuda_graphs,
-                self.wrt,
-                self.gradient,
-                self.fallback,
-                kwargs,
-                self.fuse,
-                self.cuda_fuse,
-            )
+            with draws.noted() as drawn:
+                program, result = record(
+                    self.f,
+                    args,
+                    self.cuda_graphs,
+                    self.wrt,
+                    self.gradient,
+                    self.fallback,
+                    kwargs,
+                    self.fuse,
+                    self.cuda_fuse,
+                )
         except RecordingError:
             if not self.fallback:
                 raise
-            # a refusal the run could not go on from eagerly: f runs again, eagerly
+            # a refusal the run could not go on from eagerly: f runs again, eagerly, drawing
+            # what the recording drew (as the one eager run would)
+            draws.rewind(drawn)
             program, result = None, self._eager(args, kwargs)
         guards = Guards() if program is None else guards_of(self.f, args, kwargs)
         self._warn_random(guards)
