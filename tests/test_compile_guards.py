@@ -2,6 +2,7 @@
 hashable argument that `f` reads and that changes between calls makes a new recording, whose
 answers are eager's; keyword arguments are part of the signature, as positional ones are."""
 
+import copy
 import functools
 import warnings
 
@@ -485,3 +486,36 @@ def test_a_value_read_through_a_method_class_default_or_partial_records_anew(cas
         _NET.k, _SETTINGS._k, _Settings.scale = saved[:3]
         _CONFIG.update(saved[3])
         _HYPER.update(saved[4])
+
+
+_MODEL = nn.Chain(nn.Dense(3, 4, rng=np.random.default_rng(1), dtype="float64"),
+                  nn.Dropout(0.5, rng=np.random.default_rng(2), active=True))  # fmt: skip
+
+
+def _global_model_loss(x):
+    return tg.sum(_MODEL(x))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda: setattr(_MODEL.layers[1], "active", False),
+        lambda: setattr(_MODEL.layers[1], "p", 0.0),
+        lambda: setattr(_MODEL.layers[0], "weight", np.zeros((4, 3))),
+    ],
+    ids=["active", "p", "weight"],
+)
+def test_a_global_models_layer_changed_in_place_records_anew(change):
+    """A model read from the globals was guarded by identity alone: a layer switched off, or
+    a weight rebound, in place, left the replay computing with the recording's."""
+    global _MODEL
+    saved, x = _MODEL, np.ones((2, 3))
+    _MODEL = copy.deepcopy(saved)
+    try:
+        step = tg.compile(_global_model_loss, wrt=())
+        step(x)
+        change()
+        expected = tg.withgradient(_global_model_loss, x, wrt=()).val
+        assert float(step(x).val) == float(expected) and step.cache_info().misses == 2
+    finally:
+        _MODEL = saved

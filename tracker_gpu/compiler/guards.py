@@ -14,7 +14,9 @@ program:
 - an array (any library's): its identity, shape and dtype;
 - a dict or list of at most 16 items (`{"lr": 0.1}`): its identity and its items (numbers
   and strings by value, anything else by identity);
-- anything else (a function, a layer, a dict): its identity.
+- a dataclass (a layer, a model, a config): its identity and its fields all the way down (numbers
+  by value, arrays by identity, shape and dtype);
+- anything else (a function, a dict): its identity.
 
 The library's own modules and functions, and those of installed packages and the standard
 library, are not looked into: what they read is theirs. `Guards.holds()` is the check a replay
@@ -43,13 +45,14 @@ import types
 import numpy as np
 
 from .. import backend
-from .signature import VALUES
+from .signature import VALUES, signature_and_arrays
 
 __all__ = ["Guards", "guards_of", "DEPTH"]
 
 DEPTH = 3  # how deep functions read from globals and closures are looked into
 _MISSING = object()  # a name no longer bound
-_SAME, _VALUE, _ARRAY, _ITEMS = range(4)  # by identity, value, array, identity and items
+# by identity, value, array, identity and items, identity and fields all the way down
+_SAME, _VALUE, _ARRAY, _ITEMS, _FIELDS = range(5)
 _ITEMS_MAX = 16  # a dict or list longer than this is guarded by identity only
 _GLOBAL_READS = frozenset(("LOAD_GLOBAL", "LOAD_NAME"))
 _ATTRIBUTE_READS = frozenset(("LOAD_ATTR", "LOAD_METHOD"))
@@ -76,6 +79,8 @@ class Guards:
                 if kind == _ARRAY and (now.shape != key[0] or now.dtype != key[1]):
                     return False
                 if kind == _ITEMS and _items_key(now) != key:
+                    return False
+                if kind == _FIELDS and _fields_key(now) != key:
                     return False
             elif kind != _VALUE or _value_key(now) != key:
                 return False
@@ -227,9 +232,23 @@ def _kind(value):
     if type(value) in (dict, list):
         key = _items_key(value)
         return (_SAME, None) if key is None else (_ITEMS, key)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        key = _fields_key(value)
+        return (_SAME, None) if key is None else (_FIELDS, key)
     if not backend.is_array(value):
         return _SAME, None
     return _ARRAY, (value.shape, value.dtype)
+
+
+def _fields_key(x):
+    """What decides a dataclass read from outside the arguments (a global model, its layers
+    changed in place: `model.layers[1].active = False`): its fields all the way down, as the
+    signature describes arguments, and its arrays by identity; None where it cannot say."""
+    try:
+        key, arrays = signature_and_arrays(x)
+    except (TypeError, RecursionError):  # a tracked array inside (a parameter), a cycle
+        return None
+    return key, tuple(_Same(a) for a in arrays)
 
 
 def _items_key(items):
