@@ -4,6 +4,7 @@ answers are eager's; keyword arguments are part of the signature, as positional 
 
 import copy
 import functools
+import random
 import warnings
 
 import numpy as np
@@ -404,6 +405,32 @@ def test_a_numpy_generator_read_by_f_warns_once():
 def test_numpy_random_module_read_by_f_warns():
     with pytest.warns(RuntimeWarning, match="np.random"):
         tg.compile(lambda x: tg.sum(x * np.random.uniform(size=3)))(X)
+
+
+class _Noise:
+    def __init__(self):
+        self.rng = np.random.default_rng(0)
+
+    def draw(self):
+        return self.rng.normal(size=3)
+
+
+_NOISE, _DRAWING = _Noise(), {"rng": np.random.default_rng(1)}
+
+DRAWN_ELSEWHERE = {  # f and its arguments, drawing from a generator the recording repeats
+    "an argument": (lambda x, r: tg.sum(x * r.normal(size=3)), (X, np.random.default_rng(0))),
+    "a method's self": (lambda x: tg.sum(x * _NOISE.draw()), (X,)),
+    "Python's random": (lambda x: tg.sum(x * random.random()), (X,)),
+    "a dict's item": (lambda x: tg.sum(x * _DRAWING["rng"].normal(size=3)), (X,)),
+}
+
+
+@pytest.mark.parametrize("case", DRAWN_ELSEWHERE)
+def test_a_generator_reached_otherwise_warns_too(case):
+    """These went unwarned: every replay repeated the recording's draws without a word."""
+    f, args = DRAWN_ELSEWHERE[case]
+    with pytest.warns(RuntimeWarning, match="reads the random generator .*repeats"):
+        tg.compile(f, wrt=(0,))(*args)
 
 
 def test_a_layers_draws_do_not_warn():

@@ -256,10 +256,10 @@ class Compiled:
             return
         self._warned_random = True
         warnings.warn(
-            f"tg.compile of {getattr(self.f, '__name__', 'f')!r} reads NumPy's random "
-            f"generator {guards.random[0]!r}: what f draws from it is drawn once, while "
-            "recording, and every replay repeats those numbers. Draw with tracker_gpu's layers "
-            "(nn.Dropout draws anew at every replay), or pass the draws in as an argument",
+            f"tg.compile of {getattr(self.f, '__name__', 'f')!r} reads the random generator "
+            f"{guards.random[0]!r} (NumPy's or Python's): what f draws from it is drawn once, "
+            "while recording, and every replay repeats those numbers. Draw with tracker_gpu's "
+            "layers (nn.Dropout draws anew at every replay), or pass the draws in as an argument",
             RuntimeWarning,
             stacklevel=4,
         )

@@ -38,6 +38,7 @@ import dataclasses
 import dis
 import functools
 import os
+import random as _random
 import sys
 import sysconfig
 import types
@@ -45,6 +46,7 @@ import types
 import numpy as np
 
 from .. import backend
+from ..pytree import tree_leaves
 from .signature import VALUES, signature_and_arrays
 
 __all__ = ["Guards", "guards_of", "DEPTH"]
@@ -123,6 +125,9 @@ def guards_of(f, args=(), kwargs=None):
     objects among the arguments."""
     collector = _Collector()
     collector.function(f, 0)
+    for x in tree_leaves((args, kwargs or {})):
+        if _is_generator(x):  # its draws are made once too
+            collector.guards.random.append(f"an argument's generator ({type(x).__name__})")
     for x in _identity_keyed((args, kwargs or {})):
         if isinstance(x, types.FunctionType):
             collector.function(x, 0)
@@ -177,7 +182,7 @@ class _Collector:
         if isinstance(value, types.ModuleType):  # not rebound in practice: its attributes
             if not _in_library(getattr(value, "__file__", None)):
                 self.attributes(value, attributes, label, depth + 1, leaves_only=True)
-            elif value is np.random:
+            elif value is np.random or value is _random:
                 self.guards.random.append(label)
             elif value is np and "random" in attributes:
                 self.guards.random.append(f"{label}.random")
@@ -186,6 +191,9 @@ class _Collector:
             return
         if _is_generator(value):
             self.guards.random.append(label)
+        elif type(value) in (dict, list):
+            pairs = value.items() if type(value) is dict else enumerate(value)
+            self.guards.random.extend(f"{label}[{k!r}]" for k, v in pairs if _is_generator(v))
         elif depth < DEPTH and callable(value) and not isinstance(value, type):
             self.function(value, depth + 1)
         elif depth < DEPTH and (_plain_object(value) or _users_class(value)):
@@ -347,8 +355,9 @@ def _users_class(x):
 
 
 def _is_generator(x):
-    """A NumPy generator, or one's bound method (`from numpy.random import normal`)."""
-    kinds = (np.random.Generator, np.random.RandomState)
+    """A NumPy generator or Python's, or one's bound method (`from numpy.random import
+    normal`, `random.random`)."""
+    kinds = (np.random.Generator, np.random.RandomState, _random.Random)
     return isinstance(x, kinds) or isinstance(getattr(x, "__self__", None), kinds)
 
 
