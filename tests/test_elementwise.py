@@ -453,3 +453,23 @@ NESTED["2**x"] = (lambda x: 2.0**x, ANY)
 def test_second_derivative(backend, name):
     f, domain = NESTED[name]
     check_nested(backend, f, on_backend(backend, uniform((2, 3), domain, seed=22)))
+
+
+@pytest.mark.parametrize("name", ["expm1", "elu", "selu", "celu"])
+def test_the_slope_of_expm1_keeps_its_digits_far_below_zero(name):
+    """expm1' was ans + 1, which cancels: 2e-5 off at -30, and 0 at -40 where the slope is
+    4.2e-18; the slope is exp(x) (times the activation's scale)."""
+    from tracker_gpu import nn
+
+    f = tg.expm1 if name == "expm1" else getattr(nn, name)
+    x = np.array([-10.0, -20.0, -30.0, -40.0, -700.0])
+    if name == "expm1":  # (PyTorch's own expm1' is result + 1, with the same cancellation)
+        expected = np.exp(x)
+    else:
+        torch = pytest.importorskip("torch")
+        t = torch.tensor(x, requires_grad=True)
+        (expected,) = torch.autograd.grad(getattr(torch.nn.functional, name)(t).sum(), t)
+        expected = expected.numpy()
+    (found,) = tg.gradient(lambda v: tg.sum(f(v)), x)
+    np.testing.assert_allclose(found, expected, rtol=1e-14)
+    assert np.all(found > 0)

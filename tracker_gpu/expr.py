@@ -88,7 +88,7 @@ RULES = {
     ),
     "negative": lambda a, out: (const(-1.0),),
     "exp": lambda a, out: (out,),
-    "expm1": lambda a, out: (e("add", out, ONE),),
+    "expm1": lambda a, out: (e("exp", a[0]),),
     "log": lambda a, out: (e("divide", ONE, a[0]),),
     "log1p": lambda a, out: (e("divide", ONE, e("add", a[0], ONE)),),
     "sqrt": lambda a, out: (e("divide", const(0.5), out),),

@@ -265,7 +265,7 @@ astype = Primitive("astype", _astype_forward, (lambda g, ans, x, dtype, **kw: g,
 
 # --- unary functions: name and vjp
 exp = _analytic("exp", lambda g, ans, x: g * ans, "ans")
-expm1 = _analytic("expm1", lambda g, ans, x: g * (ans + 1), "ans")
+expm1 = _analytic("expm1", lambda g, ans, x: g * exp(x), "x")  # not ans + 1: it cancels at -40
 log = _analytic("log", lambda g, ans, x: g / x, "x")
 log1p = _analytic("log1p", lambda g, ans, x: g / (x + 1), "x")
 log2 = _analytic("log2", lambda g, ans, x: g / (x * math.log(2)), "x")
