@@ -435,3 +435,31 @@ def test_fluxs_agg_still_works(loss):
         got = f(*case.inputs[:2], agg=agg, **extra)
         np.testing.assert_allclose(float(got), expected, rtol=1e-13)
     assert float(f(*case.inputs[:2], **extra)) == float(f(*case.inputs[:2], agg="mean", **extra))
+
+
+# --- probabilities of exactly 0 and 1 that the targets rule out: 0 * log(0) is 0
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_a_zero_probability_a_target_rules_out_adds_nothing(reduction):
+    """crossentropy(p, y, eps=0.0) was nan where a class other than the target had
+    probability 0 (0 * -inf), and binarycrossentropy where p = y = 0 or 1. PyTorch's nll_loss
+    and binary_cross_entropy give the values; the gradient of such a term is 0 (PyTorch's
+    nll_loss gives nan there), the others' are by hand."""
+    p, labels = np.array([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5]]), np.array([1, 0])
+    q, y = np.array([0.0, 1.0, 0.3]), np.array([0.0, 1.0, 0.0])
+    f = {"ce": lambda p: nn.crossentropy(p, labels, eps=0.0, reduction=reduction),
+         "bce": lambda q: nn.binarycrossentropy(q, y, eps=0.0, reduction=reduction)}  # fmt: skip
+    expected = {
+        "ce": torch.nn.functional.nll_loss(torch.log(torch.tensor(p)), torch.tensor(labels),
+                                           reduction=reduction),
+        "bce": torch.nn.functional.binary_cross_entropy(torch.tensor(q), torch.tensor(y),
+                                                        reduction=reduction),
+    }  # fmt: skip
+    by_hand = {
+        "ce": np.array([[0, -1 / 0.5, 0], [-1 / 0.2, 0, 0]]),  # -t / p, 0 where t is 0
+        "bce": np.array([1.0, -1.0, 1 / 0.7]),
+    }  # -(y / q - (1 - y) / (1 - q)), likewise
+    for name, x in (("ce", p), ("bce", q)):
+        value, (g,) = tg.withgradient(lambda x, name=name: tg.sum(f[name](x)), x)
+        np.testing.assert_allclose(f[name](x), expected[name].numpy(), rtol=1e-15)
+        n = {"mean": len(by_hand[name]), "sum": 1, "none": 1}[reduction]
+        np.testing.assert_allclose(g, by_hand[name] / n, rtol=1e-15, err_msg=name)

@@ -268,7 +268,7 @@ def crossentropy(
     if _plain(reduction, weight, ignore_index, label_smoothing):
         return _rules.crossentropy(yhat, labels, axis=axis, agg=reduction, eps=eps)
     _rules._check_probabilities("crossentropy", yhat, "logitcrossentropy")
-    logp = log(add(yhat, _rules._eps("crossentropy", yhat, eps)))
+    logp = _rules._log_probability(add(yhat, _rules._eps("crossentropy", yhat, eps)))
     return _class_loss("crossentropy", logp, labels, axis, reduction, weight, ignore_index,
                        label_smoothing)  # fmt: skip
 
@@ -412,8 +412,8 @@ def binarycrossentropy(yhat, y, /, *, reduction=None, agg=None, eps=None, weight
     _check_broadcasts("binarycrossentropy", "weight", weight, _rules._shape(yhat))
     _rules._check_probabilities("binarycrossentropy", yhat, "logitbinarycrossentropy")
     eps = _rules._eps("binarycrossentropy", yhat, eps)
-    positive = multiply(log(add(yhat, eps)), y)
-    negative_part = multiply(log(subtract(1.0 + eps, yhat)), subtract(1.0, y))
+    positive = _rules._times_log(y, add(yhat, eps))  # 0 where y rules it out, not 0 * -inf
+    negative_part = _rules._times_log(subtract(1.0, y), subtract(1.0 + eps, yhat))
     per = negative(add(positive, negative_part))
     return _reduce(per if weight is None else multiply(per, weight), reduction)
 

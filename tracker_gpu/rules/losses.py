@@ -28,7 +28,17 @@ from ..backend import SCALARS, device_of, namespace_of
 from ..checks import checking
 from ..primitive import Primitive
 from ..tracked import TrackedArray, data
-from .elementwise import add, astype, log, logaddexp, multiply, negative, subtract
+from .elementwise import (
+    PLAIN_FUNCTIONS,
+    add,
+    astype,
+    log,
+    logaddexp,
+    multiply,
+    negative,
+    subtract,
+    where,
+)
 from .nn import logsoftmax, logsoftmax_parts, real_only, softmax
 from .reductions import mean
 from .reductions import sum as _sum
@@ -320,8 +330,23 @@ def crossentropy(yhat, labels, /, *, axis=-1, agg="mean", eps=None):
     _check_probabilities("crossentropy", yhat, "logitcrossentropy")
     axis = _axis("crossentropy", axis, len(_shape(yhat)))
     targets, _ = _targets("crossentropy", yhat, labels, axis)
-    logp = log(yhat + _eps("crossentropy", yhat, eps))
-    return _aggregate(agg, negative(_sum(multiply(logp, targets), axis=axis)))
+    terms = _times_log(targets, yhat + _eps("crossentropy", yhat, eps))
+    return _aggregate(agg, negative(_sum(terms, axis=axis)))
+
+
+def _log_probability(p):
+    """`log(p)`, -inf where `p` is 0 with the gradient 0 there (not 0 / 0 = nan): for a loss
+    that masks the classes its targets rule out (`nn.crossentropy`'s options)."""
+    positive = PLAIN_FUNCTIONS["greater"](p, 0)
+    return where(positive, log(where(positive, p, 1.0)), -math.inf)
+
+
+def _times_log(t, p):
+    """`t * log(p)`, and 0 where `t` is 0, with the gradient 0 there (the term is 0 whatever
+    `p`): a class or an outcome the target rules out, of probability 0, whose log is -inf,
+    gave 0 * -inf = nan."""
+    taken = PLAIN_FUNCTIONS["not_equal"](t, 0)
+    return where(taken, multiply(t, log(where(taken, p, 1.0))), 0.0)
 
 
 def binarycrossentropy(yhat, y, /, *, agg="mean", eps=None):
@@ -332,8 +357,8 @@ def binarycrossentropy(yhat, y, /, *, agg="mean", eps=None):
     _check_same_shape("binarycrossentropy", yhat, y)
     _check_probabilities("binarycrossentropy", yhat, "logitbinarycrossentropy")
     eps = _eps("binarycrossentropy", yhat, eps)
-    positive = multiply(log(yhat + eps), y)
-    negative_part = multiply(log(1.0 + eps - yhat), subtract(1.0, y))
+    positive = _times_log(y, yhat + eps)
+    negative_part = _times_log(subtract(1.0, y), 1.0 + eps - yhat)
     return _aggregate(agg, negative(add(positive, negative_part)))
 
 
