@@ -98,13 +98,17 @@ def as_tuple(state):
     return state if isinstance(state, tuple) else (state,)
 
 
-def against_torch(backend, kind, *, lengths=None, with_state=False, bias_h=True, **options):
-    """Forward, last state and every gradient of our layer against PyTorch's."""
+def against_torch(backend, kind, *, lengths=None, with_state=False, bias_h=True, padding=None,
+                  **options):  # fmt: skip
+    """Forward, last state and every gradient of our layer against PyTorch's; `padding`, a
+    value written past each sequence's length (never read by either)."""
     layer, module = build(backend, kind, bias_h=bias_h, return_state=True, **options)
     batch_first = options.get("batch_first", True)
     count = 1 + len(layer.cells)  # cells: PyTorch's layers * directions
     shape = (BATCH, STEPS, N_IN) if batch_first else (STEPS, BATCH, N_IN)
     x = uniform(shape, (-1, 1), 1)
+    for i, n in enumerate(lengths if padding is not None else ()):
+        x[(i, slice(n, None)) if batch_first else (slice(n, None), i)] = padding
     parts = 2 if kind == "LSTM" else 1
     h0 = [uniform((count, BATCH, N_OUT), (-1, 1), 2 + i) for i in range(parts)]
     ours_h0 = [h[0] if count == 1 else h for h in h0]  # one cell: the cell's state, (batch, out)
@@ -145,6 +149,16 @@ def against_torch(backend, kind, *, lengths=None, with_state=False, bias_h=True,
     assert len(ours) == (len(tensors) if bias_h else 3 * len(tensors) // 4)
     for path, g in ours.items():
         close(g, tensors[names[path]].grad)
+
+
+@pytest.mark.parametrize("padding", [np.nan, np.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_padding_past_a_length_is_never_read(kind, bidirectional, padding):
+    """A nan or inf past a sequence's length left the loss right and made every gradient
+    nan (the cell ran on it, and a zero cotangent met it: 0 * nan)."""
+    against_torch(Numpy, kind, lengths=LENGTHS, padding=padding, num_layers=2,
+                  bidirectional=bidirectional)  # fmt: skip
 
 
 # --- every option, on NumPy

@@ -34,7 +34,10 @@ def run(cell, steps, state, masks, reverse):
         state = cell.initialstates(steps[0].shape[0])
     outputs = [None] * len(steps)
     for t in order:
-        y, new = cell(steps[t], state)
+        x = steps[t]
+        if masks is not None:  # zeros past a sequence's end: the padding is never read (a nan
+            x = where(masks[t], x, 0.0)  # there made every gradient nan, through 0 * nan)
+        y, new = cell(x, state)
         if masks is not None:
             y, new = where(masks[t], y, 0.0), _keep(masks[t], new, state)
         outputs[t], state = y, new
