@@ -10,6 +10,7 @@ stack of transformer layers train a few steps with our `Descent` and reach `torc
 parameters (and running statistics). Refusals name what is unsupported.
 """
 
+import dataclasses
 import re
 import sys
 
@@ -391,7 +392,20 @@ TO_REFUSED = [
     (lambda: nn.RNN(2, 3, nn.sigmoid), "tanh and relu only"),
     (lambda: nn.TransformerBlock(8, 2, dropout=0.1), "one dropout rate"),
     (lambda: nn.GlobalMeanPool(), "to_torch converts Dense"),
-]
+    # these two were converted with the activation dropped: another function, silently
+    (lambda: _block_with(mlp=lambda b: nn.Chain(b.mlp.layers[0], _activated(b.mlp.layers[1]))),
+     r"the MLP Chain\(Dense\(activation\), Dropout, Dense\)"),
+    (lambda: _block_with(norm2=lambda b: _activated(b.norm2)), "no activation after its layer"),
+]  # fmt: skip
+
+
+def _activated(layer):
+    return dataclasses.replace(layer, activation=nn.tanh)
+
+
+def _block_with(**changes):
+    block = nn.TransformerBlock(4, 2, hidden=8, rng=np.random.default_rng(0))
+    return dataclasses.replace(block, **{k: change(block) for k, change in changes.items()})
 
 
 @pytest.mark.parametrize("build, message", TO_REFUSED)

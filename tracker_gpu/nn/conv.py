@@ -199,7 +199,8 @@ class ConvTranspose(Layer):
         if any(p >= s for p, s in zip(self.outpad, self.stride)):
             raise ValueError(
                 f"{name}: outpad {self.outpad} must be smaller than the stride {self.stride}; "
-                "it only picks one of the output sizes a strided convolution maps to one size"
+                "it only picks one of the output sizes a strided convolution maps to one size "
+                "(PyTorch also takes one below the dilation, which is not supported here)"
             )
 
     def __call__(self, x):

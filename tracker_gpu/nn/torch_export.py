@@ -235,9 +235,13 @@ def _block_to(layer, rank):
     mlp = list(getattr(layer.mlp, "layers", ()))
     dropouts = [m.p for m in mlp if isinstance(m, Dropout)]
     linears = [m for m in mlp if not isinstance(m, Dropout)]
-    if len(linears) != 2 or not all(isinstance(m, Dense) for m in linears) or len(mlp) > 3:
+    shape = [type(m) for m in mlp] in ([Dense, Dense], [Dense, Dropout, Dense])
+    if not shape or linears[1].activation is not None:
         raise Unsupported(f"{layer!r}: PyTorch's TransformerEncoderLayer has the MLP "
                           "Chain(Dense(activation), Dropout, Dense)")  # fmt: skip
+    if any(n.activation is not None for n in (layer.norm1, layer.norm2)):
+        raise Unsupported(f"{layer!r}: PyTorch's TransformerEncoderLayer has no activation "
+                          "after its layer norms")  # fmt: skip
     rates = {0.0 if d is None else d.p for d in (layer.dropout, layer.attention.attn_drop)}
     rates |= set(dropouts) or {0.0}
     if len(rates) > 1:
