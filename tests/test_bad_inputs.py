@@ -812,3 +812,18 @@ def test_checkpoint_of_a_generator_it_cannot_replay():
     block = lambda x: nn.Dropout(0.5, rng=Draws())(x) * 2.0  # noqa: E731
     with pytest.raises(TypeError, match="cannot replay the draws of a .*Draws: its state"):
         tg.gradient(lambda x: tg.sum(tg.checkpoint(block, x)), np.ones(3))
+
+
+def test_class_labels_as_a_python_list():
+    """A list raised AttributeError: 'list' object has no attribute 'dtype'."""
+    for loss in (nn.logitcrossentropy, nn.crossentropy):
+        with pytest.raises(TypeError, match="labels must be an array, got list; convert"):
+            loss(np.full((2, 3), 1 / 3), [0, 1])
+
+
+def test_a_recurrent_layer_of_no_steps_and_a_groupnorm_of_no_samples():
+    """No steps: NumPy's 'need at least one array to stack'; an empty batch in GroupNorm:
+    NumPy's reshape error, where PyTorch gives an empty result."""
+    with pytest.raises(ValueError, match=r"GRU\(3 => 4\): a sequence of no steps"):
+        nn.GRU(3, 4)(np.zeros((2, 0, 3)))
+    assert nn.GroupNorm(3, 1)(np.zeros((0, 3, 4), dtype=np.float32)).shape == (0, 3, 4)

@@ -210,7 +210,8 @@ class GroupNorm(Layer):
         c = self.channels
         self._expect(len(_shape(x)) >= 2 and _shape(x)[1] == c, x, f"(batch, {c}, ...)")
         n = x.shape[0]
-        grouped = reshape(x, (n, self.groups, -1))
+        per_group = math.prod(x.shape[1:]) // self.groups  # not -1: an empty batch has no size
+        grouped = reshape(x, (n, self.groups, per_group))
         y = reshape(_normalised(grouped, (2,), self.eps), tuple(x.shape))
         return _activate(self.activation, _scale_shift(y, self.scale, self.bias, _channel_shape(x)))
 

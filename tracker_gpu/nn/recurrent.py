@@ -346,6 +346,9 @@ class Recurrence(Layer):
         n_in = self.cell.size[0]
         axes = "batch, time" if self.batch_first else "time, batch"
         self._expect(len(_shape(x)) == 3 and _shape(x)[2] == n_in, x, f"({axes}, {n_in})")
+        if x.shape[time] == 0:
+            raise ValueError(f"{self!r}: a sequence of no steps (input of shape {_shape(x)}); "
+                             "give at least one step, as PyTorch asks")  # fmt: skip
         steps = [getitem(x, at(time, t)) for t in range(x.shape[time])]
         masks = step_masks(self, x, lengths, mask)
         states, finals = split(self, state, x.shape[1 - time]), []

@@ -102,8 +102,11 @@ def _is_integral(xp, dtype):
 def _is_index_labels(labels, scores_shape, axis, name):
     """True for integer class indices, False for targets shaped like the scores; else raise."""
     plain = data(labels)
-    if type(plain) in SCALARS:
-        raise TypeError(f"{name}: labels must be an array, got {type(plain).__name__}")
+    if type(plain) in SCALARS or isinstance(plain, (list, tuple)):
+        raise TypeError(
+            f"{name}: labels must be an array, got {type(plain).__name__}; convert them with "
+            "the scores' library's asarray"
+        )
     shape = _shape(plain)
     indices_shape = scores_shape[:axis] + scores_shape[axis + 1 :]
     if shape == indices_shape and _is_integral(namespace_of(plain), plain.dtype):
