@@ -438,6 +438,7 @@ def test_a_layers_draws_do_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tg.compile(lambda x: tg.sum(drop(x)))(X)
+        tg.compile(lambda m, x: tg.sum(m(x)), wrt=(1,))(drop, X)  # its generator an argument's
 
 
 # --- reads through methods, classes, defaults, partials and containers of functions

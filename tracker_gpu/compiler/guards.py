@@ -46,7 +46,6 @@ import types
 import numpy as np
 
 from .. import backend
-from ..pytree import tree_leaves
 from .signature import VALUES, signature_and_arrays
 
 __all__ = ["Guards", "guards_of", "DEPTH"]
@@ -125,7 +124,7 @@ def guards_of(f, args=(), kwargs=None):
     objects among the arguments."""
     collector = _Collector()
     collector.function(f, 0)
-    for x in tree_leaves((args, kwargs or {})):
+    for x in (*args, *(kwargs or {}).values()):  # (one inside a layer draws through it anew)
         if _is_generator(x):  # its draws are made once too
             collector.guards.random.append(f"an argument's generator ({type(x).__name__})")
     for x in _identity_keyed((args, kwargs or {})):
