@@ -184,8 +184,8 @@ mean = Primitive(
     "mean",
     _reduction_without_dtype("mean"),
     (
-        lambda g, ans, x, axis=None, keepdims=False: (
-            _over_count(expand(g, x, axis, keepdims), _count(x.shape, axis))
+        lambda g, ans, x, axis=None, keepdims=False: _over_count(
+            expand(g, x, axis, keepdims), _count(x.shape, axis)
         ),
     ),
     saves="",
