@@ -29,6 +29,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import namespace as _ns
 from . import nn, optim
 from .backend import device_of, half_dtype, is_array, is_floating_dtype, namespace_of
@@ -330,7 +332,8 @@ class LossScale:
         skipped = self.skipped + _ns.where(finite, 0, 1)
         if not self.dynamic:
             return dataclasses.replace(self, good=good, skipped=skipped)
-        grown = self.scale * self.factor
+        with np.errstate(over="ignore"):  # a scale grown to inf is not taken (below)
+            grown = self.scale * self.factor
         grow = _ns.logical_and(finite, good >= self.period)
         shrunk = _ns.maximum(self.scale / self.factor, float(self.minimum))
         grown = _ns.where(_ns.isfinite(grown), grown, self.scale)  # not to infinity

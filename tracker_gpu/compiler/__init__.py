@@ -216,7 +216,8 @@ class Compiled:
             program, result = None, self._eager(args, kwargs)
         guards = Guards() if program is None else guards_of(self.f, args, kwargs)
         self._warn_random(guards)
-        self._warn_changed(before.changed())
+        if program is not None:  # (run eagerly, f's changes are f's own)
+            self._warn_changed(before.changed())
         if variants is None:
             variants = self._programs[key] = []
         variants.insert(0, (guards, _EAGER if program is None else program))
