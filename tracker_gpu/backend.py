@@ -15,6 +15,7 @@ import numpy as np
 
 __all__ = [
     "SCALARS",
+    "HALF",
     "NUMPY_FLOATS",
     "namespace_of",
     "into",
@@ -473,6 +474,9 @@ def _isdtype(xp, dtype, kind):
             raise
         kinds = (kind,) if isinstance(kind, str) else tuple(kind)
         return found in kinds or (found != "bool" and "numeric" in kinds)
+
+
+HALF = ("float16", "bfloat16")  # the half-precision floating dtypes, by name
 
 
 def half_dtype(name, xp):

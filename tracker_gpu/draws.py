@@ -71,8 +71,7 @@ def replayed(states):
     """Within the block, each generator of `states` starts from its noted state; afterwards it
     is back where it was."""
     current = [(rng, _state(rng)) for rng, _ in states.values()]
-    for rng, state in states.values():
-        _restore(rng, state)
+    rewind(states)
     try:
         yield
     finally:

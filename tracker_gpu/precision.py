@@ -33,7 +33,7 @@ import numpy as np
 
 from . import namespace as _ns
 from . import nn, optim
-from .backend import device_of, half_dtype, is_array, is_floating_dtype, namespace_of
+from .backend import HALF, device_of, half_dtype, is_array, is_floating_dtype, namespace_of
 from .namespace import logsumexp as _logsumexp
 from .namespace import mean as _mean
 from .namespace import sum as _sum
@@ -46,8 +46,7 @@ from .tracked import data
 
 __all__ = ["Policy", "LossScale", "IN_FLOAT32", "in_float32", "all_finite"]
 
-DTYPES = ("float16", "bfloat16", "float32", "float64")
-HALF = ("float16", "bfloat16")
+DTYPES = (*HALF, "float32", "float64")
 
 
 def _dtype(name, xp):
@@ -303,13 +302,7 @@ class LossScale:
         else:
             inverse = 1.0 / float(self.scale)
             times = lambda g: g * inverse  # noqa: E731
-
-        def at(g):
-            dtype = data(g).dtype
-            if _name(dtype) not in HALF:
-                return times(g)
-            return astype(times(astype(g, namespace_of(data(g)).float32)), dtype)
-
+        at = in_float32(times, cast_back=True)
         return tree_map(lambda g: at(g) if is_array(data(g)) else g, grads)
 
     def after(self, finite):

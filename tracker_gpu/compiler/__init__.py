@@ -126,8 +126,7 @@ class Compiled:
         if self._matcher is not None:  # its hits since the last call here count as uses
             self._programs.move_to_end(self._matcher[0])
         memo = {}
-        # a Python number outside wrt stays one (and every one without a gradient, as eagerly)
-        chosen = frozenset() if self.gradient is False else positions(self.wrt, len(args))
+        chosen = _chosen(args, self.wrt, self.gradient)  # a Python number outside stays one
         original, warned = args, any(_top_level_number(args[i]) for i in chosen)
         args = tuple(_prepared(a, memo) for a in top_levels(args, chosen))
         kwargs_given = kwargs
@@ -342,9 +341,7 @@ def _traced_run(f, args, recorder, wrt=None, gradient=True, kwargs=None):
     """`withgradient(f, *args)` with everything traced, or `f`'s output (`gradient` False,
     or None and `f` took its own gradient: `_own_gradient`). The keyword arguments' arrays
     are traced as data, as the arguments outside `wrt` are."""
-    chosen = positions(wrt, len(args))
-    if gradient is False:  # a Python number stays one, as eagerly
-        chosen = frozenset(i for i in chosen if not _top_level_number(args[i]))
+    chosen = _chosen(args, wrt, gradient)
     args, inputs, tracked_args = track_inputs(args, nest=False, chosen=chosen)
     if gradient is False:  # traced, but plain eagerly: layers stay in their inference mode
         recorder.tracked_as([x._node for x in inputs.values()], False)
@@ -361,6 +358,15 @@ def _traced_run(f, args, recorder, wrt=None, gradient=True, kwargs=None):
     loss = val[0] if isinstance(val, tuple) else val
     found = backprop(loss, inputs.values(), nest=False)
     return WithGradient(val, gradients_in_place(args, inputs, found, nest=False, chosen=chosen))
+
+
+def _chosen(args, wrt, gradient):
+    """The positions of the arguments traced as parameters: `wrt`'s, less, for a function
+    compiled without a gradient, the Python numbers (eagerly they stay numbers)."""
+    chosen = positions(wrt, len(args))
+    if gradient is False:
+        chosen = frozenset(i for i in chosen if not _top_level_number(args[i]))
+    return chosen
 
 
 def _with_keywords(f, kwargs):

@@ -41,11 +41,11 @@ import sys
 import numpy as np
 
 from .. import backend, recording
-from ..backend import device_of, namespace_of
+from ..backend import SCALARS, device_of, namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray, constant, data, istracked
 from .elementwise import (
-    _RANKS,
+    _as_arrays,
     _kind_rank,
     add,
     astype,
@@ -240,16 +240,19 @@ def in_place_operator(name, function):
 def _cast_back(result, x, name):
     """The result of an in-place operator in `x`'s dtype, where NumPy's `same_kind` rule
     allows it (float64 into float32, real into complex); a TypeError otherwise."""
-    xp = x._xp
-    kinds = ("bool", "integral", "real floating", "complex floating")
-    rank = {kind: i for i, kind in enumerate(kinds)}
-    kind_of = lambda dtype: next(k for k in kinds if xp.isdtype(dtype, k))  # noqa: E731
-    if rank[kind_of(result.dtype)] > rank[kind_of(x.dtype)]:
+    if _higher_kind(result, x):
         raise TypeError(
             f"x {name}= y cannot store a result of dtype {result.dtype} in x of dtype "
             f"{x.dtype}; write x = x {name} y for a new array, or cast y first"
         )
     return astype(result, x.dtype)
+
+
+def _higher_kind(result, x):
+    """Whether `result` is of a higher kind than `x` (bool, integral, real, complex): what
+    NumPy's `same_kind` casting refuses to store back in `x`."""
+    xp = namespace_of(data(x))
+    return _kind_rank(xp, result.dtype) > _kind_rank(xp, x.dtype)
 
 
 # --- at(x)[idx]
@@ -362,13 +365,11 @@ def _in_dtype_of(x, out, how):
     (integers plus 0.5) is refused, as NumPy and array-api-extra refuse it."""
     if out.dtype == x.dtype:
         return out
-    if how != "set":
-        xp = namespace_of(data(out))
-        if _kind_rank(xp, out.dtype) > _kind_rank(xp, x.dtype):
-            raise TypeError(
-                f"at(x)[idx].{how}(v) gives values of dtype {out.dtype}, which x of dtype "
-                f"{x.dtype} cannot hold; cast x first (x = astype(x, {out.dtype}))"
-            )
+    if how != "set" and _higher_kind(out, x):
+        raise TypeError(
+            f"at(x)[idx].{how}(v) gives values of dtype {out.dtype}, which x of dtype "
+            f"{x.dtype} cannot hold; cast x first (x = astype(x, {out.dtype}))"
+        )
     return astype(out, x.dtype)
 
 
@@ -437,10 +438,11 @@ def _values(v, x, xp, device, shape):
     """`v` broadcast to `shape` (the shape of x[idx]), as an array of x's library; a number in
     x's dtype where its kind fits (0.5 beside integers is not truncated to 0: `_in_dtype_of`
     refuses what it gives)."""
-    if not isinstance(v, TrackedArray):
-        if type(v) in _RANKS and _RANKS[type(v)] > _kind_rank(xp, x.dtype):
-            v = xp.asarray(v, device=device)
-        elif not backend.is_array(v):
+    if type(v) in SCALARS:  # as the elementwise functions take it, then an array
+        v = _as_arrays(xp, x, v)[1]
+        v = xp.asarray(v, device=device) if type(v) in SCALARS else v
+    elif not isinstance(v, TrackedArray):
+        if not backend.is_array(v):
             v = xp.asarray(v, dtype=x.dtype, device=device)
         elif namespace_of(v) is not xp:
             v = xp.asarray(np.asarray(_host(v)), dtype=x.dtype, device=device)

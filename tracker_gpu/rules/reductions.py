@@ -18,7 +18,7 @@ import builtins
 
 import numpy as np
 
-from ..backend import device_of, dtype_name, namespace_of
+from ..backend import HALF, device_of, dtype_name, namespace_of
 from ..primitive import Primitive, no_gradient, record, tracking
 from ..tape import Node
 from ..tracked import TrackedArray, data
@@ -73,13 +73,10 @@ def _count(shape, axis):
     return n
 
 
-_HALF = ("float16", "bfloat16")
-
-
 def _in_float32(a):
     """`a` in float32 where it is float16 or bfloat16 (whose arithmetic NumPy and PyTorch
     accumulate in float32), else None."""
-    if dtype_name(a.dtype) not in _HALF:
+    if dtype_name(a.dtype) not in HALF:
         return None
     return astype(a, namespace_of(data(a)).float32)
 

@@ -127,7 +127,6 @@ def _checked(p, argv):
         p.error(f"--models: unknown {unknown}; choose from {', '.join(RECIPES)}")
     check_modules(p, args, [("sklearn.datasets", SKLEARN_MISSING)])
     check_plot(p, args)
-    check_folders(p, args, [])  # the names' checks; the folder's once the resumes are known
     try:
         args.where = select_backend(args.backend, args.device)
     except ValueError as error:
@@ -352,8 +351,6 @@ def run(argv, stop=None):
         client = _connect(stack, args)
         # the loop checks the loss itself, and says what to do when it is not finite
         stack.enter_context(np.errstate(over="ignore", invalid="ignore"))
-        if args.save:
-            os.makedirs(args.save, exist_ok=True)
         for note in args.notes:
             print(note, flush=True)
         data = digits(xp=xp, device=device, seed=args.seed, test_fraction=TEST_FRACTION)

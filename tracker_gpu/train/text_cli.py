@@ -105,7 +105,6 @@ def _checked(p, argv):
         args.where = select_backend(args.backend, args.device)
     except ValueError as error:
         p.error(str(error))
-    check_folders(p, args, [])  # the names' checks; the folder's once the resume is known
     args.text = Text.of(corpus())
     args.config = _config(p, args)
     check_folders(p, args, ["text.npz"], [_path(args.resume)] if args.resume else [])
@@ -204,8 +203,6 @@ def run(argv, stop=None):
     if stop is not None and hasattr(stop, "training"):
         stop.training = True
     with np.errstate(over="ignore", invalid="ignore"):  # the loop checks the loss itself
-        if args.save:
-            os.makedirs(args.save, exist_ok=True)
         result = train_text(
             config, text, xp=xp, device=device,
             step=_step(args),
