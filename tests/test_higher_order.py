@@ -273,6 +273,46 @@ def test_notrack_and_stop_gradient():
     assert np.allclose(g, [3.0])
 
 
+TRANSFORMS_UNDER_NOTRACK = {  # each against its derivative worked out by hand at x
+    "gradient": (lambda x: tg.gradient(lambda x: tg.sum(x**3), x)[0], lambda x: 3 * x**2),
+    "withgradient": (
+        lambda x: tg.withgradient(lambda x: tg.sum(x**3), x).grad[0],
+        lambda x: 3 * x**2,
+    ),  # fmt: skip
+    "jacobian": (lambda x: tg.jacobian(lambda x: x**2, x), lambda x: np.diag(2 * x)),
+    "jacfwd": (lambda x: tg.jacfwd(lambda x: x**2, x), lambda x: np.diag(2 * x)),
+    "jvp": (lambda x: tg.jvp(lambda x: x**2, (x,), (np.ones(2),))[1], lambda x: 2 * x),
+    "hessian": (lambda x: tg.hessian(lambda x: tg.sum(x**3), x), lambda x: np.diag(6 * x)),
+    "hvp": (lambda x: tg.hvp(lambda x: tg.sum(x**3), x, np.ones(2)), lambda x: 6 * x),
+    "forward": (lambda x: tg.forward(lambda x: x**2, x)[1](np.ones(2))[0], lambda x: 2 * x),
+    "compile": (lambda x: tg.compile(lambda x: tg.sum(x**3))(x).grad[0], lambda x: 3 * x**2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRANSFORMS_UNDER_NOTRACK))
+def test_transforms_differentiate_inside_notrack(name):
+    """notrack() stops recording, not differentiating: a transform called in it tracks its own
+    function (as PyTorch's do under no_grad), and hands back plain arrays."""
+    transform, by_hand = TRANSFORMS_UNDER_NOTRACK[name]
+    x = np.array([1.0, 2.0])
+    with tg.notrack():
+        found = transform(x)
+        assert not tg.istracked(tg.exp(tg.param(x)))  # still not tracking after it
+    assert not isinstance(found, tg.TrackedArray)
+    np.testing.assert_allclose(found, by_hand(x))
+
+
+def test_a_transform_in_notrack_inside_f_is_a_constant_to_the_outer_pass():
+    def f(x):
+        with tg.notrack():
+            J = tg.jacobian(lambda y: x * y**2, x)  # closes over the outer x: a constant here
+        return tg.sum(x * 3.0) + tg.sum(J)
+
+    x = np.array([1.0, 2.0])
+    (g,) = tg.gradient(f, x)
+    np.testing.assert_array_equal(g, [3.0, 3.0])
+
+
 def test_fused_pullbacks_serve_first_order_passes_only():
     calls = []
 

@@ -148,6 +148,7 @@ def gradient(f, *args, nest=False, wrt=None):
     return withgradient(f, *args, nest=nest, wrt=wrt).grad
 
 
+@nesting.transform
 def withgradient(f, *args, nest=False, wrt=None):
     """`(val, grad)`: the value of `f(*args)` (its whole output, with plain arrays of the data's
     library where it returned tracked ones) and `gradient(f, *args)`. With `nest=True` the

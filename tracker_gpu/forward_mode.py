@@ -24,6 +24,7 @@ from .tracked import TrackedArray, alias, constant, data
 __all__ = ["jvp", "jacfwd"]
 
 
+@nesting.transform
 def jvp(f, primals, tangents):
     """`(f(*primals), J t)`: the value and its derivative along `tangents` (shaped like
     `primals`, nested structures alike). The value may be an array or a structure of arrays;
@@ -103,6 +104,7 @@ def _still(v):
     return type(v)(0) if type(v) in (int, float, complex) else v
 
 
+@nesting.transform
 def jacfwd(f, x):
     """The Jacobian of `f` at the array `x` by forward mode, one `jvp` per element of `x`, in
     `jacobian`'s layout (`f(x).shape + x.shape`). A column costs about three reverse passes, so

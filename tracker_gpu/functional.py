@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 
+@nesting.transform
 def forward(f, *args):
     """`(y, back)`: the plain value of `f(*args)` and a pullback `back(dy)` giving the gradients
     of `sum(dy * y)` with respect to the arguments. `back` may be called any number of times.
@@ -89,6 +90,7 @@ def _cotangent(y, dy):
     return nested_seed(given_seed(y, dy), y._xp)
 
 
+@nesting.transform
 def jacobian(f, *args, wrt=0):
     """The Jacobian of `f` at the array `args[wrt]`, of shape `f(*args).shape + x.shape` (as
     JAX lays it out: for vectors, one row per output, one column per input); the other
@@ -165,6 +167,7 @@ def _check_real_to_real(x, y):
         )
 
 
+@nesting.transform
 def hessian(f, *args, wrt=0):
     """The Hessian of the scalar `f` at the array `args[wrt]` (one position; the other
     arguments are data): the Jacobian of its nested gradient, of shape `x.shape + x.shape`.
@@ -187,6 +190,7 @@ def hessian(f, *args, wrt=0):
     return _jacobian(lambda x: gradient(along, x, nest=True)[0], x)
 
 
+@nesting.transform
 def hvp(f, x, v):
     """The Hessian of the scalar `f` at `x` times `v`, without building the Hessian.
 

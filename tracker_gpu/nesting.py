@@ -17,13 +17,18 @@ False
 True
 """
 
+import contextlib
+import functools
 import threading
 
 from .tape import serial_now
 
-__all__ = ["active", "begin", "inside", "top_level_passes"]
+__all__ = ["active", "begin", "inside", "top_level_passes", "transform", "resumed", "NOT_TRACKING"]
 
 _local = threading.local()
+
+# Threads inside a `notrack()` block: their operations record nothing.
+NOT_TRACKING = set()
 
 
 def active():
@@ -65,3 +70,37 @@ def top_level_passes():
     """How many transforms have taken the fast path in this thread: tg.compile asks whether
     `f` ran one, which `withgradient(f)` would have nested."""
     return getattr(_local, "passes", 0)
+
+
+def transform(run):
+    """`run`, a transform (`gradient`, `jacobian`, `jvp`...): called inside `notrack()` it
+    differentiates all the same, its own function tracked and its results plain, as at top
+    level (PyTorch's transforms likewise differentiate under `no_grad`)."""
+
+    @functools.wraps(run)
+    def transformed(*args, **kw):
+        if not (NOT_TRACKING and threading.get_ident() in NOT_TRACKING):
+            return run(*args, **kw)
+        from .api import untracked
+
+        with resumed():
+            return untracked(run(*args, **kw))
+
+    return transformed
+
+
+@contextlib.contextmanager
+def resumed():
+    """Within the block, this thread tracks, at top level, if it was inside `notrack()`."""
+    ident = threading.get_ident()
+    if ident not in NOT_TRACKING:
+        yield
+        return
+    depth = getattr(_local, "depth", 0)
+    NOT_TRACKING.discard(ident)
+    _local.depth = 0
+    try:
+        yield
+    finally:
+        _local.depth = depth
+        NOT_TRACKING.add(ident)

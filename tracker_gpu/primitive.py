@@ -31,13 +31,11 @@ import numpy as np
 from . import backend, recording
 from .backend import SCALARS, namespace_of
 from .cuda import dispatch
+from .nesting import NOT_TRACKING
 from .recording import ACTIVE
 from .tape import Node, leaf_node, next_serial
 
 __all__ = ["Primitive", "ByPosition", "record", "tracking", "NOT_TRACKING", "no_gradient"]
-
-# Threads inside a `notrack()` block: their operations record nothing.
-NOT_TRACKING = set()
 
 
 def tracking():
