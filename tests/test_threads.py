@@ -9,6 +9,7 @@ interleave inside the backward walks.
 
 import sys
 import threading
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -183,3 +184,17 @@ def test_notrack_blocks_nest_and_exit_in_any_order_across_threads(backend):
 
     assert _in_threads(job, JOBS) == [(False, False, True)] * JOBS
     assert tg.istracked(tg.param(x) * 1.0)  # and nothing leaked into this thread
+
+
+def test_one_compiled_function_called_by_threads_that_evict_each_others_signatures():
+    """Its cache is shared: recordings, lookups and evictions by several threads at once."""
+    step = tg.compile(lambda x: tg.sum(tg.tanh(x) ** 2), maxsize=2)
+    sizes = [1 + k % 4 for k in range(200)]
+    expected = {n: tg.withgradient(lambda x: tg.sum(tg.tanh(x) ** 2), np.ones(n)) for n in sizes}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the churn of a small cache, warned
+        with ThreadPoolExecutor(THREADS) as pool:
+            found = list(pool.map(lambda n: step(np.ones(n)), sizes))
+    for n, result in zip(sizes, found):
+        assert result.val == expected[n].val
+        np.testing.assert_array_equal(result.grad[0], expected[n].grad[0])

@@ -33,6 +33,7 @@ CacheInfo(hits=1, misses=1, maxsize=32, currsize=1, eager=0)
 """
 
 import functools
+import threading
 import warnings
 from collections import OrderedDict, namedtuple
 from dataclasses import dataclass
@@ -116,15 +117,18 @@ class Compiled:
         self._matchers, self._matcher = {}, None  # signature -> fast path; the last one hit
         self._hits = self._misses = 0
         self._churned = self._guard_churned = self._warned_random = False
+        self._lock = threading.RLock()
         functools.update_wrapper(self, f, updated=())
 
     def __call__(self, *args, **kwargs):
-        if self._matcher is not None:
-            ran = self._fast(_matched(args, kwargs))
+        last = self._matcher  # read once: another thread may change it
+        if last is not None:
+            ran = self._fast(last, _matched(args, kwargs))
             if ran is not None:
                 return _plain(ran)
-        if self._matcher is not None:  # its hits since the last call here count as uses
-            self._programs.move_to_end(self._matcher[0])
+            with self._lock:  # its hits since the last call here count as uses
+                if last[0] in self._programs:
+                    self._programs.move_to_end(last[0])
         memo = {}
         chosen = _chosen(args, self.wrt, self.gradient)  # a Python number outside stays one
         original, warned = args, any(_top_level_number(args[i]) for i in chosen)
@@ -136,23 +140,25 @@ class Compiled:
             key = (_KEYWORDS, key)
         else:
             key, arrays = signature_and_arrays(args)
-        variants = self._programs.get(key)
-        program = None if variants is None else _holding(variants)
+        with self._lock:  # the cache, shared by the threads that call: replays run outside
+            variants = self._programs.get(key)
+            program = None if variants is None else _holding(variants)
+            if program is not None:
+                self._hits += 1
+                self._programs.move_to_end(key)
+                if program is not _EAGER and not warned:
+                    self._match_next(key, _matched(args, kwargs), _matched(original, kwargs_given))
         if program is None:
             self._misses += 1
             return self._record(key, args, kwargs, variants)
-        self._hits += 1
-        self._programs.move_to_end(key)
         if program is _EAGER:
             return _plain(self._eager(args, kwargs))
-        if not warned:
-            self._match_next(key, _matched(args, kwargs), _matched(original, kwargs_given))
         return _plain(program.run(arrays))
 
-    def _fast(self, given):
+    def _fast(self, last, given):
         """The replay's result if the arguments (`_matched`) have the signature of the last
-        call that replayed and its guards hold (`fastpath.py`), else None."""
-        _, match, variants = self._matcher  # the signature's variants, while it is cached
+        call that replayed (`last`) and its guards hold (`fastpath.py`), else None."""
+        _, match, variants = last  # the signature's variants, while it is cached
         arrays = match(given)
         program = None if arrays is None else _holding(variants)
         if program is None or program is _EAGER:
@@ -171,6 +177,17 @@ class Compiled:
                     self._matchers = {k: m for k, m in self._matchers.items()
                                       if k in self._programs}  # fmt: skip
             self._matcher = None if made is None else (key, made, self._programs[key])
+
+    def __getstate__(self):
+        """A copy or a pickle holds the function and its options; it records anew (a
+        recording holds compiled code, the cache is this object's own)."""
+        state = dict(self.__dict__, _programs=OrderedDict(), _matchers={}, _matcher=None)
+        state.update(_hits=0, _misses=0)
+        state.pop("_lock")
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _lock=threading.RLock())
 
     def cache_info(self):
         programs = [p for variants in self._programs.values() for _, p in variants]
@@ -194,7 +211,7 @@ class Compiled:
         changed = None if variants is None else variants[0][0].failing()
         before = guards_of(self.f, args, kwargs)  # what f reads, as it reads it
         try:
-            with draws.noted() as drawn:
+            with draws.noted() as drawn, nesting.resumed():  # notrack() is f's own
                 program, result = record(
                     self.f,
                     args,
@@ -217,9 +234,14 @@ class Compiled:
         self._warn_random(guards)
         if program is not None:  # (run eagerly, f's changes are f's own)
             self._warn_changed(before.changed())
-        if variants is None:
-            variants = self._programs[key] = []
-        variants.insert(0, (guards, _EAGER if program is None else program))
+        with self._lock:
+            self._keep(key, (guards, _EAGER if program is None else program), changed)
+        return _plain(result)
+
+    def _keep(self, key, variant, changed):
+        """`variant` first among the key's, the least recently used signature evicted."""
+        variants = self._programs.setdefault(key, [])
+        variants.insert(0, variant)
         if len(variants) > VARIANTS:
             variants.pop()
             self._warn_guard_churn(changed)
@@ -229,7 +251,6 @@ class Compiled:
             if self._matcher is not None and self._matcher[0] == evicted:
                 self._matcher = None
             self._warn_churn()
-        return _plain(result)
 
     def _eager(self, args, kwargs):
         if self.gradient is False:
