@@ -138,6 +138,42 @@ def test_copy_is_the_same_value_and_place_on_the_tape(backend):
     assert not tg.istracked(c)
 
 
+COPIES = {"pickle": _round_trip, "deepcopy": copy.deepcopy}
+
+
+@pytest.mark.parametrize("how", sorted(COPIES))
+def test_params_and_grads_copied_with_their_arrays_find_them(how):
+    W, b = tg.param(np.array([1.0, 2.0])), tg.param(np.array([3.0]))
+    ps = tg.Params([W, b])
+    gs = tg.gradient(lambda: tg.sum(W * W) + tg.sum(b), ps)
+    W2, b2, ps2, gs2 = COPIES[how]((W, b, ps, gs))
+    assert W2 in ps2 and b2 in ps2 and W not in ps2 and len(ps2) == 2
+    ps2.append(W2)
+    assert len(ps2) == 2
+    np.testing.assert_array_equal(gs2[W2], [2.0, 4.0])
+    np.testing.assert_array_equal(gs2[b2], [1.0])
+    again = tg.gradient(lambda: tg.sum(W2 * b2), ps2)
+    np.testing.assert_array_equal(again[W2], [3.0, 3.0])
+    np.testing.assert_array_equal(again[b2], [3.0])
+
+
+def _sin_x(x):
+    return tg.sum(tg.sin(x) * x)
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy", "copy"])
+def test_a_compiled_function_copies_after_its_first_call_and_records_anew(how):
+    step, x = tg.compile(_sin_x), np.array([0.5, 1.0])
+    expected = step(x)
+    step(x)
+    copied = {**COPIES, "copy": copy.copy}[how](step)
+    found = copied(x)
+    assert copied.cache_info().misses == 1  # its own cache: recorded anew
+    assert step.cache_info().currsize == 1
+    np.testing.assert_array_equal(found.val, expected.val)
+    np.testing.assert_array_equal(found.grad[0], expected.grad[0])
+
+
 def test_pickling_refused_while_recording():
     def f(x):
         pickle.dumps(x)

@@ -38,6 +38,9 @@ class Params:
     def __contains__(self, x):
         return id(x) in self._ids
 
+    def __reduce__(self):  # a copy or a pickle holds its own arrays, found by their new ids
+        return Params, (self._items,)
+
     def __repr__(self):
         return f"Params({len(self)} arrays)"
 
@@ -63,5 +66,12 @@ class Grads:
     def items(self):
         return [(p, self[p]) for p in self.params]
 
+    def __reduce__(self):  # the gradients by position: ids change with a copy or a pickle
+        return _grads, (self.params, [self._found.get(id(p)) for p in self.params])
+
     def __repr__(self):
         return f"Grads({len(self)} arrays)"
+
+
+def _grads(params, gradients):
+    return Grads(params, {id(p): g for p, g in zip(params, gradients)})
