@@ -3,8 +3,10 @@
 `checkpoint(f, x)` runs `f` again in the backward pass. If `f` draws random numbers (a
 `Dropout`), the second run must see the numbers the first one saw, or the gradient belongs to
 another function. Layers draw through `uniform(rng, shape)`; inside a checkpointed block it notes
-the state of each generator before its first draw, and the re-run starts each generator from
-that state, then puts it back where it was, as PyTorch's checkpoint does with its generators.
+the state of the generator before each draw, and the re-run draws each from its noted state,
+then puts the generator back where it was (PyTorch's checkpoint does the same with its
+generators). A draw reads and moves the state under one lock, so a layer's generator may be
+shared by threads: another thread's draws may fall between a block's, never into them.
 A generator whose state cannot be read and restored is refused inside a checkpointed block.
 
 >>> import numpy as np
@@ -27,24 +29,34 @@ from . import backend, recording
 __all__ = ["uniform", "draw", "noted", "replayed", "rewind"]
 
 _local = threading.local()
+_lock = threading.RLock()
 
 
 def uniform(rng, shape, like=None):
     """`rng.random(shape)`: uniform draws in [0, 1), in the library and on the device of `like`
     (a plain array) if given; noted for the checkpointed blocks running, and, while tg.compile
     records, a traced draw that every replay makes anew."""
-    for states in getattr(_local, "blocks", ()):
-        if id(rng) not in states:
-            states[id(rng)] = (rng, _state(rng))
-    recorder = recording.current()
-    if recorder is not None:
-        return recorder.draw(rng, shape, like)
-    return draw(rng, shape, like)
+    with _lock:  # a generator may be shared by threads: its state is read as it draws
+        again = _replaying(rng)
+        now = None if again is None else _state(rng)
+        if again is not None:
+            _restore(rng, again)
+        for states in getattr(_local, "blocks", ()):
+            states.setdefault(id(rng), (rng, []))[1].append(_state(rng))
+        try:
+            recorder = recording.current()
+            if recorder is not None:
+                return recorder.draw(rng, shape, like)
+            return draw(rng, shape, like)
+        finally:
+            if now is not None:
+                _restore(rng, now)
 
 
 def draw(rng, shape, like=None):
     """`rng.random(shape)`, moved to the library and device of `like` if it is another's."""
-    u = rng.random(shape)
+    with _lock:
+        u = rng.random(shape)
     if like is None:
         return u
     xp = backend.namespace_of(like)
@@ -55,35 +67,43 @@ def draw(rng, shape, like=None):
 
 @contextlib.contextmanager
 def noted():
-    """A block whose generators' states (before their first draw) are collected in the dict it
-    yields."""
+    """A block whose generators' states, before each of their draws, are collected in the
+    dict it yields."""
     blocks = _local.__dict__.setdefault("blocks", [])
     states = {}
     blocks.append(states)
     try:
         yield states
-    finally:
-        blocks.remove(states)
+    finally:  # by identity: two blocks may have noted equal states
+        del blocks[next(i for i, b in enumerate(blocks) if b is states)]
 
 
 @contextlib.contextmanager
 def replayed(states):
-    """Within the block, each generator of `states` starts from its noted state; afterwards it
-    is back where it was."""
-    current = [(rng, _state(rng)) for rng, _ in states.values()]
-    rewind(states)
+    """Within the block, the draws of each generator of `states` are those it noted, in turn;
+    the generator itself is left where it is (other threads may draw from it meanwhile)."""
+    replays = _local.__dict__.setdefault("replays", [])
+    replays.append({key: iter(noted) for key, (_, noted) in states.items()})
     try:
         yield
     finally:
-        for rng, state in current:
-            _restore(rng, state)
+        replays.pop()
+
+
+def _replaying(rng):
+    """The state to draw from for a draw being replayed, or None."""
+    replays = getattr(_local, "replays", None)
+    if not replays:
+        return None
+    return next(replays[-1].get(id(rng), iter(())), None)
 
 
 def rewind(states):
-    """Each generator of `states` back to its noted state, to draw again what it drew (a run
-    that tg.compile could not record, run again eagerly)."""
-    for rng, state in states.values():
-        _restore(rng, state)
+    """Each generator of `states` back to its state before its first noted draw, to draw
+    again what it drew (a run that tg.compile could not record, run again eagerly)."""
+    with _lock:
+        for rng, noted in states.values():
+            _restore(rng, noted[0])
 
 
 def _state(rng):
