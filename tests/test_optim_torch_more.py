@@ -346,6 +346,36 @@ def test_clip_grad_norm_matches_torch(backend, p, max_norm):
         assert np.array_equal(numpy_of(backend, clipped["w"]), grads["w"])
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("size", [4, 100_000])  # a norm of 2 and of 316 (float16's squares: 256)
+@pytest.mark.parametrize("p", [2.0, 3.0, math.inf])
+def test_clip_grad_norm_of_every_float_dtype(backend, dtype, size, p):
+    """Each array keeps its dtype; the norm is accumulated in float32 for the half dtypes (as
+    PyTorch's), which overflowed in float16 and set every gradient to 0. The reference is the
+    same norm and scaling in float64."""
+    half, full = np.full(size, 1.0), np.linspace(-1.0, 1.0, 7)
+    ours = [_in_dtype(backend, half, dtype), backend.asarray(full)]
+    clipped, norm = optim.clip_grad_norm(ours, 1.0, p=p)
+    expected = np.linalg.norm(np.concatenate([half, full]), ord=p)
+    scale = min(1.0, 1.0 / (expected + 1e-6))
+    assert [tg.backend.dtype_name(c.dtype) for c in clipped] == [dtype, "float64"]
+    np.testing.assert_allclose(numpy_of(backend, norm), expected, rtol=1e-6)
+    np.testing.assert_allclose(_as_float64(clipped[0]), half * scale, rtol=1e-2)
+    np.testing.assert_allclose(numpy_of(backend, clipped[1]), full * scale, rtol=1e-6)
+
+
+def _in_dtype(backend, values, dtype):
+    if dtype != "float32" and backend.name.startswith("strict"):
+        pytest.skip("array_api_strict has no half dtype")
+    if dtype != "float32" and backend.name == "dask":
+        pytest.skip("the tracked Dask namespace has no half dtype")
+    return tg.nn.asarray(values, xp=backend.xp, device=backend.device, dtype=dtype)
+
+
+def _as_float64(x):
+    return tg.nn.to_numpy(x).astype(np.float64)
+
+
 def test_clip_grad_norm_counts_a_tied_array_once_given_the_model():
     """An embedding tied to the output layer: PyTorch's `parameters()` lists the tensor once, so
     its gradient counts once in the norm; withgradient puts the whole gradient in both places."""
@@ -424,3 +454,20 @@ def test_clip_grad_norm_replays_bit_for_bit(throw):
         x[0, 0] = np.nan
         with tg.sync_checks(False), pytest.raises(FloatingPointError, match="clip_grad_norm"):
             compiled(*replay, x, y)
+
+
+@pytest.mark.parametrize("name", list(torch_rules()))
+def test_every_rule_under_a_schedule_matches_torch_with_its_scheduler(name):
+    """The schedule sets the rate from the first step on, state included (Rprop's step sizes
+    start at it): the rule's own rate, here another, is never used. Momentum keeps the rate in
+    its velocity, as its docstring says, where PyTorch keeps it out (SGD is PyTorch's form)."""
+    from conftest import BACKENDS
+
+    if name.startswith("Momentum"):
+        pytest.skip("Momentum's velocity holds the rate, by design (SGD matches PyTorch)")
+
+    rule, make = torch_rules()[name]
+    lr = make([torch.zeros(1, requires_grad=True)]).param_groups[0]["lr"]
+    scheduled = optim.Scheduled(rule.adjust(eta=7 * lr), optim.Exp(lr, decay=0.8))
+    scheduler = lambda o: torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.8)  # noqa: E731
+    train_both(BACKENDS["numpy"](), scheduled, make, scheduler)

@@ -435,7 +435,7 @@ def dtype_name(dtype):
         return np.dtype(dtype).name
     except TypeError:
         text = str(dtype).rsplit(".", 1)[-1].strip("'>")
-        return text if text in DTYPE_NAMES else None
+        return text if text in DTYPE_NAMES or text in HALF else None
 
 
 # The floating dtypes that NumPy knows only through the ml_dtypes package (as JAX and CuPy use

@@ -14,7 +14,7 @@ scaled down to norm `omega` on its own, which changes the gradient's direction.
 
 import math
 
-from ..backend import is_array, namespace_of
+from ..backend import HALF, dtype_name, is_array, namespace_of
 from ..primitive import no_gradient
 from ..tracked import data
 from .rules import check_flags, check_number
@@ -39,7 +39,8 @@ def clip_grad_norm(grads, max_norm, p=2.0, throw=False, *, model=None):
     error_if_nonfinite=throw)`, which scales the `.grad`s in place and returns the norm. With
     `throw=True` a norm that is NaN or infinite raises FloatingPointError (the norm is then
     read back: one synchronisation). The norm stays on the device and tg.compile replays it.
-    `ClipNorm` instead clips each array alone.
+    `ClipNorm` instead clips each array alone. The norms of float16 and bfloat16 arrays are
+    taken in float32 (the norm is then float32); each array keeps its dtype.
 
     `withgradient` puts a tied array's whole gradient in each of its places, so a model with
     tied weights must be given as `model`: the gradient of an array found in several of its
@@ -60,14 +61,23 @@ def clip_grad_norm(grads, max_norm, p=2.0, throw=False, *, model=None):
             "returned for the model"
         )
     xp = namespace_of(arrays[0])
-    norms = xp.stack([xp.linalg.vector_norm(g, ord=p) for g in arrays])
+    norms = xp.stack([xp.linalg.vector_norm(_widened(xp, g), ord=p) for g in arrays])
     norm = xp.linalg.vector_norm(norms, ord=p)
     if throw:
         scale = _checked_scale(norm, max_norm=max_norm, p=p)
     else:
         scale = xp.clip(max_norm / (norm + 1e-6), max=1.0)
-    clipped = tree_map_with_path(lambda path, g: g * scale if _is_gradient(g) else g, grads)
-    return clipped, norm
+
+    def scaled(path, g):  # each array keeps its dtype
+        return g * xp.astype(scale, data(g).dtype) if _is_gradient(g) else g
+
+    return tree_map_with_path(scaled, grads), norm
+
+
+def _widened(xp, g):
+    """`g` in float32 if it is float16 or bfloat16, whose sums of squares overflow at 256
+    and round to 8 bits (PyTorch's norms accumulate in float32 too)."""
+    return xp.astype(g, xp.float32) if dtype_name(data(g).dtype) in HALF else g
 
 
 def _is_gradient(g):
