@@ -366,7 +366,7 @@ class Scheduled(Rule):
         return self.rule.adjust(**{self.field: rate})
 
     def init(self, x):
-        inner = self.rule.init(x)
+        inner = self.at(0).init(x)  # as the rule starts (Rprop's step sizes start at its rate)
         return (0 if _holds_array(inner) else _zero_count(x), inner)
 
     def apply(self, state, x, dx):
