@@ -771,6 +771,12 @@ def test_resuming_a_checkpoint_of_other_settings(tmp_path):
         train.train("mlp", epochs=2, batch_size=128, data=data, resume=path)
 
 
+def test_a_checkpoint_block_returning_a_tuple():
+    with pytest.raises(TypeError, match="checkpoint: the block must return one array, it "
+                       "returned a tuple; checkpoint a block per output"):  # fmt: skip
+        tg.gradient(lambda a: tg.sum(tg.checkpoint(lambda u: (u**2, u**3), a)[1]), np.ones(2))
+
+
 # --- the catalogue and these tests stay in step
 def test_every_row_of_the_catalogue_has_its_test():
     text = (ROOT / "docs" / "bad_inputs.md").read_text()

@@ -54,6 +54,72 @@ def test_jvp_of_an_output_independent_of_the_input_is_zero(backend):
     np.testing.assert_array_equal(backend.to_numpy(tangent), [0.0, 0.0])
 
 
+RANDOM_OR_STATEFUL = {  # f, x: what f draws or updates must be the same for value and tangent
+    "dropout": (lambda: tg.nn.Dropout(0.5, rng=np.random.default_rng(0), active=True),
+                np.linspace(1.0, 2.0, 8)),
+    "batchnorm": (lambda: tg.nn.BatchNorm(2, dtype="float64"),
+                  np.array([[1.0, 2.0], [3.0, -1.0], [0.0, 0.5]])),
+    "numpy draws": (lambda: _times_draws(np.random.default_rng(1)), np.array([1.0, 2.0, 3.0])),
+}  # fmt: skip
+
+
+def _times_draws(rng):
+    return lambda x: x * rng.standard_normal(3)
+
+
+@pytest.mark.parametrize("name", sorted(RANDOM_OR_STATEFUL))
+def test_jvp_runs_f_once_for_its_value_and_tangent(name):
+    """The value and tangent of one run: a linear f's tangent along x is its value at x (the
+    value had come from a second run: other masks, batch norm in inference mode), and a batch
+    norm's running statistics are updated once, as one forward pass does."""
+    make, x = RANDOM_OR_STATEFUL[name]
+    f, twin = make(), make()
+    value, tangent = tg.jvp(f, (x,), (x,))
+    if name == "batchnorm":  # not linear; its training-mode value, and one update
+        twin = tg.nn.trainmode(twin)
+        np.testing.assert_allclose(value, tg.data(twin(x)), rtol=1e-12)
+        np.testing.assert_array_equal(f.running_mean, twin.running_mean)
+        return
+    np.testing.assert_allclose(tangent, value, rtol=1e-12)
+    np.testing.assert_array_equal(value, tg.data(twin(x)))
+
+
+def test_jvp_past_an_infinite_or_nan_output_is_the_derivative():
+    """`<J^T u, t>` with u = 0 is nan where an output is infinite: no error for it, the tangent
+    is the derivative (as JAX's)."""
+    x, t = np.array([0.0, 1.0]), np.ones(2)
+    np.testing.assert_array_equal(tg.jvp(tg.log, (x,), (t,))[1], [np.inf, 1.0])
+    found = tg.jvp(lambda x: tg.where(x > 0, tg.sqrt(x), 0.0), (x,), (t,))[1]
+    np.testing.assert_array_equal(found, [0.0, 0.5])
+    np.testing.assert_array_equal(tg.hvp(lambda x: tg.sum(x**3 / 6), x, t), x)
+
+
+def test_jvp_gives_integer_outputs_a_zero_tangent_of_their_dtype():
+    value, tangent = tg.jvp(lambda a: (a * 2.0, tg.argmax(a)), (np.array([1.0, 5.0]),),
+                            (np.ones(2),))  # fmt: skip
+    np.testing.assert_array_equal(tangent[0], [2.0, 2.0])
+    assert int(value[1]) == 1 and tangent[1].dtype == value[1].dtype and int(tangent[1]) == 0
+
+
+EMPTY = {  # f, x, the shape of the Jacobian (JAX's layout: f(x).shape + x.shape)
+    "empty output": (lambda a: a[:0] * 2.0, np.ones(2), (0, 2)),
+    "empty input": (lambda a: tg.sum(a) * np.ones(3), np.zeros(0), (3, 0)),
+    "empty both": (lambda a: a * 2.0, np.zeros((0, 2)), (0, 2, 0, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY))
+@pytest.mark.parametrize("transform", ["jacobian", "jacfwd"])
+def test_jacobians_of_empty_arrays_are_empty(name, transform):
+    f, x, shape = EMPTY[name]
+    found = getattr(tg, transform)(f, x)
+    assert found.shape == shape and not isinstance(found, tg.TrackedArray)
+
+
+def test_the_hessian_at_an_empty_point_is_empty():
+    assert tg.hessian(lambda a: tg.sum(a**2), np.zeros(0)).shape == (0, 0)
+
+
 def test_jvp_checks_its_tangents():
     x = np.ones(3)
     with pytest.raises(ValueError, match="one tangent per primal"):

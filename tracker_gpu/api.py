@@ -67,16 +67,17 @@ def back(y, dy=None, *, once=True):
                 node.grad = hand_out(g) if node.grad is None else node.grad + g
 
 
-def scalar_seed(value, xp):
+def scalar_seed(value, xp, finite=True):
     """The seed of a pass from the plain loss `value` (of library `xp`): a one of its dtype,
-    after the checks that it is real, a scalar and (where checks run) finite."""
+    after the checks that it is real, a scalar and (where checks run, and `finite` asks)
+    finite."""
     _check_real(value)
     if value.ndim != 0:
         raise BackError(
             f"value is not scalar (shape {tuple(value.shape)}): use back(sum(y)) or back(y, dy) "
             "with a seed dy of y's shape"
         )
-    if checking(value):
+    if finite and checking(value):
         number = float(value)
         if not math.isfinite(number):
             raise BackError(
@@ -209,7 +210,7 @@ def loss_pass(f, val, inputs, nest, since, quiet=False):
             "gradient is None. Return the 0-d tracked array instead"
         )
     others = []
-    found = backprop(loss, inputs.values(), nest, others, since)
+    found = backprop(loss, inputs.values(), nest, others, since, finite=not quiet)
     if inputs and not quiet and _none_reached(inputs.values(), found):
         _warn_no_dependence(f, loss, "argument", others)
     return found, others
@@ -452,15 +453,17 @@ def _input(x, nest, recorded=False):
 _SEEDS = weakref.WeakSet()
 
 
-def backprop(loss, inputs, nest, others=None, since=0):
+def backprop(loss, inputs, nest, others=None, since=0, finite=True):
     """{id(input): gradient} for the inputs the scalar `loss` depends on, walking the nodes
     made since the serial `since` (older ones are values closed over). The list `others`, if
-    given, collects the other leaves and older nodes reached (not the seeds of nested passes)."""
+    given, collects the other leaves and older nodes reached (not the seeds of nested passes).
+    `finite=False` for this package's inner sums (a jvp's `<J^T u, t>`), whose value is not
+    used: an infinite output times a zero cotangent is nan there, and that is no error."""
     _check_loss_is_scalar(loss)
     if not istracked(loss) or recording.is_data(loss._node):  # data: a plain value eagerly
         return {}
     with backend.on_device_of(loss.data):  # buffers and kernels on the loss's GPU
-        seed = scalar_seed(loss.data, loss._xp)
+        seed = scalar_seed(loss.data, loss._xp, finite)
         if nest:
             seed = nested_seed(seed, loss._xp)
         stop = [made._node for made in inputs]

@@ -14,12 +14,19 @@ at the cost of about three passes.
 import math
 
 from . import backend, nesting
-from .api import quiet_gradient, top_levels, untracked
+from .api import (
+    backprop,
+    gradients_in_place,
+    quiet_gradient,
+    top_levels,
+    track_inputs,
+    untracked,
+)
 from .pytree import tree_leaves, tree_map
 from .rules.elementwise import multiply
 from .rules.reductions import sum as _sum
 from .rules.shape import reshape, stack
-from .tracked import TrackedArray, alias, constant, data
+from .tracked import TrackedArray, data
 
 __all__ = ["jvp", "jacfwd"]
 
@@ -28,25 +35,36 @@ __all__ = ["jvp", "jacfwd"]
 def jvp(f, primals, tangents):
     """`(f(*primals), J t)`: the value and its derivative along `tangents` (shaped like
     `primals`, nested structures alike). The value may be an array or a structure of arrays;
-    the tangent comes back in the same structure."""
+    the tangent comes back in the same structure (zeros for integer and boolean arrays). `f`
+    runs once: the value and the tangent are of the same run (the same dropout masks, one
+    update of a batch norm's statistics)."""
     primals, tangents = untied(_floats_as_arrays(primals)), _floats_as_arrays(tangents)
     _check_tangents(primals, tangents)
+    _, since = nesting.begin(True)  # recorded: the pullback is differentiated once more
+    args, inputs, tracked = track_inputs(primals, True)
+    with nesting.inside():
+        value = f(*tracked)
+    outputs = [y for y in _leaves(value) if _is_floating(y)]
 
-    def pulled_back(*cotangents):
-        def weighted(*xs):
-            out = f(*xs)
-            parts = [_sum(multiply(y, u)) for y, u in zip(_leaves(out), cotangents)]
-            return _total(parts)
+    def pulled_back(*cotangents):  # <J^T u, t>: linear in the cotangents u
+        weighted = _total([_sum(multiply(y, u)) for y, u in zip(outputs, cotangents)])
+        found = {}
+        if isinstance(weighted, TrackedArray):
+            found = backprop(weighted, inputs.values(), True, since=since, finite=False)
+        return directional(gradients_in_place(args, inputs, found, True), tangents)
 
-        grads = quiet_gradient(weighted, *primals, nest=True)
-        return directional(grads, tangents)
+    found = quiet_gradient(pulled_back, *[_zeros_like(y) for y in outputs])
+    if not nesting.active():  # nested, both stay linked to the outer pass
+        value, found = untracked(value), untracked(found)
+    found = iter(found)
+    return value, tree_map(lambda v: _tangent(v, found) if _is_array(v) else _still(v), value)
 
-    value = f(*_unwritten(primals))
-    cotangents = [_zeros_like(y) for y in _leaves(value)]
-    found = quiet_gradient(pulled_back, *cotangents)
-    outputs = iter(_zeros_like(y) if g is None else g for y, g in zip(_leaves(value), found))
-    plain = value if nesting.active() else untracked(value)  # nested: linked to the outer pass
-    return plain, tree_map(lambda v: next(outputs) if _is_array(v) else _still(v), plain)
+
+def _tangent(y, found):
+    """The tangent of the output array `y`: the next one `found` for a floating one (zeros
+    where it does not depend on the primals), zeros of its dtype for another."""
+    g = next(found) if _is_floating(y) else None
+    return _zeros_like(y) if g is None else g
 
 
 def directional(grads, tangents):
@@ -60,19 +78,6 @@ def directional(grads, tangents):
 
     tree_map(part, grads, tangents)
     return _total(parts)
-
-
-def _unwritten(primals):
-    """The primals as `f` may write into them (`x[0] = v`) without changing the caller's: a
-    plain array as a tracked constant over it (the write copies it: the caller holds the
-    buffer), a tracked one as a second handle on it (the write rebinds the handle alone)."""
-
-    def guarded(x):
-        if isinstance(x, TrackedArray):
-            return alias(x)
-        return constant(x, backend.namespace_of(x)) if backend.is_array(x) else x
-
-    return tree_map(guarded, primals)
 
 
 def untied(primals):
@@ -119,6 +124,9 @@ def jacfwd(f, x):
     xp = backend.namespace_of(value)
     n = math.prod(value.shape)
     eye = xp.eye(n, dtype=value.dtype, device=backend.device_of(value))
+    if n == 0:  # no column: f's output shape from one jvp along the empty tangent
+        _, t = jvp(f, (x,), (xp.zeros_like(value),))
+        return xp.zeros(tuple(t.shape) + tuple(value.shape), dtype=t.dtype, device=t.device)
     columns, out_shape = [], ()
     for j in range(n):
         _, t = jvp(f, (x,), (xp.reshape(eye[j, :], tuple(value.shape)),))
@@ -135,12 +143,22 @@ def _is_array(v):
     return isinstance(v, TrackedArray) or backend.is_array(v)
 
 
-def _zeros_like(y):
+def _is_floating(y):
+    """Whether the output `y` has a tangent to compute: real floating (integer and boolean
+    outputs have zeros; complex ones are refused)."""
     y = data(y)
     xp = backend.namespace_of(y)
-    if not xp.isdtype(y.dtype, "real floating"):
-        raise TypeError(f"jvp differentiates floating-point outputs; f returned dtype {y.dtype}")
-    return xp.zeros_like(y)
+    if backend.isdtype(xp, y.dtype, "complex floating"):
+        raise TypeError(
+            f"jvp differentiates real outputs; f returned dtype {y.dtype}: take tg.real and "
+            "tg.imag of it apart"
+        )
+    return backend.isdtype(xp, y.dtype, "real floating")
+
+
+def _zeros_like(y):
+    y = data(y)
+    return backend.namespace_of(y).zeros_like(y)
 
 
 def _total(parts):

@@ -95,7 +95,10 @@ def jacobian(f, *args, wrt=0):
     """The Jacobian of `f` at the array `args[wrt]`, of shape `f(*args).shape + x.shape` (as
     JAX lays it out: for vectors, one row per output, one column per input); the other
     arguments are data. `wrt` a tuple of positions gives a tuple of Jacobians, in its order (as
-    JAX's `argnums`). Seeds are made on the data's device.
+    JAX's `argnums`). Seeds are made on the data's device. Each row is the gradient of one
+    element of `f(x)`, in `gradient`'s convention (PyTorch's) for a complex `x`: for a
+    holomorphic `f` the entries are `conj(f'(z))`, the conjugate of what
+    `jax.jacrev(f, holomorphic=True)` gives.
 
     >>> import numpy as np, tracker_gpu as tg
     >>> A = np.array([[1.0, 2.0], [3.0, 4.0]])
@@ -105,6 +108,8 @@ def jacobian(f, *args, wrt=0):
     >>> tg.jacobian(lambda A, x: A @ x, A, np.array([1.0, -1.0]), wrt=1)
     array([[1., 2.],
            [3., 4.]])
+    >>> tg.jacobian(lambda z: z**2, np.array([1 + 2j]))  # conj(2z)
+    array([[2.-4.j]])
     """
     if not args:
         raise TypeError("jacobian needs the point: tg.jacobian(f, x)")
@@ -138,9 +143,9 @@ def _jacobian(f, x):
     xp = namespace_of(data(x_in))
     n = _size(x_in.shape)
     shape = tuple(getattr(y, "shape", ())) + tuple(x_in.shape)  # JAX's layout
-    if not istracked(y):
+    m = _size(getattr(y, "shape", ()))
+    if not istracked(y) or m * n == 0:  # constant, or nothing to lay out
         return xp.zeros(shape, dtype=x_in.dtype, device=x_in.device)
-    m = _size(y.shape)
     eye = xp.eye(m, dtype=y.dtype, device=y.device)
     rows = []
     for i in range(m):
@@ -347,6 +352,12 @@ def _checkpoint_forward(f, kw, tracked, closed_over):
         inputs = [leaf(v) if t else v for v, t in zip(values, tracked)]
         with recording.paused(), draws.noted() as states:
             y = f(*inputs, **kw)
+        if not (isinstance(y, TrackedArray) or is_array(y)):
+            raise TypeError(
+                f"checkpoint: the block must return one array, it returned a "
+                f"{type(y).__name__}; checkpoint a block per output, or return them joined "
+                "(tg.concat or tg.stack) and take them apart after"
+            )
         if istracked(y) and not closed_over:
             closed_over.extend(older_nodes(y._node, since))
         return data(y), states
