@@ -307,6 +307,22 @@ def test_to_device_gradient_comes_back(backend):
         np.testing.assert_array_equal(numpy_of(backend, g), np.arange(6.0).reshape(2, 3))
 
 
+def test_astype_to_another_device_sends_the_gradient_back(backend):
+    """`astype(x, dtype, device=d)` of the namespace as `array_namespace` gives it: the
+    gradient lands on x's device (it stayed on d, and a second path to x then failed)."""
+    xp = backend.xp
+    devices = [backend.device]
+    if backend.name.startswith("strict"):
+        devices = [xp.__array_namespace_info__().default_device(), xp.Device("device1")]
+    x = on_backend(backend, uniform((2, 3), (-1.0, 1.0), seed=79))
+    txp = tg.param(x).__array_namespace__()
+    for device in devices:
+        (g,) = tg.gradient(lambda x, d=device: tg.sum(txp.to_device(
+            txp.astype(x, x.dtype, device=d) * 3.0, x.device)) + tg.sum(x), x)  # fmt: skip
+        check_like(backend, g, x)
+        np.testing.assert_array_equal(numpy_of(backend, g), np.full((2, 3), 4.0))
+
+
 # --- second derivatives through the shape rules' vjps
 NESTED = {
     "reshape": lambda x: tg.reshape(x * x, (3, 2)),

@@ -57,6 +57,7 @@ _SHARED.update(
         shape, "reshape permute_dims expand_dims squeeze flip broadcast_to concat stack to_device"
     )
 )
+_SHARED["astype"] = shape.astype_to  # astype(x, dtype, device=d): the gradient back to x's
 # The standard's linalg functions that also live at the top, and Tracker's extras.
 _SHARED.update(
     _names(linalg_rules, "matmul matrix_transpose tensordot vecdot kron diagm logdet outer trace")

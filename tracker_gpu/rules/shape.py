@@ -364,4 +364,11 @@ def _device(x):
     return x.device if isinstance(x, TrackedArray) else device_of(x)
 
 
+def astype_to(x, dtype, /, *, copy=True, device=None):
+    """The standard's `astype`: a cast, then a move to `device` (a tracked `to_device`, so
+    the gradient goes back to `x`'s device)."""
+    y = astype(x, dtype, copy=copy)
+    return y if device is None else to_device(y, device)
+
+
 fit_gradients_with(fit)
