@@ -119,6 +119,26 @@ def test_gradient_like_torch(name):
     check_like_torch(*CASES[name], rtol=1e-9)
 
 
+@pytest.mark.parametrize("library", ["torch", "array_api_strict"])
+@pytest.mark.parametrize("name", ["xlogy", "rel_entr", "entropy"])
+def test_special_functions_on_a_library_without_them(library, name):
+    """The tracked namespace of PyTorch or array-api-strict lists none of tg.special's
+    functions that the library lacks, so SciPy takes its own generic way, as it does for the
+    plain library (it raised NotImplementedError). Values against the plain call, gradients
+    against PyTorch's autograd of it."""
+    torch = pytest.importorskip("torch")
+    lib = pytest.importorskip(library)
+    f, xs, _ = CASES[name]
+    plain = [lib.asarray(x) for x in xs]
+    got = f(*(tg.param(a) for a in plain))
+    np.testing.assert_allclose(tg.nn.to_numpy(got), tg.nn.to_numpy(f(*plain)), rtol=1e-12)
+    grads = tg.gradient(lambda *a: tg.sum(f(*a)), *plain)
+    tensors = [torch.tensor(x, requires_grad=True) for x in xs]
+    torch.sum(f(*tensors)).backward()
+    for g, t in zip(grads, tensors):
+        np.testing.assert_allclose(tg.nn.to_numpy(g), t.grad.numpy(), rtol=1e-10)
+
+
 def test_moment_1_is_a_constant():
     x = tg.param(A)
     got = stats.moment(x, order=1)

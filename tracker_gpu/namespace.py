@@ -13,6 +13,7 @@ and plain arrays alike: it records on the tape when an argument is tracked.
 10.107338
 """
 
+import builtins
 import math
 import sys
 import types
@@ -35,6 +36,7 @@ from .rules import (
 from .rules import fft as fft_rules
 from .rules import linalg as linalg_rules
 from .rules import special as special_rules
+from .rules.special_libraries import TORCH_NAMES
 
 __array_api_version__ = "2024.12"
 
@@ -78,6 +80,28 @@ special.__dict__.update(
 )
 special.__all__ = sorted(special_rules.__all__ + special_julia.__all__)
 
+
+def _special_for(xp):
+    """`special` as library `xp` has it: the functions its library lacks are left out, so that
+    a client that looks for `xp.special.<name>` (SciPy) takes its own generic way instead."""
+    if not (array_api_compat.is_torch_namespace(xp) or _without_special_functions(xp)):
+        return special
+    has = TORCH_NAMES if array_api_compat.is_torch_namespace(xp) else ()
+    lacking = set(special_rules.__all__) - set(has)
+    module = types.ModuleType(special.__name__, special.__doc__)
+    module.__all__ = [name for name in special.__all__ if name not in lacking]
+    module.__dict__.update({name: getattr(special, name) for name in module.__all__})
+    module.__getattr__ = __getattr__
+    return module
+
+
+def _without_special_functions(xp):
+    """Whether `xp` is a library with no special functions of its own (array-api-strict)."""
+    known = (array_api_compat.is_numpy_namespace, array_api_compat.is_cupy_namespace,
+             array_api_compat.is_dask_namespace, array_api_compat.is_torch_namespace)  # fmt: skip
+    return not builtins.any(is_it(xp) for is_it in known)  # `any` here is the namespace's
+
+
 _FFT_TRANSFORMS = {
     name: getattr(fft_rules, name) for name in fft_rules.__all__ if not name.endswith("freq")
 }
@@ -115,7 +139,8 @@ _OPERATOR_RULES = "add subtract multiply divide pow remainder".split()
 
 
 def _contents(xp):
-    contents = dict(_SHARED, **_CONSTANTS, linalg=linalg, fft=_fft_for(xp), special=special)
+    contents = dict(_SHARED, **_CONSTANTS, linalg=linalg, fft=_fft_for(xp))
+    contents.update(special=_special_for(xp))
     if array_api_compat.is_torch_namespace(xp):
         promoted = elementwise.standard_promotion
         contents.update({name: promoted(_SHARED[name]) for name in _OPERATOR_RULES})
