@@ -96,6 +96,15 @@ def test_reduction_empty(backend, name, axis, keepdims):
     assert tuple(g.shape) == (0, 3)
 
 
+@pytest.mark.parametrize("axis", [None, 0, 1], ids=str)
+def test_prod_of_an_empty_dask_array_in_several_chunks(axis):
+    """Its gradient is empty: the products of the others were reshaped, which Dask refuses
+    across chunks of an empty array."""
+    da = pytest.importorskip("dask.array")
+    (g,) = tg.gradient(lambda a: tg.sum(tg.prod(a, axis=axis)), da.zeros((0, 3), chunks=2))
+    assert g.compute().shape == (0, 3)
+
+
 @pytest.mark.parametrize("keepdims", [False, True])
 @pytest.mark.parametrize("name", ["mean", "max", "min", "var", "std"])
 def test_reduction_empty_along_kept_axis(backend, name, keepdims):

@@ -191,6 +191,8 @@ mean = Primitive(
 
 # --- prod: the gradient is the product of all the other elements, computed without dividing
 def _prod_vjp(g, ans, x, axis=None, keepdims=False, dtype=None):
+    if 0 in tuple(x.shape):  # no element, no product of the others (Dask cannot reshape it)
+        return expand(g, x, axis, keepdims) * 0
     return expand(g, x, axis, keepdims) * conjugate_derivative(_others_along(x, axis))
 
 
