@@ -34,6 +34,14 @@ CASES = {
     "ellipsis": ("...ij,...jk->...ik", [(2, 3, 4), (4, 2)]),
     "ellipsis-broadcast": ("...i,...i->...", [(2, 1, 3), (4, 3)]),
     "uppercase": ("Ab,bc->cA", [(2, 3), (3, 4)]),
+    # a letter of size 1 in one operand and larger in another (NumPy broadcasts it)
+    "broadcast-summed": ("ij,jk->ik", [(3, 1), (4, 5)]),
+    "broadcast-summed-right": ("ij,jk->ik", [(3, 4), (1, 5)]),
+    "broadcast-dot": ("ij,ij->", [(1, 3), (2, 3)]),
+    "broadcast-batch-summed": ("bij,bjk->ik", [(1, 2, 3), (4, 3, 2)]),
+    "broadcast-batch-kept": ("bij,bjk->bik", [(4, 2, 3), (1, 3, 2)]),
+    "broadcast-both": ("ij,ij->i", [(3, 1), (1, 4)]),
+    "broadcast-three": ("i,ij,j->", [(1,), (3, 4), (1,)]),
 }
 
 
@@ -69,6 +77,44 @@ def test_second_order(backend, name):
     xs = operands(backend, shapes)
     # the first argument moves, the others stay fixed: a second derivative of a product needs
     # the product of two tracked operands, so square the first one's einsum
+    for i in range(len(xs)):
+
+        def f(x, i=i):
+            args = list(xs)
+            args[i] = x
+            y = tg.einsum(sub, *args)
+            return y * y
+
+        check_nested(backend, f, xs[i])
+
+
+BROADCAST = [name for name in CASES if name.startswith("broadcast-")]
+
+
+@pytest.mark.parametrize("name", BROADCAST)
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_broadcast_letters_match_torch(name, dtype):
+    """Each operand's gradient has its own shape and torch.einsum's values, where a summed or
+    batch letter has size 1 in one operand and n in another."""
+    torch = pytest.importorskip("torch")
+    sub, shapes = CASES[name]
+    xs = [randn(*s, seed=k).astype(dtype) for k, s in enumerate(shapes)]
+    if dtype == np.complex128:
+        xs = [x + 1j * randn(*x.shape, seed=9 + k) for k, x in enumerate(xs)]
+    weights = randn(*np.einsum(sub, *xs).shape, seed=7)
+    got = tg.gradient(lambda *a: tg.sum(tg.abs(tg.einsum(sub, *a) * weights) ** 2), *xs)
+    ts = [torch.tensor(x, requires_grad=True) for x in xs]
+    out = torch.einsum(sub, *ts) * torch.tensor(weights)
+    torch.sum(torch.abs(out) ** 2).backward()
+    for g, t in zip(got, ts):
+        assert g.shape == tuple(t.shape)
+        np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["broadcast-summed", "broadcast-dot", "broadcast-batch-summed"])
+def test_broadcast_letters_second_order(backend, name):
+    sub, shapes = CASES[name]
+    xs = operands(backend, shapes)
     for i in range(len(xs)):
 
         def f(x, i=i):

@@ -12,6 +12,8 @@ re-exports everything here.
 import math
 from collections import namedtuple
 
+from array_api_compat import is_dask_array
+
 from .. import recording
 from ..backend import device_of, namespace_of
 from ..primitive import Primitive
@@ -20,8 +22,8 @@ from .elementwise import (
     add,
     complex_dtype,
     conj,
-    divide,
     is_complex,
+    mask,
     multiply,
     real,
     real_dtype,
@@ -72,18 +74,22 @@ def _diag_embed(v):
 
 
 def _inverse_gaps(w):
-    """F[..., i, j] = 1 / (w_j - w_i) off the diagonal, 0 on it (differentiable in `w`)."""
-    n = w.shape[-1]
-    eye = _eye(w, n)
-    gaps = add(subtract(expand_dims(w, axis=-2), expand_dims(w, axis=-1)), eye)
-    return divide(1 - eye, gaps)
+    """F[..., i, j] = 1 / (w_j - w_i), 0 where the values tie (on the diagonal and at a tie;
+    differentiable in `w`)."""
+    return _reciprocal_or_zero(subtract(expand_dims(w, axis=-2), expand_dims(w, axis=-1)))
 
 
-def _gap_weighted(f, x):
-    """`f o x` (`f` of `_inverse_gaps`), 0 where `x` is 0: where the loss reads no direction of
-    the vectors, tied values (an infinite `f`) add nothing, as PyTorch leaves the vectors' term
-    out when they have no gradient (else 0 * inf, nan everywhere)."""
-    return multiply(where(x != 0, f, 0.0), x)
+def _reciprocal_or_zero(x):
+    """1 / x, and 0 where `x` is 0, with no slope there either (no inf * 0 in a nested pass).
+
+    The vjps divide by gaps between values and by singular values: where one is 0 the term is
+    left out, by the primal's value alone, so that the rule stays linear in its cotangent
+    (`jvp` differentiates it at a zero cotangent). Where the loss reads no direction of the
+    vectors those terms are 0 anyway (PyTorch leaves them out); at a tie or a zero singular
+    value that a loss of the vectors does read, the vectors are not unique (README: distinct
+    values), and this gives the part that does not depend on that choice."""
+    nonzero = x != 0
+    return mask(nonzero, 1.0 / where(nonzero, x, 1.0))
 
 
 def _pack(xp, batch, parts):
@@ -124,7 +130,15 @@ def _cholesky_vjp(g, L, x):
     return (s + _H(s)) * 0.5
 
 
-_cholesky = Primitive("cholesky", lambda xp, x: xp.linalg.cholesky(x), (_cholesky_vjp,))
+def _cholesky_forward(xp, x):
+    if is_dask_array(x):  # array-api-compat's Dask cholesky gives Dask's default, the upper
+        import dask.array
+
+        return dask.array.linalg.cholesky(x, lower=True)
+    return xp.linalg.cholesky(x)
+
+
+_cholesky = Primitive("cholesky", _cholesky_forward, (_cholesky_vjp,))
 
 
 def cholesky(x, /, *, upper=False):
@@ -218,7 +232,7 @@ def _eigh_vjp(g, ans, x):
     w, v = _unpack(ans, batch, shapes)
     gw, gv = _unpack(g, batch, shapes)
     w, gw = _real_if_complex(w), _real_if_complex(gw)
-    inner = add(_gap_weighted(_inverse_gaps(w), matmul(_H(v), gv)), _diag_embed(gw))
+    inner = add(multiply(_inverse_gaps(w), matmul(_H(v), gv)), _diag_embed(gw))
     ga = matmul(matmul(v, inner), _H(v))
     return (ga + _H(ga)) * 0.5
 
@@ -354,7 +368,7 @@ def _svd_vjp(g, ans, x):
     # gA = U [(F o skew(U^H gU)) S + S (F o skew(V^H gV)) + diag(gS)] V^H
     #      + (I - U U^H) gU S^-1 V^H + U S^-1 gV^H (I - V V^H),
     # and for complex x also U diag(i Im(diag(U^H gU)) / S) V^H, the phase term (PyTorch's; the
-    # loss must not depend on the phases of the singular vectors).
+    # loss must not depend on the phases of the singular vectors); 1 / 0 is taken as 0 there.
     batch, shapes = _svd_shapes(x)
     u, s, vh = _unpack(ans, batch, shapes)
     gu, gs, gvh = _unpack(g, batch, shapes)
@@ -362,23 +376,24 @@ def _svd_vjp(g, ans, x):
     m, n = x.shape[-2:]
     k = min(m, n)
     f = _inverse_gaps(s * s)
+    over_s = _reciprocal_or_zero(s)
     utgu = matmul(_H(u), gu)
     vtgv = matmul(vh, _H(gvh))
     skew_u = subtract(utgu, _H(utgu))
-    j = _gap_weighted(f, skew_u)
-    kk = _gap_weighted(f, subtract(vtgv, _H(vtgv)))
+    j = multiply(f, skew_u)
+    kk = multiply(f, subtract(vtgv, _H(vtgv)))
     inner = add(multiply(j, expand_dims(s, axis=-2)), multiply(expand_dims(s, axis=-1), kk))
     inner = add(inner, _diag_embed(gs))
     if is_complex(skew_u):
         phase = multiply(skew_u, _eye(skew_u, k)) * 0.5  # i Im(diag(U^H gU))
-        inner = add(inner, divide(phase, expand_dims(s, axis=-1)))
+        inner = add(inner, multiply(phase, expand_dims(over_s, axis=-1)))
     ga = matmul(matmul(u, inner), vh)
     if m > k:
         rest = subtract(gu, matmul(u, utgu))
-        ga = add(ga, matmul(divide(rest, expand_dims(s, axis=-2)), vh))
+        ga = add(ga, matmul(multiply(rest, expand_dims(over_s, axis=-2)), vh))
     if n > k:
         rest = subtract(gvh, matmul(_H(vtgv), vh))
-        ga = add(ga, matmul(u, divide(rest, expand_dims(s, axis=-1))))
+        ga = add(ga, matmul(u, multiply(rest, expand_dims(over_s, axis=-1))))
     return ga
 
 

@@ -3,10 +3,13 @@
 The subscripts are parsed once (implicit output, `...`) into an explicit form with letters only,
 and one primitive records the contraction. The vjp of operand `i` is itself an einsum of the
 incoming gradient with the other operands, so a nested pass (`nest=True`) differentiates it
-again. Two things an einsum output cannot say are given to it as constant operands:
+again. Three things an einsum output cannot say are given to it as constant operands:
 
-- a letter of operand `i` that no other operand nor the output has (it was summed away) comes
-  back by a vector of ones over it (the gradient is the same along it);
+- a letter of operand `i` that no other operand nor the output has (it was summed away), or
+  that has size 1 in all of them and not in `i` (broadcast), comes back by a vector of ones
+  over it (the gradient is the same along it);
+- a letter of size 1 in operand `i` and larger elsewhere (`i` was broadcast along it) is
+  summed: renamed in the output, with a ones vector of length 1 over the new letter;
 - a letter repeated within operand `i` (a diagonal, a trace `"ii->"`) is renamed in the output
   and tied to its first occurrence by an identity matrix (the gradient is zero off the
   diagonal).
@@ -221,12 +224,28 @@ def _vjp(i, g, ans, *operands, subscripts):
             args.append(xp.eye(shape[axis], dtype=x.dtype, device=device))
             c = new
         renamed += c
-    present = set("".join(parts))
-    for axis, c in enumerate(renamed):
-        if c not in present:  # summed away in the forward: the gradient is constant along it
-            parts.append(c)
-            args.append(xp.ones((shape[axis],), dtype=x.dtype, device=device))
+    renamed = _own_shape(parts, args, renamed, shape, fresh,
+                         lambda n: xp.ones((n,), dtype=x.dtype, device=device))  # fmt: skip
     return _einsum(*args, subscripts=",".join(parts) + "->" + renamed)
+
+
+def _own_shape(parts, args, letters, shape, fresh, ones):
+    """The output letters that give a vjp's einsum (`parts` of `args`, appended to) the operand's
+    `shape`, its `letters` otherwise. A letter the einsum lacks (summed away in the forward), or
+    has of size 1 where the operand's is larger, comes by `ones` over it (the gradient is
+    constant along it; einsum broadcasts the size-1 axes); one of size 1 in the operand and
+    larger in the einsum (the operand was broadcast) is summed, a fresh letter of size 1 in its
+    place."""
+    sizes = _sizes(parts, [tuple(a.shape) for a in args])
+    out = ""
+    for c, n in zip(letters, shape):
+        if sizes.get(c) != n:
+            if c in sizes and n == 1:
+                c = next(fresh)
+            parts.append(c)
+            args.append(ones(n))
+        out += c
+    return out
 
 
 _einsum = Primitive("einsum", _forward, ByPosition(_vjp), saves=None)

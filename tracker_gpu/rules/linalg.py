@@ -346,12 +346,13 @@ def _norm2_forward(xp, x, axis=None, keepdims=False):
 
 
 def _norm2_vjp(g, ans, x, axis=None, keepdims=False):
-    # g * x / |x|, and 0 (a subgradient) where the norm is 0.
-    safe = ans + _zero_as_one(ans)  # traced in a recorded nested pass
-    return multiply(expand(g / safe, x, axis, keepdims), x)
+    # g * x / |x|, and 0 (a subgradient) where the norm is 0: masked, so that the slope of
+    # the gradient there is 0 too (PyTorch's; g / (|x| + 1) there would have slope g)
+    zero = ans == 0
+    share = mask(~zero, g / where(zero, 1.0, ans))
+    return multiply(expand(share, x, axis, keepdims), x)
 
 
-_zero_as_one = no_gradient("zero_as_one", lambda xp, v: xp.astype(v == 0, v.dtype))
 _norm2 = Primitive("vector_norm", _norm2_forward, (_norm2_vjp,), saves="x ans")
 
 
