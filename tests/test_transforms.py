@@ -120,6 +120,21 @@ def test_the_hessian_at_an_empty_point_is_empty():
     assert tg.hessian(lambda a: tg.sum(a**2), np.zeros(0)).shape == (0, 0)
 
 
+def test_jvp_and_hvp_of_complex_primals_are_those_of_their_real_pairs():
+    """A real f of z = a + ib along v = c + id: the derivative along (c, d) of f(a, b), and the
+    Hessian of f(a, b) times (c, d) as a complex array (PyTorch's autograd on the pairs)."""
+    torch = pytest.importorskip("torch")
+    z, v = np.array([1 + 2j, -0.5 + 0.3j]), np.array([1j, 0.7 - 0.2j])
+    _, tangent = tg.jvp(lambda z: tg.abs(z) ** 2, (z,), (v,))
+    np.testing.assert_allclose(tangent, 2 * (z.real * v.real + z.imag * v.imag), rtol=1e-12)
+    found = tg.hvp(lambda z: tg.sum(tg.abs(z) ** 4), z, v)
+    a, b = (torch.tensor(part, requires_grad=True) for part in (z.real, z.imag))
+    ga, gb = torch.autograd.grad(torch.sum((a**2 + b**2) ** 2), (a, b), create_graph=True)
+    along = torch.sum(ga * torch.tensor(v.real)) + torch.sum(gb * torch.tensor(v.imag))
+    ha, hb = torch.autograd.grad(along, (a, b))
+    np.testing.assert_allclose(found, ha.numpy() + 1j * hb.numpy(), rtol=1e-12)
+
+
 def test_jvp_checks_its_tangents():
     x = np.ones(3)
     with pytest.raises(ValueError, match="one tangent per primal"):

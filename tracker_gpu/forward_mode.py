@@ -23,7 +23,7 @@ from .api import (
     untracked,
 )
 from .pytree import tree_leaves, tree_map
-from .rules.elementwise import multiply
+from .rules.elementwise import conj, is_complex, multiply, real
 from .rules.reductions import sum as _sum
 from .rules.shape import reshape, stack
 from .tracked import TrackedArray, data
@@ -69,12 +69,13 @@ def _tangent(y, found):
 
 def directional(grads, tangents):
     """The sum of `sum(g * t)` over each gradient and the tangent in its place (a dict's by
-    key), 0.0 for none: a directional derivative, for `jvp` and `hvp`."""
+    key), 0.0 for none: a directional derivative, for `jvp` and `hvp`. A complex `g` is a
+    gradient in PyTorch's convention (`df/da + i df/db`), so its part is `Re(conj(g) t)`."""
     parts = []
 
     def part(g, t):
-        if isinstance(g, TrackedArray):
-            parts.append(_sum(g * t))
+        if isinstance(g, TrackedArray):  # a complex g: Re(conj(g) t), the real pairs' product
+            parts.append(_sum(real(conj(g) * t) if is_complex(g) else g * t))
 
     tree_map(part, grads, tangents)
     return _total(parts)
