@@ -777,6 +777,12 @@ def test_a_checkpoint_block_returning_a_tuple():
         tg.gradient(lambda a: tg.sum(tg.checkpoint(lambda u: (u**2, u**3), a)[1]), np.ones(2))
 
 
+def test_dense_given_arrays_where_its_sizes_go():
+    message = r"takes two sizes, got a ndarray and a ndarray; wrap given arrays as Dense\(weight="
+    with pytest.raises(TypeError, match=message):
+        nn.Dense(np.ones((3, 2)), np.zeros(3))
+
+
 # --- the catalogue and these tests stay in step
 def test_every_row_of_the_catalogue_has_its_test():
     text = (ROOT / "docs" / "bad_inputs.md").read_text()

@@ -9,6 +9,7 @@ field: Dropout, BatchNorm) on and off; the other layers, built on the same base,
 
 import copy
 import dataclasses
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -135,6 +136,11 @@ class Dense(Layer):
         if weight is None:
             if n_in is None or n_out is None:
                 raise TypeError("Dense needs its sizes, Dense(n_in, n_out), or weight=")
+            if not all(isinstance(n, numbers.Integral) for n in (n_in, n_out)):
+                raise TypeError(
+                    f"Dense(n_in, n_out) takes two sizes, got a {type(n_in).__name__} and a "
+                    f"{type(n_out).__name__}; wrap given arrays as Dense(weight=W, bias=b)"
+                )
             values = init(_rng(rng), (n_out, n_in))
             weight = asarray(values, xp=xp, device=device, dtype=dtype)
         self.weight = weight
