@@ -6,6 +6,7 @@ import pickle
 
 import numpy as np
 import pytest
+from helpers import numpy_of
 
 import tracker_gpu as tg
 
@@ -172,6 +173,20 @@ def test_a_compiled_function_copies_after_its_first_call_and_records_anew(how):
     assert step.cache_info().currsize == 1
     np.testing.assert_array_equal(found.val, expected.val)
     np.testing.assert_array_equal(found.grad[0], expected.grad[0])
+
+
+@pytest.mark.parametrize("how", sorted(COPIES))
+def test_two_handles_on_one_leaf_are_copied_as_one_leaf(backend, how):
+    """`copy.copy(x)` is x's place on the tape: copied together, they stay one parameter (the
+    gradient was split between two leaves); other leaves stay apart."""
+    x = tg.param(backend.asarray([1.0, 2.0]))
+    y = tg.param(backend.asarray([3.0, 4.0]))
+    x2, a2, y2 = COPIES[how]((x, copy.copy(x), y))
+    assert a2._node is x2._node and y2._node is not x2._node
+    tg.back(tg.sum(x2 * a2 * y2))
+    np.testing.assert_array_equal(numpy_of(backend, tg.grad(x2)), [6.0, 16.0])
+    np.testing.assert_array_equal(numpy_of(backend, tg.grad(y2)), [1.0, 4.0])
+    np.testing.assert_array_equal(numpy_of(backend, tg.grad(x)), [0.0, 0.0])  # x is apart
 
 
 def test_pickling_refused_while_recording():

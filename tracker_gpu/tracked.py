@@ -7,6 +7,7 @@ plays the role of Tracker's `TrackedReal`. Here too is Tracker's API on tracked 
 """
 
 import operator
+import weakref
 
 import numpy as np
 
@@ -265,14 +266,21 @@ class TrackedArray:
         node = self._node
         if node is None:
             return _restored, (self.data, "constant", None)
-        return _restored, (self.data, "leaf", node.grad if node.rule is None else None)
+        grad = node.grad if node.rule is None else None
+        return _restored, (self.data, "leaf", grad, _place_of(node))
 
     def __deepcopy__(self, memo):
         _refuse_while_recording("pickle or copy.deepcopy of a tracked array")
-        restore, (value, kind, g) = self.__reduce__()
+        node = self._node
+        if node is not None and id(node) in memo:  # a second handle on a place copied
+            return alias(memo[id(node)])
+        restore, (value, kind, g, *_) = self.__reduce__()
         xp = self._xp
         copied = [None if a is None else xp.asarray(a, copy=True) for a in (value, g)]
-        return restore(copied[0], kind, copied[1])
+        out = restore(copied[0], kind, copied[1])
+        if node is not None:
+            memo[id(node)] = out
+        return out
 
     def __copy__(self):
         """`copy.copy(x)`: a second handle on the same value and place on the tape (as
@@ -372,17 +380,45 @@ def alias(x):
     return out
 
 
-def _restored(value, kind, g=None):
+def _restored(value, kind, g=None, place=None):
     """A tracked array rebuilt from a pickle: the namespace is found anew from the data; the
     tape is not pickled, so a value on it comes back as a leaf over its value, keeping the
-    gradient accumulated in a leaf; a tracked constant comes back a constant."""
+    gradient accumulated in a leaf; a tracked constant comes back a constant. Handles on one
+    place (`copy.copy(x)` and `x`) come back as handles on one leaf."""
+    if place is not None and place.made is not None:
+        return alias(place.made)
     xp = namespace_of(value)
     if kind == "constant":
         return constant(value, xp)
     out = _new(TrackedArray)  # not TrackedArray(...): a recording must not see it as an input
     out.data, out._xp, out._node = value, xp, leaf_node(value.shape, value.dtype)
     out._node.grad = g
+    if place is not None:
+        place.made = out
     return out
+
+
+class _Place:
+    """A node's place on the tape as a pickle holds it: one object for all the handles on the
+    node, which pickle writes once, so that they come back as one leaf."""
+
+    __slots__ = ("made", "__weakref__")
+
+    def __init__(self):
+        self.made = None
+
+    def __reduce__(self):
+        return _Place, ()
+
+
+_PLACES = weakref.WeakValueDictionary()  # id(node) -> its place, while a pickle holds it
+
+
+def _place_of(node):
+    place = _PLACES.get(id(node))
+    if place is None:
+        place = _PLACES[id(node)] = _Place()
+    return place
 
 
 def _python_number(x):
