@@ -524,9 +524,10 @@ def user_data(x):
     """The plain array inside a tracked value (Tracker's `data`); anything else unchanged.
     It is the array itself, not a copy (as Tracker's `data` and PyTorch's `.data`): a write
     into it changes the value, and what a pullback saved of it, so the gradient is taken at
-    the written values; copy it first to change it apart. While `tg.compile` records, a traced array (on the tape, or data such as labels) refuses
-    with a `tg.RecordingError`: what is computed from its plain value would be fixed at the
-    recording (`tg.stop_gradient(x)` is the value without gradient that replays recompute)."""
+    the written values; copy it first to change it apart. While `tg.compile` records, a
+    traced array (on the tape, or data such as labels) refuses with a `tg.RecordingError`:
+    what is computed from its plain value would be fixed at the recording
+    (`tg.stop_gradient(x)` is the value without gradient that replays recompute)."""
     return plain_value(x, "tg.data(x)")
 
 
