@@ -24,6 +24,14 @@
 #ifndef TG_COMPARE_CUH
 #define TG_COMPARE_CUH
 
+// NumPy computes `array ** 0.5`, `** 2` and `** -1` by sqrt, a square and a reciprocal (its
+// fast scalar powers, which differ from pow at -inf and -0.0); CuPy by pow.
+#ifdef __CUDACC__
+#define TG_FAST_POWERS 0
+#else
+#define TG_FAST_POWERS 1
+#endif
+
 #ifdef __CUDACC__
 __device__ __forceinline__ float tg_daz(float x) {
     const unsigned int bits = __float_as_uint(x);

@@ -662,8 +662,9 @@ def test_an_argument_the_expression_does_not_use(backend, fused, f):
 PUBLIC = {v: k for k, v in _COMPARISONS.items()}  # "gt": "greater"
 # The standard's operations; tg.special's (`SPECIAL`) are checked over the whole domain with a
 # tolerance per function, and against mpmath, in test_special_fused.py. `ruled` is no operation
-# but a rule's traced forward (each rule broadcast traces: test_edges_second.py).
-STANDARD = sorted(set(codegen.C) - SPECIAL - {"ruled"})
+# but a rule's traced forward (each rule broadcast traces: test_edges_second.py); `zeros_like`
+# and `narrow` are operations of the pullbacks only.
+STANDARD = sorted(set(codegen.C) - SPECIAL - {"ruled", "zeros_like", "narrow"})
 
 
 def arity(op):

@@ -21,7 +21,19 @@ import numpy as np
 
 from .backend import SCALARS, device_of, full_exactly, is_floating_dtype, namespace_of
 from .cuda import codegen
-from .expr import ONE, RULES, SPECIAL, ZERO, Expr, const, derivatives, partials, topological
+from .expr import (
+    ONE,
+    RULES,
+    SPECIAL,
+    ZERO,
+    Expr,
+    const,
+    derivatives,
+    narrow_nodes,
+    partials,
+    pullbacks,
+    topological,
+)
 from .primitive import ByPosition, Primitive
 from .rules import special, special_julia
 from .rules.elementwise import conjugate_derivative, is_complex, real_dtype
@@ -224,6 +236,9 @@ def evaluate(expr, xp, args):
             values[id(node)] = args[node.value]
         elif node.op == "const":
             values[id(node)] = node.value
+        elif node.op == "narrow":  # a gradient cast to its node's dtype, as the tape fits it
+            value = values[id(node.args[0])]
+            values[id(node)] = value if type(value) in SCALARS else xp.astype(value, node.value)
         elif node.op == "ruled":  # the rule itself: in a nested pass, its own vjps
             operands = [values[id(c)] for c in node.args[1:]]
             if all(type(v) in SCALARS for v in operands):
@@ -319,10 +334,14 @@ class _Compiled:
     """One traced function: its expression, its partial derivatives, and the primitive that
     records it (on CuPy, its forward and pullback are generated kernels: `cuda.codegen`)."""
 
-    def __init__(self, f, n):
+    def __init__(self, f, n, dtypes=()):
         self.name = f"broadcast({getattr(f, '__name__', 'f')})"
         self.out = trace(f, n)
-        self.partials = partials(self.out, n)
+        self.partials = partials(self.out, n)  # complex arguments: g * conj(partial)
+        self.narrow_args, self.weak_args, narrow = _mixed(dtypes)
+        self.narrow = narrow_nodes([self.out], self.narrow_args, self.weak_args)
+        # the pullbacks read the output's gradient as one more argument
+        self.pullbacks = pullbacks(self.out, n, Expr("arg", value=n), self.narrow, narrow)
         self.not_holomorphic = sorted({x.op for x in topological([self.out])} - _HOLOMORPHIC)
         self.primitive = Primitive(
             self.name, self.forward, ByPosition(self.vjp), fused=self.fused_pullback
@@ -337,11 +356,26 @@ class _Compiled:
     def vjp(self, i, g, ans, *args):
         tracked = any(isinstance(a, TrackedArray) for a in (g, *args))
         xp = sys.modules["tracker_gpu.namespace"] if tracked else namespace_of(data(g))
-        # complex arguments: g * conj(f'), f being holomorphic (see `broadcast`)
-        return g * conjugate_derivative(evaluate(self.partials[i], xp, list(args)))
+        if is_complex(g) or any(is_complex(a) for a in args):
+            # g * conj(f'), f being holomorphic (see `broadcast`)
+            return g * conjugate_derivative(evaluate(self.partials[i], xp, list(args)))
+        if self.pullbacks[i] is ZERO:  # an argument f does not read
+            return xp.zeros_like(g)
+        return evaluate(self.pullbacks[i], xp, [*args, g])
 
     def fused_pullback(self, ans, args, values, kw, g, pending):
         return codegen.backward(self, ans, args, values, g)
+
+
+def _mixed(dtypes):
+    """`(narrow, weak, dtype)`: the positions of the float32 arguments where others are float64
+    (whose operations NumPy computes in float32: `expr.narrow_nodes`), else none; those of the
+    Python numbers; and float32 where some are narrow."""
+    weak = frozenset(i for i, d in enumerate(dtypes) if d is None)
+    names = [str(d) for d in dtypes]
+    if "float64" not in names or "float32" not in names:
+        return frozenset(), weak, None
+    return frozenset(i for i, n in enumerate(names) if n == "float32"), weak, np.dtype("float32")
 
 
 # What broadcast differentiates for complex arguments: the functions whose derivative is one
@@ -380,7 +414,8 @@ def broadcast(f, *args):
     key = (f, tuple(str(getattr(data(a), "dtype", type(a).__name__)) for a in args))
     compiled = _CACHE.get(key)
     if compiled is None:
-        compiled = _CACHE[key] = _Compiled(f, len(args))
+        dtypes = [None if type(a) in SCALARS else data(a).dtype for a in args]
+        compiled = _CACHE[key] = _Compiled(f, len(args), dtypes)
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     else:

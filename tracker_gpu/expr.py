@@ -22,6 +22,9 @@ __all__ = [
     "e",
     "partials",
     "derivatives",
+    "pullbacks",
+    "contributions",
+    "narrow_nodes",
     "topological",
 ]
 
@@ -50,18 +53,13 @@ ZERO, ONE = const(0.0), const(1.0)
 
 
 def e(op, *args):
-    """Build an expression, folding the trivial cases that derivatives produce."""
+    """Build an expression, folding what IEEE arithmetic keeps exact: a product with 1 and
+    operations on constants alone (never `0 * x` to 0, which is nan at infinity, nor `0 + x`
+    to x, which is +0 at -0)."""
     if op == "multiply":
-        if any(a.op == "const" and a.value == 0.0 for a in args):
-            return ZERO
         if args[0].op == "const" and args[0].value == 1.0:
             return args[1]
         if args[1].op == "const" and args[1].value == 1.0:
-            return args[0]
-    if op == "add":
-        if args[0].op == "const" and args[0].value == 0.0:
-            return args[1]
-        if args[1].op == "const" and args[1].value == 0.0:
             return args[0]
     if all(a.op == "const" for a in args) and op in _FOLD:
         return const(_FOLD[op](*(a.value for a in args)))
@@ -113,6 +111,8 @@ RULES = {
     "le": lambda a, out: (None, None),
     "eq": lambda a, out: (None, None),
     "ne": lambda a, out: (None, None),
+    "zeros_like": lambda a, out: (None,),
+    "narrow": lambda a, out: (ONE,),
 }
 
 
@@ -155,12 +155,23 @@ def _logarithm_taken(x, y, edge):
 
 
 def _sinc_partial(a, out):
-    """`(cos(pi a) - out) / a`, and `-(pi^2 / 3) a` at 0, where that is 0 with sinc's second
-    derivative as its slope (rules/special.py)."""
-    zero = e("eq", a, ZERO)
-    near = e("subtract", ZERO, _times(math.pi**2 / 3, a))
-    x = e("where", zero, ONE, a)
-    return e("where", zero, near, e("divide", e("subtract", e("cos", _times(math.pi, x)), out), x))
+    """`(cos(pi a) - out) / a`, by its Taylor series below |a| = 0.3, where those terms cancel
+    (rules/special.py's float64 branch; each branch kept finite)."""
+    near = e("lt", e("abs", a), const(0.3))
+    small = e("where", near, a, ZERO)
+    x = e("where", near, ONE, a)
+    far = e("divide", e("subtract", e("cos", _times(math.pi, x)), out), x)
+    return e("where", near, _sinc_series(small), far)
+
+
+def _sinc_series(a):
+    """pi^2 a sum_n (-1)^n 2n u^(n-1) / (2n+1)!, u = (pi a)^2: sinc' near 0 (9 terms)."""
+    u = _times(math.pi**2, e("multiply", a, a))
+    coefficients = [(-1) ** n * 2 * n / math.factorial(2 * n + 1) for n in range(1, 10)]
+    total = const(coefficients[-1])
+    for c in reversed(coefficients[:-1]):
+        total = e("add", e("multiply", total, u), const(c))
+    return e("multiply", total, _times(math.pi**2, a))
 
 
 def _over(f, out):
@@ -241,38 +252,191 @@ def _selected(chosen, a, b):
 COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
 
 
+def _mul(a, b):
+    return e("multiply", a, b)
+
+
+def _div(a, b):
+    return e("divide", a, b)
+
+
+def _neg(a):
+    return e("negative", a)
+
+
+def _zeros(g):
+    return Expr("zeros_like", (g,))
+
+
+def _tie_split(g, chosen, a, b):
+    """`g` where `chosen(a, b)`, `g * 0.5` at a tie, else 0 (rules/elementwise.py `_tie_split`)."""
+    return e("where", e(chosen, a, b), g, e("where", e("eq", a, b), _mul(g, const(0.5)), _zeros(g)))
+
+
+def _pow_x(g, a, out):
+    if a[1].op == "const":  # as eager computes it for a number: x ** (y - 1), x ** 1 at y = 0
+        y = a[1].value
+        exponent = const(y - 1 if y != 0 else 1)
+    else:
+        exponent = _where_both_zero(a[0], a[1], ONE, e("subtract", a[1], ONE))
+    return _mul(_mul(g, a[1]), e("pow", a[0], exponent))
+
+
+def _pow_y(g, a, out):
+    return _mul(_mul(g, e("log", e("where", e("eq", a[0], ZERO), ONE, a[0]))), out)
+
+
+# name: each argument's contribution to the gradient from the output's gradient `g` (None:
+# none), in the operations and order of the eager rules' vjps (`rules/elementwise.py`), so that
+# broadcast's pullback meets inf and nan where eager does (`g * x + g * x`, not `g * (x + x)`).
+# The other operations contribute `g * partial` (`RULES`).
+PULLBACKS = {
+    "add": lambda g, a, out: (g, g),
+    "subtract": lambda g, a, out: (g, _neg(g)),
+    "multiply": lambda g, a, out: (_mul(g, a[1]), _mul(g, a[0])),
+    "divide": lambda g, a, out: (_div(g, a[1]), _div(_mul(_neg(g), out), a[1])),
+    "pow": lambda g, a, out: (_pow_x(g, a, out), _pow_y(g, a, out)),
+    "negative": lambda g, a, out: (_neg(g),),
+    "exp": lambda g, a, out: (_mul(g, out),),
+    "expm1": lambda g, a, out: (_mul(g, e("exp", a[0])),),
+    "log": lambda g, a, out: (_div(g, a[0]),),
+    "log1p": lambda g, a, out: (_div(g, e("add", a[0], ONE)),),
+    "sqrt": lambda g, a, out: (_div(g, _mul(out, const(2.0))),),
+    "square": lambda g, a, out: (_mul(g, _mul(a[0], const(2.0))),),
+    "reciprocal": lambda g, a, out: (_mul(_mul(_neg(g), out), out),),
+    "sin": lambda g, a, out: (_mul(g, e("cos", a[0])),),
+    "cos": lambda g, a, out: (_mul(_neg(g), e("sin", a[0])),),
+    "tan": lambda g, a, out: (_mul(g, e("add", _mul(out, out), ONE)),),
+    "sinh": lambda g, a, out: (_mul(g, e("cosh", a[0])),),
+    "cosh": lambda g, a, out: (_mul(g, e("sinh", a[0])),),
+    "tanh": lambda g, a, out: (_mul(g, e("subtract", ONE, _mul(out, out))),),
+    "abs": lambda g, a, out: (
+        e("where", e("gt", a[0], ZERO), g, e("where", e("lt", a[0], ZERO), _neg(g), _zeros(g))),
+    ),
+    "sign": lambda g, a, out: (None,),
+    "maximum": lambda g, a, out: (_tie_split(g, "gt", *a), _tie_split(g, "lt", *a)),
+    "minimum": lambda g, a, out: (_tie_split(g, "lt", *a), _tie_split(g, "gt", *a)),
+    "where": lambda g, a, out: (
+        None,
+        e("where", a[0], g, _zeros(g)),
+        e("where", a[0], _zeros(g), g),
+    ),  # fmt: skip
+}
+
+
+def contributions(node, g):
+    """What `node` sends each of its arguments from its gradient `g` (None: nothing)."""
+    pullback = PULLBACKS.get(node.op)
+    if pullback is not None:
+        return pullback(g, node.args, node)
+    return [None if d is None else _mul(g, d) for d in RULES[node.op](node.args, node)]
+
+
 def partials(out, n):
     """One expression per argument: the derivative of `out` with respect to it."""
+    return pullbacks(out, n, ONE)
+
+
+def pullbacks(out, n, seed, narrow=frozenset(), dtype=None):
+    """One expression per argument: its gradient, from the gradient `seed` of `out` (an
+    expression: `ONE` gives the partial derivatives); ZERO for an argument `out` does not use.
+    `narrow` (ids, `narrow_nodes`) are the nodes computed in the narrower `dtype`: a gradient
+    sent into one from a wider node is cast to it first, as the tape fits each contribution to
+    its node's dtype."""
     args = {node.value: node for node in topological([out]) if node.op == "arg"}
-    found = derivatives(out, list(args.values()))
+    found = derivatives(out, list(args.values()), seed, narrow, dtype)
+    if not narrow:  # one dtype: a zero constant is `zeros_like`'s value
+        found = _zeros_as_constants(found)
     by_position = dict(zip(args, found))
     return [by_position.get(i, ZERO) for i in range(n)]
 
 
-def derivatives(out, wrt):
+def _zeros_as_constants(roots):
+    """`roots` with each `zeros_like(x)` made the constant 0."""
+    made = {}
+    for node in topological(roots):
+        if node.op == "zeros_like":
+            made[id(node)] = ZERO
+        elif node.op not in ("arg", "const"):
+            args = tuple(made[id(a)] for a in node.args)
+            changed = any(a is not b for a, b in zip(args, node.args))
+            made[id(node)] = Expr(node.op, args, node.value) if changed else node
+        else:
+            made[id(node)] = node
+    return [made[id(root)] for root in roots]
+
+
+def derivatives(out, wrt, seed=ONE, narrow=frozenset(), dtype=None):
     """The derivative of `out` with respect to each expression of `wrt`, taken as independent
-    variables (what they are computed from is not differentiated): reverse mode over the
-    expression, each operation's partials from `RULES`."""
+    variables (what they are computed from is not differentiated), from the gradient `seed` of
+    `out`: reverse mode over the expression, each operation's contributions from `PULLBACKS`
+    (else `RULES`), added in the order they are made. `narrow`, `dtype`: as in `pullbacks`."""
     positions = {id(w): i for i, w in enumerate(wrt)}
-    adjoint = {id(out): ONE}
+    adjoint = {id(out): _narrowed(seed, id(out) in narrow, dtype)}
     grads = [ZERO] * len(wrt)
     for node in reversed(topological([out])):
         g = adjoint.pop(id(node), None)
         if g is None or node.op == "const":
             continue
         if id(node) in positions:
-            grads[positions[id(node)]] = e("add", grads[positions[id(node)]], g)
+            grads[positions[id(node)]] = g
             continue
         if node.op == "arg":
             continue
-        for child, d in zip(node.args, RULES[node.op](node.args, node)):
-            if d is not None:
-                contribution = e("multiply", g, d)
+        wide = id(node) not in narrow
+        for child, c in zip(node.args, contributions(node, g)):
+            if c is not None:
+                c = _narrowed(c, wide and id(child) in narrow, dtype)
                 previous = adjoint.get(id(child))
-                adjoint[id(child)] = (
-                    contribution if previous is None else e("add", previous, contribution)
-                )
+                adjoint[id(child)] = c if previous is None else e("add", previous, c)
     return grads
+
+
+def _narrowed(g, cast, dtype):
+    return Expr("narrow", (g,), value=dtype) if cast else g
+
+
+# Where the generic path (`broadcast.evaluate`) makes Python numbers arrays of the arguments'
+# promoted dtype: their operations take them so, as strongly typed.
+_NUMBERS_PROMOTED = frozenset({"maximum", "minimum", "where"}) | SPECIAL
+
+
+def narrow_nodes(roots, narrow_args, weak_args):
+    """The ids of the nodes of `roots` computed in the narrower dtype where the arguments
+    mix two (float32 with float64): NumPy's promotion, the arguments `narrow_args` narrow,
+    `weak_args` (Python numbers) and constants weakly typed; an operation on numbers alone
+    computes in the promoted dtype, as the generic path computes it (`broadcast._Numbers`), and
+    a comparison's bool joins an operation as a number does."""
+    narrow, weak = set(), set()
+    for node in topological(roots):
+        if node.op == "arg":
+            if node.value in narrow_args:
+                narrow.add(id(node))
+            elif node.value in weak_args:
+                weak.add(id(node))
+        elif node.op == "const":
+            weak.add(id(node))
+        elif node.op == "narrow":
+            narrow.add(id(node))
+        elif _narrow_operation(node, narrow, weak):
+            narrow.add(id(node))
+    return narrow
+
+
+def _narrow_operation(node, narrow, weak):
+    operands = _valued(node)
+    strong = [a for a in operands if id(a) not in weak and a.op not in COMPARISONS]
+    if not strong or (node.op in _NUMBERS_PROMOTED and len(strong) < len(operands)):
+        return False
+    return all(id(a) in narrow for a in strong)
+
+
+def _valued(node):
+    """The operands that make a node's value (not a selection's condition, nor what a rule's
+    node keeps for its derivatives)."""
+    if node.op == "where":
+        return node.args[1:]
+    return node.args[:1] if node.op == "ruled" else node.args
 
 
 def topological(roots, rules_whole=False):

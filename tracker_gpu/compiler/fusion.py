@@ -418,7 +418,8 @@ def fuse(program, arrays, orders, build, exact=False, target=None):
 
 def guard(kernel, region, fallback):
     """The kernel, called on arrays of the recorded dtypes and shapes (made C-contiguous where
-    they are not; a NumPy scalar made a 0-d array); anything else goes to `fallback(values)`."""
+    their axes are in C order; a NumPy scalar made a 0-d array); anything else (a transposed
+    input) goes to `fallback(values)`."""
     expected, ndarray = list(region.inputs), np.ndarray
 
     def checked(values):
@@ -429,6 +430,8 @@ def guard(kernel, region, fallback):
             if type(value) is not ndarray or value.dtype != dtype or value.shape != shape:
                 return fallback(values)
             if not value.flags.c_contiguous or not value.flags.aligned:
+                if not _c_ordered(value):  # NumPy's outputs would keep its order: its steps
+                    return fallback(values)
                 value = np.ascontiguousarray(value)
             ready.append(value)
         return kernel(*ready)
@@ -441,6 +444,14 @@ def guard(kernel, region, fallback):
         return kernel(*values)
 
     return run
+
+
+def _c_ordered(value):
+    """Whether `value`'s axes (those longer than 1) are laid out outermost first, as C order's:
+    then NumPy writes an elementwise result in C order, as the kernels do (a transposed or
+    Fortran-ordered input gives a result in its own order, which a later sum adds in)."""
+    strides = [abs(s) for s, n in zip(value.strides, value.shape) if n > 1]
+    return all(a >= b for a, b in zip(strides, strides[1:]))
 
 
 def _guarded(kernel, region, calls, inputs, start, outs):

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cuda.codegen import C, constant
+from ..cuda.codegen import POW_OF_NUMBER, POWERS, C, constant
 from ..cuda.sources import header
 
 __all__ = [
@@ -226,7 +226,8 @@ def _body(region):
                 f"t{what}", types[what])  # fmt: skip
             keep = op == "where" and position == 0  # the condition stays a bool
             values.append(name if keep or ctype == compute else f"static_cast<T>({name})")
-        statement = _expression(op, values, f"t{j}", str(dtype))
+        power = _power(region, operands) if op == "pow" else None
+        statement = _expression(op, values, f"t{j}", str(dtype), power)
         if types[j] != "bool" and str(dtype) in _HALF:
             statement += f" t{j} = load({stored(f't{j}', dtype)});"
         lines.append(f"{types[j]} t{j}; {{ typedef {compute} T; {statement} }}")
@@ -239,8 +240,22 @@ def _body(region):
 _FLOAT16 = {"maximum": "TG_MAXIMUM_FIRST({0}, {1})", "minimum": "TG_MINIMUM_FIRST({0}, {1})"}
 
 
-def _expression(op, values, t, dtype=None):
-    """The statement(s) giving the op's local `t` (of `dtype`) its value."""
+def _power(region, operands):
+    """The template of a `pow` whose exponent is a number (`POWERS`: NumPy's functions for
+    some, as for a weak constant or a 0-d input), else None."""
+    if len(operands) != 2 or operands[0][0] == "const":  # `number ** array`: NumPy's pow
+        return None
+    kind, what = operands[1]
+    if kind == "const":
+        return POWERS.get(float(what))
+    return POW_OF_NUMBER if kind == "in" and region.inputs[what][1] == () else None
+
+
+def _expression(op, values, t, dtype=None, power=None):
+    """The statement(s) giving the op's local `t` (of `dtype`) its value (`power`: the template
+    of a `pow` of a number, `_power`)."""
+    if op == "pow" and power is not None:
+        return f"{t} = {power.format(*values)};"
     if op == "sigmoid":  # the rule's forward: exp(-|x|), then a selection of two quotients
         x = values[0]
         return (f"const T e = exp(-fabs({x})); {t} = (TG_DAZ({x}) >= T(0) ? T(1) / (T(1) + e) "

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from ..backend import SCALARS
-from ..expr import COMPARISONS, SPECIAL, topological
+from ..expr import COMPARISONS, SPECIAL, narrow_nodes, topological
 from .dispatch import note, takes
 from .fused import STORAGE, merge_axes, tracked
 from .launch import device_int64, empty, grid_for, launch, library, on_device
@@ -65,7 +65,22 @@ C = {
     "le": "(TG_DAZ({0}) <= TG_DAZ({1}))",
     "eq": "(TG_DAZ({0}) == TG_DAZ({1}))",
     "ne": "(TG_DAZ({0}) != TG_DAZ({1}))",
+    "zeros_like": "T(0)",
+    "narrow": "{0}",  # a gradient cast to its node's (narrower) type: the operand's cast
 }
+# NumPy computes `array ** number` (a Python number, a NumPy scalar, a 0-d array) with these
+# functions for these exponents (its `fast_scalar_power`), else with `pow`: sqrt(-inf) is nan
+# where pow(-inf, 0.5) is inf, sqrt(-0.0) is -0.0 where pow's is +0. On the host alone
+# (`TG_FAST_POWERS`, kernels/compare.cuh): CuPy's power is `pow` for every exponent.
+POWERS = {
+    0.5: "(TG_FAST_POWERS ? sqrt({0}) : pow({0}, {1}))",
+    2.0: "(TG_FAST_POWERS ? ({0} * {0}) : pow({0}, {1}))",
+    -1.0: "(TG_FAST_POWERS ? (T(1) / {0}) : pow({0}, {1}))",
+}
+POW_OF_NUMBER = (
+    "(!TG_FAST_POWERS ? pow({0}, {1}) : {1} == T(0.5) ? sqrt({0}) : {1} == T(2) ? ({0} * {0}) "
+    ": {1} == T(-1) ? (T(1) / {0}) : pow({0}, {1}))"
+)
 # tg.special's functions: `tg_<name>` of kernels/special.cuh (CUDA's math library on the device,
 # the header's own definitions where CUDA has none and on the host), which a text using one of
 # them starts with.
@@ -95,23 +110,61 @@ _OF_STORAGE = {
 }
 
 
-def body(outputs):
-    """C statements computing each `(target, expression)` of `outputs` from `a0..a{n-1}`."""
+def body(outputs, narrow=frozenset(), numbers=frozenset()):
+    """C statements computing each `(target, expression)` of `outputs` from `a0..a{n-1}`, every
+    value of type T but those of the nodes `narrow` (ids: `expr.narrow_nodes`), computed in
+    float where float32 arguments meet float64 ones, as NumPy computes them. `numbers`: the
+    positions of the arguments that are Python numbers (an exponent that is one: `POWERS`)."""
     lines, local = [], {}
     for expr in topological([e for _, e in outputs]):
         if expr.op == "arg":
             local[id(expr)] = f"a{expr.value}"
+            if id(expr) in narrow:  # widened to T for the launch (exact), taken back here
+                lines.append(f"const float n{expr.value} = static_cast<float>(a{expr.value});")
+                local[id(expr)] = f"n{expr.value}"
         elif expr.op == "const":
             local[id(expr)] = constant(expr.value)
         else:
             name = f"t{len(lines)}"
-            ctype = "bool" if expr.op in COMPARISONS else "T"
-            template = _OF_STORAGE.get(expr.op, C[expr.op])
-            code = template.format(*(local[id(a)] for a in expr.args))
-            lines.append(f"const {ctype} {name} = {code};")
+            lines.append(_statement(expr, name, local, narrow, numbers))
             local[id(expr)] = name
     lines += [f"{target} = {local[id(expr)]};" for target, expr in outputs]
     return "\n        ".join(lines)
+
+
+def _template(expr, numbers):
+    if expr.op == "pow":
+        exponent = expr.args[1]
+        if exponent.op == "const":
+            return POWERS.get(exponent.value, C["pow"])
+        if exponent.op == "arg" and exponent.value in numbers:
+            return POW_OF_NUMBER
+    return _OF_STORAGE.get(expr.op, C[expr.op])
+
+
+def _statement(expr, name, local, narrow, numbers):
+    """The statement giving `expr`'s local `name` its value."""
+    template = _template(expr, numbers)
+    if not narrow:
+        ctype = "bool" if expr.op in COMPARISONS else "T"
+        return f"const {ctype} {name} = {template.format(*(local[id(a)] for a in expr.args))};"
+    computed = "float" if id(expr) in narrow else "T"
+    operands = [_operand(a, local, narrow, computed) for a in expr.args]
+    if expr.op == "where":
+        operands[0] = local[id(expr.args[0])]
+    code = template.format(*operands)
+    ctype = "bool" if expr.op in COMPARISONS else computed
+    if computed == "T":
+        return f"const {ctype} {name} = {code};"
+    return f"{ctype} {name}; {{ typedef float T; {name} = {code}; }}"
+
+
+def _operand(a, local, narrow, computed):
+    """An operand's local, cast to the type its operation computes in where it is another."""
+    name = local[id(a)]
+    if a.op in COMPARISONS or a.op == "const" or (id(a) in narrow) == (computed == "float"):
+        return name
+    return f"static_cast<T>({name})"
 
 
 # --- the source text
@@ -142,7 +195,7 @@ def _headers(compiled, needed):
     kernels/half.cuh and kernels/compare.cuh."""
     roots = [compiled.out]
     if needed:
-        roots += [p for p, need in zip(compiled.partials, needed) if need]
+        roots += [p for p, need in zip(compiled.pullbacks, needed) if need]
     special = any(node.op in SPECIAL for node in topological(roots))
     texts = ([header("special")] if special else []) + [header("half"), header("compare")]
     return "".join(text + "\n" for text in texts)
@@ -171,7 +224,16 @@ def _prologue(scalars):
         {loads}"""
 
 
+def _typing(compiled, roots, scalars):
+    """`body`'s `narrow` and `numbers` for these expressions of `compiled`."""
+    numbers = frozenset(i for i, s in enumerate(scalars) if s)
+    narrow_args = getattr(compiled, "narrow_args", ())
+    narrow = narrow_nodes(roots, narrow_args, numbers) if narrow_args else frozenset()
+    return narrow, numbers
+
+
 def _forward_text(compiled, scalars):
+    narrow, numbers = _typing(compiled, [compiled.out], scalars)
     return f"""// tg.broadcast forward: {compiled.out!r}
 template <typename S>
 __global__ void broadcast_fwd({_inputs(scalars)}, const long long* dims, int ndim, S* out,
@@ -180,7 +242,7 @@ __global__ void broadcast_fwd({_inputs(scalars)}, const long long* dims, int ndi
     {_LOOP} {{
         {_prologue(scalars)}
         T y;
-        {body([("y", compiled.out)])}
+        {body([("y", compiled.out)], narrow, numbers)}
         out[i] = store<S>(y);
     }}
 }}
@@ -188,11 +250,12 @@ __global__ void broadcast_fwd({_inputs(scalars)}, const long long* dims, int ndi
 
 
 def _backward_text(compiled, scalars, needed):
+    """Each needed argument's gradient: its pullback (`expr.pullbacks`), which reads the
+    output's gradient as the argument after the others."""
     wanted = [i for i, need in enumerate(needed) if need]
     outputs = ", ".join(f"compute_t<S>* gx{i}" for i in wanted)  # summed, then rounded once
-    partials = [(f"d{i}", compiled.partials[i]) for i in wanted]
-    declared = " ".join(f"T d{i};" for i in wanted)
-    stores = " ".join(f"gx{i}[i] = gi * d{i};" for i in wanted)
+    gradients = [(f"gx{i}[i]", compiled.pullbacks[i]) for i in wanted]
+    narrow, numbers = _typing(compiled, [p for _, p in gradients], scalars)
     return f"""// tg.broadcast backward: {compiled.out!r}
 template <typename S>
 __global__ void broadcast_bwd({_inputs(scalars)}, const long long* dims, int ndim, const S* g,
@@ -200,10 +263,8 @@ __global__ void broadcast_bwd({_inputs(scalars)}, const long long* dims, int ndi
     typedef compute_t<S> T;
     {_LOOP} {{
         {_prologue(scalars)}
-        const T gi = load(g[i * g_step]);
-        {declared}
-        {body(partials)}
-        {stores}
+        const T a{len(scalars)} = load(g[i * g_step]);
+        {body(gradients, narrow, numbers)}
     }}
 }}
 """
