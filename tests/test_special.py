@@ -319,3 +319,40 @@ def test_half_turns_are_accurate_near_every_whole_turn(name):
     for x, value in zip(xs, got):
         reference = float(exact(mpmath.mpf(float(x))))
         assert abs(value - reference) <= 2 * np.spacing(abs(reference)), (x, value, reference)
+
+
+def _sinc_slope(x, mpmath):
+    t = mpmath.pi * mpmath.mpf(float(x))
+    return float((mpmath.cos(t) - mpmath.sin(t) / t) / mpmath.mpf(float(x)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_sinc_slope_is_accurate_near_zero(backend, dtype):
+    """Within 4 ulps of mpmath from 1e-12 to 1, where `(cos(pi x) - sinc(x)) / x` cancels (81%
+    off at 1e-4 in float32): the Taylor branch below the switch, the formula above, both
+    sides of it."""
+    mpmath = pytest.importorskip("mpmath")
+    switch = 0.3 if dtype == np.float64 else 0.4
+    around = switch * (1 + np.linspace(-0.02, 0.02, 21))
+    xs = np.concatenate([np.geomspace(1e-12, 1.0, 200), around, -np.geomspace(1e-9, 0.9, 30)])
+    xs = xs.astype(dtype)
+    g = _available("sinc", lambda: tg.gradient(lambda x: tg.sum(tg.special.sinc(x)),
+                                               on_backend(backend, xs))[0])  # fmt: skip
+    got = numpy_of(backend, g)
+    assert got.dtype == dtype
+    with mpmath.workdps(40):
+        expected = np.array([_sinc_slope(x, mpmath) for x in xs])
+    ulps = np.abs(got - expected) / (np.abs(expected) * np.finfo(dtype).eps)
+    assert ulps.max() <= 4, (xs[ulps.argmax()], got[ulps.argmax()], expected[ulps.argmax()])
+
+
+def test_sinc_second_derivative_is_smooth_across_the_switch():
+    """sinc'' from the nested pass agrees with mpmath on both sides of the switch between the
+    Taylor branch and the formula (and is -pi^2 / 3 at 0)."""
+    mpmath = pytest.importorskip("mpmath")
+    xs = np.array([0.0, 1e-6, 0.1, 0.29, 0.299999, 0.3, 0.300001, 0.31, 0.39, 0.41, 0.7])
+    h = tg.hessian(lambda x: tg.sum(tg.special.sinc(x)), xs)
+    with mpmath.workdps(40):
+        exact = [float(mpmath.diff(lambda t: mpmath.sinc(mpmath.pi * t), x, 2)) for x in xs]
+    np.testing.assert_allclose(np.diag(h), exact, rtol=1e-9)
+    assert np.all(h[~np.eye(len(xs), dtype=bool)] == 0)

@@ -20,6 +20,7 @@ array([0.69314718, 0.69314718])
 
 import math
 
+from ..backend import namespace_of
 from ..primitive import Primitive
 from ..tracked import data, istracked
 from .elementwise import PLAIN_FUNCTIONS as _PLAIN
@@ -33,6 +34,7 @@ from .elementwise import (
     square,
     where,
 )
+from .elementwise import abs as _abs
 from .special_libraries import library_function
 
 __all__ = (
@@ -330,16 +332,31 @@ j0 = _unary("j0", lambda g, ans, x: -g * j1(x), "x", "The Bessel function of the
 j1 = _unary("j1", _over_x_vjp(lambda x: j0(x), 0.5), "x ans", "The Bessel function J1.")
 y0 = _unary("y0", lambda g, ans, x: -g * y1(x), "x", "The Bessel function of the second kind Y0.")
 y1 = _unary("y1", _over_x_vjp(lambda x: y0(x), None), "x ans", "The Bessel function Y1.")
-# sinc'(x) near 0 is -(pi^2 / 3) x: written so at 0, where it is 0, its own slope stays right
-_SINC_SLOPE = math.pi**2 / 3
-sinc = _unary(
-    "sinc",
-    lambda g, ans, x: (
-        g * _where_zero(x, 0.0 - x * _SINC_SLOPE, lambda x: (cos(x * math.pi) - ans) / x)
-    ),
-    "x ans",
-    "The normalised sinc, `sin(pi x) / (pi x)` (1 at 0).",
-)
+# sinc'(x) = (cos(pi x) - sinc(x)) / x, whose terms cancel near 0 (at 1e-4 in float32 80% of
+# it is rounding). There it is the Taylor series pi^2 x sum_n (-1)^n 2n u^(n-1) / (2n+1)! in
+# u = (pi x)^2, out to where the two agree within a few ulps: 9 terms below |x| = 0.3 in
+# float64, 6 below 0.4 in float32 (and narrower floats).
+_SINC_SERIES = [(-1) ** n * 2 * n / math.factorial(2 * n + 1) for n in range(1, 10)]
+
+
+def _sinc_vjp(g, ans, x):
+    double = namespace_of(data(x)).finfo(x.dtype).eps < 1e-10
+    switch, terms = (0.3, 9) if double else (0.4, 6)
+    near = _is("less", _abs(x), switch)
+    series = _sinc_slope_series(where(near, x, 0.0), terms)  # each branch finite everywhere
+    far = where(near, 1.0, x)
+    return g * where(near, series, (cos(far * math.pi) - ans) / far)
+
+
+def _sinc_slope_series(x, terms):
+    u = square(x * math.pi)
+    total = _SINC_SERIES[terms - 1]
+    for c in reversed(_SINC_SERIES[: terms - 1]):
+        total = total * u + c
+    return total * (x * math.pi**2)
+
+
+sinc = _unary("sinc", _sinc_vjp, "x ans", "The normalised sinc, `sin(pi x) / (pi x)` (1 at 0).")
 
 # --- Airy functions (SciPy's and CuPy's `airy`): Ai'' = x Ai, Bi'' = x Bi
 airyai = _unary("airyai", lambda g, ans, x: g * airyaiprime(x), "x", "The Airy function Ai.")
