@@ -42,7 +42,7 @@
 
 UNARY_BWD(tanh, gi * (T(1) - yi * yi))
 UNARY_BWD(sigmoid, gi * yi * (T(1) - yi))
-UNARY_BWD(relu, yi > T(0) ? gi : T(0))
+UNARY_BWD(relu, yi <= T(0) ? T(0) : gi)
 UNARY_BWD(exp, gi * yi)
 UNARY_BWD(log, gi / xi)
 UNARY_BWD(sqrt, gi / (yi * T(2)))

@@ -80,7 +80,7 @@ VJPS = {
     ew.tanh: (
         lambda o, g, a, x: o.op("multiply", g, o.op("subtract", _c(1), o.op("multiply", a, a))),
     ),
-    nn.relu: (lambda o, g, a, x: o.op("where", o.op("gt", a, _c(0)), g, _c(0.0)),),
+    nn.relu: (lambda o, g, a, x: o.op("where", o.op("le", a, _c(0)), _c(0.0), g),),
     ew.where: (
         None,  # the condition: none
         lambda o, g, a, c, x, y: o.op("where", c, g, _c(0.0)),

@@ -84,7 +84,7 @@ COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
 _MORE = {
     "identity": "{0}",
     "astype": "{0}",  # the operand is cast to the result's type
-    "relu": "(TG_DAZ({0}) > T(0) ? {0} : T(0))",
+    "relu": "(TG_DAZ({0}) < T(0) ? T(0) : {0})",
 }
 _PROBE = r"""extern "C" long long tg_data_of(void* t) { return (long long)TG_DATA(TG_ITEM(t, 0)); }
 """

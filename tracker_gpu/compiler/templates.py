@@ -51,8 +51,8 @@ TEMPLATES = {
     ew.cos: _unary("cos", lambda xp, g, a, x: f"-{g} * {xp}.sin({x})"),
     ew.tanh: _unary("tanh", lambda xp, g, a, x: f"{g} * (1 - {a} * {a})"),
     nn.relu: Template(
-        lambda xp, x: f"{xp}.where({x} > 0, {x}, {xp}.zeros_like({x}))",
-        (lambda xp, g, a, x: f"{xp}.where({a} > 0, {g}, {xp}.zeros_like({g}))",),
+        lambda xp, x: f"{xp}.where({x} < 0, {xp}.zeros_like({x}), {x})",
+        (lambda xp, g, a, x: f"{xp}.where({a} <= 0, {xp}.zeros_like({g}), {g})",),
     ),
     reductions._sum: Template(
         lambda xp, x: f"{xp}.sum({x})",

@@ -8,6 +8,7 @@ its activation with `_activate`, which skips `None` and `identity`.
 
 import math
 
+from ..functional import stop_gradient
 from ..rules import special
 from ..rules.elementwise import abs as _abs
 from ..rules.elementwise import (
@@ -131,10 +132,12 @@ def relu6(x):
 
 
 def _clamp(x, lo, hi):
-    """`clip(x, lo, hi)` whose gradient is 0 on the bounds too (`clip` passes it there). The
-    conditions here and above compare `x` itself, not its plain value: on a tracked array a
-    comparison is a constant that a tg.compile replay computes anew."""
-    return where(x <= lo, lo, where(x >= hi, hi, x))
+    """`clip(x, lo, hi)` whose gradient is 0 on the bounds and at nan too (`clip` passes it on
+    the bounds), PyTorch's hardtanh: x itself on a bound (-0.0 stays -0.0), nan stays nan. The
+    conditions compare `x` itself, not its plain value: on a tracked array a comparison is a
+    constant that a tg.compile replay computes anew."""
+    still = stop_gradient(x)
+    return where((x > lo) & (x < hi), x, where(still < lo, lo, where(still > hi, hi, still)))
 
 
 def flatten(x):

@@ -442,17 +442,18 @@ copysign = _binary(
 )
 
 
-# nextafter(x, y) moves x by one ulp: PyTorch's gradient, g to x and none to y.
+# nextafter(x, y) moves x by one ulp: PyTorch's gradient, g to x where x != y and none to y.
 nextafter = _binary(
     "nextafter",
     _function("nextafter"),
-    lambda g, ans, x, y: g,
+    lambda g, ans, x, y: mask(x != y, g),
     lambda g, ans, x, y: None,
-    "",
+    ("x y", ""),
 )
 nextafter.__doc__ = """The next float after `x1` towards `x2`. As in PyTorch, its gradient is
-the incoming gradient for `x1` (the step of one ulp is treated as a constant) and none for
-`x2` (the result is piecewise constant in it)."""
+the incoming gradient for `x1` where `x1 != x2` (the step of one ulp is treated as a constant;
+where they are equal the result is `x2`, and 0) and none for `x2` (the result is piecewise
+constant in it)."""
 
 
 def _where_forward(xp, condition, x, y):

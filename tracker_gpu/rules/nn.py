@@ -15,7 +15,18 @@ import math
 from ..backend import into, namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray
-from .elementwise import add, divide, exp, is_complex, mask, multiply, sqrt, subtract, tanh
+from .elementwise import (
+    add,
+    divide,
+    exp,
+    is_complex,
+    multiply,
+    sqrt,
+    subtract,
+    tanh,
+    where,
+    zeros_like,
+)
 from .reductions import check_axes, expand, mean
 from .reductions import sum as _sum
 from .rows import row_max, row_mean, row_mean_of_products, row_sum, row_sum_of_products
@@ -48,13 +59,13 @@ sigmoid = Primitive(
 
 def _relu_forward(xp, x):
     real_only("relu", x)
-    return xp.where(x > 0, x, xp.zeros_like(x))
+    return xp.where(x < 0, xp.zeros_like(x), x)  # PyTorch's: nan stays nan, -0.0 stays -0.0
 
 
 relu = Primitive(
     "relu",
     _relu_forward,
-    (lambda g, ans, x: mask(ans > 0, g),),  # traced in a recorded nested pass
+    (lambda g, ans, x: where(ans <= 0, zeros_like(g), g),),  # PyTorch's: g at nan
     saves="ans",
 )
 
