@@ -1,7 +1,8 @@
 // Broadcast arithmetic pullbacks: the gradient of one operand (`side` 0 for x, 1 for y) of
 // out = x op y, summed over the axes along which that operand was broadcast. Each partial is the
 // generic rule's formula, operation for operation (pow's included: at x == 0 the exponent y - 1
-// becomes 1 where y == 0 too, and log(x) becomes log(1), so 0 ** 0 and 0 ** y give 0, not nan).
+// becomes 1 where y == 0 too, and log(x) becomes log(1) where y >= 0 too, so 0 ** 0 and 0 ** y
+// give 0, not nan).
 //
 // The operand's elements are the "outputs" of the pullback; the positions of `out` that reduce
 // into one of them are its "reduced" positions. `dims` describes both, axis by axis (the axes of
@@ -31,8 +32,8 @@ __device__ compute_t<S> partial(int op, int side, compute_t<S> g, const S* x, lo
         case 3: return side ? -g * load(out[oo]) / load(y[oy]) : g / load(y[oy]);  // divide
         default: {                                                              // pow
             const T xv = load(x[ox]);
-            if (side) return g * log(xv == T(0) ? T(1) : xv) * load(out[oo]);
             const T yv = load(y[oy]);
+            if (side) return g * log(xv == T(0) && yv >= T(0) ? T(1) : xv) * load(out[oo]);
             return g * yv * pow(xv, yv == T(0) && xv == T(0) ? T(1) : yv - T(1));
         }
     }

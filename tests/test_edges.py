@@ -285,6 +285,36 @@ def test_clip_with_array_bounds_gives_x_the_tie(backend):
     assert_like_torch(backend, tg.clip, torch.clamp, x, lo, hi)
 
 
+POWERS = {  # x, y where one gradient was nan and PyTorch's is finite or infinite
+    "array exponent": (np.array([2.0, 0.0, -0.0, 0.0, np.inf, np.inf]),
+                       np.array([0.0, -1.0, -1.0, 2.0, 0.0, 2.0])),
+    "zero exponent": (np.array([np.inf, -np.inf, 1e-310, 0.0, 2.0]), 0.0),
+    "zero base": (0.0, np.array([-1.0, -2.0, 0.0, 0.5, 2.0])),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(POWERS))
+def test_pow_at_zero_exponents_and_bases_is_pytorchs(backend, name):
+    """x's gradient is 0 where y == 0 (it was nan at a subnormal or infinite x), y's is
+    log(0) times an infinite power where x == 0 and y < 0 (it was nan), as PyTorch's."""
+    x, y = POWERS[name]
+    arrays = [a for a in (x, y) if isinstance(a, np.ndarray)]
+
+    def f(*given):
+        it = iter(given)
+        return tg.pow(*(next(it) if isinstance(a, np.ndarray) else a for a in (x, y)))
+
+    def tf(*given):
+        it = iter(given)
+        return torch.pow(*(next(it) if isinstance(a, np.ndarray) else a for a in (x, y)))
+
+    expected = torch_gradients(tf, *arrays)
+    with tg.sync_checks(False):
+        found = tg.gradient(lambda *a: tg.sum(f(*a)), *(backend.asarray(a) for a in arrays))
+    for ours, theirs in zip(found, expected):
+        np.testing.assert_array_equal(backend.to_numpy(ours), theirs)
+
+
 # --- nextafter: PyTorch's gradient (1 to x where x != y, none to y)
 def test_nextafter_has_pytorchs_gradient(backend):
     x, y = np.array([0.0, 1.0, -2.0, 3.0]), np.array([1.0, 0.0, 5.0, 3.0])

@@ -82,7 +82,7 @@ RULES = {
             a[1],
             e("pow", a[0], _where_both_zero(a[0], a[1], ONE, e("subtract", a[1], ONE))),
         ),  # fmt: skip
-        e("multiply", e("log", e("where", e("eq", a[0], ZERO), ONE, a[0])), out),
+        e("multiply", e("log", _pow_log_argument(a)), out),
     ),
     "negative": lambda a, out: (const(-1.0),),
     "exp": lambda a, out: (out,),
@@ -274,16 +274,21 @@ def _tie_split(g, chosen, a, b):
 
 
 def _pow_x(g, a, out):
-    if a[1].op == "const":  # as eager computes it for a number: x ** (y - 1), x ** 1 at y = 0
+    """As eager: `g y x ** (y - 1)`; for a number `y == 0`, 0."""
+    if a[1].op == "const":
         y = a[1].value
-        exponent = const(y - 1 if y != 0 else 1)
-    else:
-        exponent = _where_both_zero(a[0], a[1], ONE, e("subtract", a[1], ONE))
+        return _zeros(g) if y == 0 else _mul(_mul(g, a[1]), e("pow", a[0], const(y - 1)))
+    exponent = _where_both_zero(a[0], a[1], ONE, e("subtract", a[1], ONE))
     return _mul(_mul(g, a[1]), e("pow", a[0], exponent))
 
 
 def _pow_y(g, a, out):
-    return _mul(_mul(g, e("log", e("where", e("eq", a[0], ZERO), ONE, a[0]))), out)
+    """As eager: `g log(x) x ** y`, log(1) where `x == 0` and `y >= 0`."""
+    return _mul(_mul(g, e("log", _pow_log_argument(a))), out)
+
+
+def _pow_log_argument(a):
+    return e("where", e("eq", a[0], ZERO), e("where", e("ge", a[1], ZERO), ONE, a[0]), a[0])
 
 
 # name: each argument's contribution to the gradient from the output's gradient `g` (None:

@@ -213,18 +213,24 @@ def standard_promotion(function):
 # order the fused kernels do (the same inf and nan at the edges of the domain).
 # At x = 0, d/dx x**0 = 0 and d/dy x**y = 0 (y > 0), not 0 * inf and -inf * 0 (as JAX, PyTorch).
 def _pow_vjp_x(g, ans, x, y):
+    """`g y x ** (y - 1)`, 0 where `y == 0` (PyTorch's). A number `y == 0` is a constant: 0
+    (`0 * x ** 1` was nan at an infinite `x`). An array's keeps its slope in `y` (the mixed
+    second derivative, `1 / x` there): `x ** 1` stands for `x ** -1` where `x == 0` alone (a
+    subnormal `x`, whose `x ** -1` overflows, gives nan there, PyTorch 0)."""
     if type(y) in SCALARS:
-        return g * _conj(y) * _conj(x ** (y - 1 if y != 0 else 1))
+        return zeros_like(g) if y == 0 else g * _conj(y) * _conj(x ** (y - 1))
     return g * _conj(y) * _conj(x ** where((y == 0) & (x == 0), 1.0, y - 1))
 
 
 def _pow_vjp_y(g, ans, x, y):
+    """`g log(x) x ** y`, and 0 where `x == 0` and `y >= 0` (where `x == 0` and `y < 0`,
+    log(0) times an infinite power: -inf, PyTorch's)."""
     if type(x) in SCALARS:
-        return g * _conj(log(x) if x != 0 else 0.0) * _conj(ans)
-    return g * _conj(log(where(x == 0, 1.0, x))) * _conj(ans)
+        return g * _conj(log(x) if x != 0 else where(y < 0, -math.inf, 0.0)) * _conj(ans)
+    return g * _conj(log(where((x == 0) & (y >= 0), 1.0, x))) * _conj(ans)
 
 
-pow = _binary("pow", lambda xp, x, y: x**y, _pow_vjp_x, _pow_vjp_y, ("x y", "x ans"))
+pow = _binary("pow", lambda xp, x, y: x**y, _pow_vjp_x, _pow_vjp_y, ("x y", "x y ans"))
 
 
 def _pow_as_written_in_place(xp, x, y):
