@@ -333,6 +333,13 @@ def _reconstruct(usv):
     return tg.matmul(u * tg.expand_dims(s, axis=-2), vh)
 
 
+def test_outer_of_arrays_that_are_not_vectors_is_refused():
+    """As the standard's linalg.outer (and array-api-strict); NumPy's np.outer flattens: a
+    batched product, silently, was neither."""
+    with pytest.raises(ValueError, match="outer takes two vectors, got 2 and 1 dimensions"):
+        la.outer(tg.param(np.ones((2, 2))), np.ones(3))
+
+
 def _build(backend, name):
     f, inputs, _ = CASES[name]
     cases = Cases(backend)

@@ -195,6 +195,17 @@ def test_generation_is_the_forward_only(text):
     assert len(codes) == 40 and codes == again and all(0 <= c < 103 for c in codes)
 
 
+def test_generation_at_the_smallest_temperatures_is_greedy(text):
+    """The logits are shifted before they are divided: a tiny temperature gave inf - inf, nan
+    probabilities, and a ValueError after the whole run."""
+    model = CharTransformer(len(text.vocab), 16, 16, 2, 1, rng=np.random.default_rng(0))
+    prompt = text.encode("The")
+    greedy = generate(model, prompt, 12, temperature=1e-6, rng=np.random.default_rng(0))
+    for temperature in (1e-310, 5e-324):
+        rng = np.random.default_rng(1)
+        assert generate(model, prompt, 12, temperature=temperature, rng=rng) == greedy
+
+
 # --- the command line -----------------------------------------------------------------------
 
 

@@ -158,6 +158,12 @@ _vecdot = Primitive(
 
 def outer(x1, x2, /):
     """The outer product of two vectors: `out[i, j] = x1[i] * x2[j]`."""
+    if x1.ndim != 1 or x2.ndim != 1:
+        raise ValueError(
+            f"outer takes two vectors, got {x1.ndim} and {x2.ndim} dimensions (as the standard's "
+            "linalg.outer); flatten them first for NumPy's np.outer: outer(reshape(x1, (-1,)), "
+            "reshape(x2, (-1,)))"
+        )
     return multiply(expand_dims(x1, axis=-1), x2)
 
 

@@ -101,8 +101,8 @@ def generate(model, prompt, length, *, temperature=1.0, rng):
     tokens = list(prompt)
     for _ in range(length):
         window = xp.asarray([tokens[-model.context :]], device=device)
-        logits = nn.to_numpy(model(window)[0, -1]).astype(np.float64) / temperature
-        p = np.exp(logits - logits.max())
+        logits = nn.to_numpy(model(window)[0, -1]).astype(np.float64)
+        p = np.exp((logits - logits.max()) / temperature)  # shifted first: no inf - inf
         tokens.append(int(rng.choice(p.size, p=p / p.sum())))
     return tokens[len(prompt) :]
 
