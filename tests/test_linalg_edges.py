@@ -67,23 +67,17 @@ def test_jvp_through_eigenvectors_the_reported_case():
     np.testing.assert_allclose(tangent, A @ T + T @ A, atol=1e-12)  # d(A^2) = A T + T A
 
 
-@pytest.mark.parametrize("shape", [(3, 3), (2, 4, 4)], ids=["single", "batch"])
-@pytest.mark.parametrize("name", EIGH_LOSSES)
-def test_jvp_through_eigenvectors_matches_torch(backend, name, shape):
-    f = EIGH_LOSSES[name]
-    a, t = symmetric(*shape), symmetric(*shape, seed=1)
-    _, tangent = tg.jvp(lambda x: f(tg, x), (backend.asarray(a),), (backend.asarray(t),))
-    expected = _torch_jvp(lambda x: f(torch, x), a, t)
-    assert np.abs(expected).max() > 1e-3
-    np.testing.assert_allclose(numpy_of(backend, tangent), expected, rtol=1e-9, atol=1e-10)
+VECTOR_CASES = [  # (decomposition, loss, shape): eigh's of symmetric matrices, svd's of any
+    *(("eigh", name, shape) for name in EIGH_LOSSES for shape in [(3, 3), (2, 4, 4)]),
+    *(("svd", name, shape) for name in SVD_LOSSES for shape in [(3, 3), (4, 3), (3, 4), (2, 4, 3)]),
+]
 
 
-@pytest.mark.parametrize("shape", [(3, 3), (4, 3), (3, 4), (2, 4, 3)],
-                         ids=["square", "tall", "wide", "batch"])  # fmt: skip
-@pytest.mark.parametrize("name", SVD_LOSSES)
-def test_jvp_through_singular_vectors_matches_torch(backend, name, shape):
-    f = SVD_LOSSES[name]
-    a, t = randn(*shape), randn(*shape, seed=1)
+@pytest.mark.parametrize("kind, name, shape", VECTOR_CASES, ids=str)
+def test_jvp_through_eigenvectors_and_singular_vectors_matches_torch(backend, kind, name, shape):
+    f = (EIGH_LOSSES if kind == "eigh" else SVD_LOSSES)[name]
+    draw = symmetric if kind == "eigh" else randn
+    a, t = draw(*shape), draw(*shape, seed=1)
     _, tangent = tg.jvp(lambda x: f(tg, x), (backend.asarray(a),), (backend.asarray(t),))
     expected = _torch_jvp(lambda x: f(torch, x), a, t)
     assert np.abs(expected).max() > 1e-3
