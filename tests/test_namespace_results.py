@@ -80,6 +80,7 @@ def _calls(xp, x, device):
         "linalg.solve": lambda f: f(x, x),
         "linalg.tensordot": lambda f: f(x, x, axes=1),
         "linalg.cross": lambda f: f(x, x),
+        "linalg.outer": lambda f: f(row, row),  # the standard's takes vectors
         **{name: (lambda f: f(ints, ints)) for name in BITWISE},
         "bitwise_invert": lambda f: f(ints),
         **{name: (lambda f: f(mask, mask)) for name in LOGICAL},

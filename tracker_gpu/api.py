@@ -292,6 +292,9 @@ def untracked(val):
     return _plain(val)
 
 
+nesting.serve_untracked(untracked)
+
+
 def _plain(x):
     if isinstance(x, TrackedArray):
         return x.data

@@ -81,12 +81,17 @@ def transform(run):
     def transformed(*args, **kw):
         if not (NOT_TRACKING and threading.get_ident() in NOT_TRACKING):
             return run(*args, **kw)
-        from .api import untracked
-
         with resumed():
-            return untracked(run(*args, **kw))
+            return _served["untracked"](run(*args, **kw))
 
     return transformed
+
+
+_served = {}  # what a higher layer serves this one: `untracked` (api), plain values of a result
+
+
+def serve_untracked(untracked):
+    _served["untracked"] = untracked
 
 
 @contextlib.contextmanager

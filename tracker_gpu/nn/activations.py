@@ -8,7 +8,7 @@ its activation with `_activate`, which skips `None` and `identity`.
 
 import math
 
-from ..functional import stop_gradient
+from ..primitive import no_gradient
 from ..rules import special
 from ..rules.elementwise import abs as _abs
 from ..rules.elementwise import (
@@ -136,8 +136,12 @@ def _clamp(x, lo, hi):
     the bounds), PyTorch's hardtanh: x itself on a bound (-0.0 stays -0.0), nan stays nan. The
     conditions compare `x` itself, not its plain value: on a tracked array a comparison is a
     constant that a tg.compile replay computes anew."""
-    still = stop_gradient(x)
+    still = _without_gradient(x)
     return where((x > lo) & (x < hi), x, where(still < lo, lo, where(still > hi, hi, still)))
+
+
+# x's value, a constant to the tape (a replay computes it anew)
+_without_gradient = no_gradient("without_gradient", lambda xp, x: x)
 
 
 def flatten(x):
