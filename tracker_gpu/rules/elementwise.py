@@ -225,9 +225,14 @@ def _pow_vjp_x(g, ans, x, y):
 def _pow_vjp_y(g, ans, x, y):
     """`g log(x) x ** y`, and 0 where `x == 0` and `y >= 0` (where `x == 0` and `y < 0`,
     log(0) times an infinite power: -inf, PyTorch's)."""
+    if is_complex(y):  # no order: log(1) wherever x == 0
+        at_zero = x == 0
+    else:  # y first: a tracked y's operator takes a plain x's comparison, not the reverse
+        at_zero = (y >= 0) & (x == 0)
     if type(x) in SCALARS:
-        return g * _conj(log(x) if x != 0 else where(y < 0, -math.inf, 0.0)) * _conj(ans)
-    return g * _conj(log(where((x == 0) & (y >= 0), 1.0, x))) * _conj(ans)
+        factor = log(x) if x != 0 else where(at_zero, 0.0, -math.inf)
+        return g * _conj(factor) * _conj(ans)
+    return g * _conj(log(where(at_zero, 1.0, x))) * _conj(ans)
 
 
 pow = _binary("pow", lambda xp, x, y: x**y, _pow_vjp_x, _pow_vjp_y, ("x y", "x y ans"))
