@@ -297,8 +297,8 @@ def _operand(program, slot, types, ops, shape):
 
 # --- at a replay
 _UFUNCS = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
-           "divide": np.divide, "negative": np.negative, "gt": np.greater, "cos": np.cos,
-           "sin": np.sin}  # fmt: skip
+           "divide": np.divide, "negative": np.negative, "gt": np.greater,
+           "le": np.less_equal, "cos": np.cos, "sin": np.sin}  # fmt: skip
 
 
 def guarded(kernel, region):
