@@ -15,7 +15,7 @@ from tracker_gpu import nn
 from tracker_gpu.train import text_cli
 from tracker_gpu.train.loop import Interrupted
 from tracker_gpu.train.text_data import Text, baselines, batch, corpus, windows
-from tracker_gpu.train.text_loop import TextConfig, compiled_text_step, train_text
+from tracker_gpu.train.text_loop import TextConfig, compiled_text_step, evaluate, train_text
 from tracker_gpu.train.transformer import CharTransformer, generate, text_loss
 
 TINY = dict(layers=1, width=16, heads=2, context=16, batch_size=8, lr=1e-2, eval_every=1000)
@@ -126,8 +126,27 @@ def test_the_corpus_ships_with_python_and_is_split_90_10(text):
     assert text.decode(text.encode("The assert")) == "The assert"
     x, y = batch(text.train, 4, 10, np.random.default_rng(0))
     assert x.shape == y.shape == (4, 10) and np.array_equal(x[:, 1:], y[:, :-1])
-    covered = np.concatenate([y.ravel() for _, y in windows(np.arange(50), 7, 3)])
-    assert np.array_equal(covered, np.arange(1, 50))
+
+
+@pytest.mark.parametrize("n, context, size", [(50, 7, 3), (47, 7, 3), (47, 7, 100), (9, 8, 2)])
+def test_the_validation_windows_predict_every_character_but_the_first_once(n, context, size):
+    covered = [y[:, -new:].ravel() for _, y, new in windows(np.arange(n), context, size)]
+    assert np.array_equal(np.concatenate(covered), np.arange(1, n))
+
+
+def test_the_validation_loss_is_the_mean_over_every_predicted_character():
+    ids = np.random.default_rng(3).integers(0, 11, size=61)
+    model = CharTransformer(11, 8, 16, 2, 1, dropout=0.0, rng=np.random.default_rng(4))
+    losses = {}  # each target's loss, -log softmax by hand, where it is first predicted
+    for start in [*range(0, 53, 8), 60 - 8]:
+        logits = np.asarray(model(ids[None, start : start + 8]), np.float64)[0]
+        log_p = logits - logits.max(-1, keepdims=True)
+        log_p -= np.log(np.exp(log_p).sum(-1, keepdims=True))
+        for i in range(8):
+            losses.setdefault(start + i + 1, -log_p[i, ids[start + i + 1]])
+    assert sorted(losses) == list(range(1, 61))
+    expected = np.mean(list(losses.values()))
+    assert abs(evaluate(model, ids, 8, 3) - expected) < 1e-5
 
 
 def test_the_baselines_are_counted_exactly():
@@ -232,6 +251,7 @@ def test_the_digits_job_stays_the_default(capsys):
     "argv, message",
     [
         (["--context", "100000"], "longer than the validation text"),
+        (["--context", "40000"], "attention weights alone would take"),
         (["--heads", "0"], "must be more than 0"),
         (["--width", "30", "--heads", "4"], "not divisible by --heads"),
         (["--prompt", "\u2211"], "not in the text"),

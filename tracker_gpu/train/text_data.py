@@ -63,22 +63,31 @@ def batch(ids, size, context, rng, *, xp=None, device=None):
     `rng`), and the characters that follow each: `(x, y)`, `(size, context)` int64 arrays of
     library `xp` on `device`."""
     starts = rng.integers(0, len(ids) - context, size=size)
-    places = starts[:, None] + np.arange(context)
-    return _put(ids[places], xp, device), _put(ids[places + 1], xp, device)
+    return _windows_at(ids, starts, context, xp, device)
 
 
 def windows(ids, context, size, *, limit=None, xp=None, device=None):
-    """Batches `(x, y)` of consecutive windows of `context` characters covering `ids` (each
-    character but the first predicted once), `size` windows a batch; `limit` batches at most,
-    spread evenly over the text."""
+    """Batches `(x, y, new)` of consecutive windows of `context` characters covering `ids`,
+    `size` windows a batch, where each window's last `new` targets are predicted there for the
+    first time: every character but the first is predicted once (the text's tail by one last
+    window that ends at its end). With `limit`, that many batches at most, spread evenly over
+    the text (and the tail only if they are all of them)."""
     count = (len(ids) - 1) // context
     starts = np.arange(count) * context
     chunks = [starts[i : i + size] for i in range(0, count, size)]
-    if limit is not None and limit < len(chunks):
+    whole = limit is None or limit >= len(chunks)
+    if not whole:
         chunks = [chunks[i] for i in np.linspace(0, len(chunks) - 1, limit).astype(int)]
     for chunk in chunks:
-        places = chunk[:, None] + np.arange(context)
-        yield _put(ids[places], xp, device), _put(ids[places + 1], xp, device)
+        yield *_windows_at(ids, chunk, context, xp, device), context
+    tail = (len(ids) - 1) % context
+    if tail and whole:
+        yield *_windows_at(ids, np.array([len(ids) - 1 - context]), context, xp, device), tail
+
+
+def _windows_at(ids, starts, context, xp, device):
+    places = starts[:, None] + np.arange(context)
+    return _put(ids[places], xp, device), _put(ids[places + 1], xp, device)
 
 
 def _put(values, xp, device):

@@ -152,9 +152,9 @@ def evaluate(model, ids, context, size, *, limit=None, xp=None, device=None, mix
     """The mean loss (nats per character) of `model` over consecutive windows of `ids`, the
     forward only (plain arrays: dropout off, no tape), under `mixed`'s policy if given."""
     total, count = 0.0, 0
-    for x, y in windows(ids, context, size, limit=limit, xp=xp, device=device):
-        total += float(text_loss(model, x, y, mixed)) * x.shape[0] * x.shape[1]
-        count += x.shape[0] * x.shape[1]
+    for x, y, new in windows(ids, context, size, limit=limit, xp=xp, device=device):
+        total += float(text_loss(model, x, y, mixed, last=new)) * x.shape[0] * new
+        count += x.shape[0] * new
     return total / count
 
 

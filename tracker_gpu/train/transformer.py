@@ -83,11 +83,14 @@ class CharTransformer(nn.Layer):
         )
 
 
-def text_loss(model, x, y, mixed=None):
+def text_loss(model, x, y, mixed=None, last=None):
     """The mean cross-entropy (nats per character) of `model`'s predictions of `y` (the
-    characters that follow each of `x`), both `(batch, length)`; with `mixed` (a
-    `mixed.Mixed`), the model runs under its policy and the loss is taken in float32."""
+    characters that follow each of `x`), both `(batch, length)`, or of the last `last`
+    positions of each row only; with `mixed` (a `mixed.Mixed`), the model runs under its
+    policy and the loss is taken in float32."""
     logits = model(x) if mixed is None else mixed.forward(model, x)
+    if last is not None:
+        logits, y = logits[:, -last:], y[:, -last:]
     flat = reshape(logits, (-1, logits.shape[-1]))
     return nn.logitcrossentropy(flat, reshape(y, (-1,)))
 
