@@ -4,6 +4,7 @@ CPU thread for BLAS and PyTorch while training on the CPU, and host memory kept 
 import contextlib
 import ctypes
 import importlib
+import os
 import sys
 
 __all__ = ["select_backend", "one_thread", "keep_freed_memory"]
@@ -57,6 +58,20 @@ def select_backend(backend="auto", device="auto"):
     if backend == "torch":
         return _torch_device(device)
     raise ValueError(f"unknown backend {backend!r}; choose auto, numpy, torch or cupy")
+
+
+def memory_of(where):
+    """The bytes of memory that `where` (`select_backend`'s answer) computes in: the GPU's for
+    CuPy and PyTorch's CUDA, else the host's; None where it cannot be read."""
+    kind, device, _ = where
+    try:
+        if kind == "cupy":
+            return device.mem_info[1]
+        if kind == "torch" and device.type == "cuda":
+            return importlib.import_module("torch").cuda.get_device_properties(device).total_memory
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _check_device(device):

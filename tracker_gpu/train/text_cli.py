@@ -23,7 +23,7 @@ from .arguments import (
     signals,
     without,
 )
-from .devices import keep_freed_memory, select_backend
+from .devices import keep_freed_memory, memory_of, select_backend
 from .loop import Interrupted
 from .mixed import DEFAULT, PRECISIONS, described
 from .plots import plot_text
@@ -133,9 +133,24 @@ def _config(p, args):
         p.error(f"--context {values['context']} is longer than the validation text allows "
                 f"({longest} characters); choose a shorter context")  # fmt: skip
     _precision(p, args, saved)
+    _check_attention_memory(p, values, args)
     warmup = min(WARMUP, values["steps"] // 10)
     every = args.eval_every or saved.get("eval_every", EVAL_EVERY)  # not a setting of the run
     return TextConfig(**{k: values[k] for k in RUN}, warmup=warmup, eval_every=every)
+
+
+def _check_attention_memory(p, values, args):
+    """Refuse a run whose attention weights alone, `(batch, heads, context, context)` kept by
+    every layer for the backward pass, would not fit in the memory it computes in."""
+    itemsize = 4 if args.precision == DEFAULT else 2
+    weights = (values["layers"] * values["batch_size"] * values["heads"] * values["context"] ** 2
+               * itemsize)  # fmt: skip
+    memory = memory_of(args.where)
+    if memory is not None and weights > memory:
+        p.error(f"--context {values['context']}: the attention weights alone would take "
+                f"{weights / 2**30:,.1f} GiB, more than the {memory / 2**30:,.1f} GiB of "
+                "memory here (they grow with the square of the context); choose a shorter "
+                "context, a smaller --batch-size or fewer --heads or --layers")  # fmt: skip
 
 
 def _precision(p, args, saved):
