@@ -48,6 +48,21 @@ def test_the_namespace_is_complete(backend):
     assert xp.__array_api_version__ == "2024.12"
 
 
+def test_the_namespace_holds_only_its_functions(backend):
+    """No implementation detail leaks into the namespace (an `xp.shape` or `xp.np` there made
+    client code that probes for NumPy's functions take the wrong way): its public names are the
+    listed ones, and its only modules the three extensions."""
+    import types
+
+    xp = namespace(backend)
+    public = {name for name in dir(xp) if not name.startswith("_")}
+    assert public - set(tg.namespace.__all__) == set()
+    modules = {n for n in public if isinstance(getattr(xp, n), types.ModuleType)}
+    assert modules == {"linalg", "fft", "special"}
+    for name in ("np", "math", "sys", "shape", "builtins", "nn", "types", "tracked"):
+        assert not hasattr(xp, name), name
+
+
 def test_the_namespace_is_bound_to_the_data_library(backend):
     xp = namespace(backend)
     assert xp.float64 == backend.xp.float64
