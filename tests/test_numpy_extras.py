@@ -343,3 +343,20 @@ def test_eig_refuses_a_library_without_eig():
 
     with pytest.raises(NotImplementedError, match="linalg.eig needs the array library's own"):
         decompositions._eig_forward(NoEig, np.eye(2))
+
+
+def test_logaddexp2_is_numpys_over_the_whole_domain():
+    edges = [0.0, -0.0, 1e-310, -1.0, 3.5, 1e300, -1e300, 1100.0, -1100.0, np.inf, -np.inf, np.nan]
+    x, y = (a.ravel() for a in np.meshgrid(edges, edges))
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(tg.data(tg.logaddexp2(tg.param(x), y)), np.logaddexp2(x, y))
+    small = np.array([1, -3], np.int8)
+    assert tg.logaddexp2(small, small).dtype == np.logaddexp2(small, small).dtype
+
+
+def test_logaddexp2_gradient_at_ties_and_beside_infinities():
+    x, y = np.array([2.0, np.inf, 5.0, -np.inf]), np.array([2.0, 1.0, -np.inf, 0.0])
+    _, back = tg.forward(tg.logaddexp2, x, y)
+    gx, gy = back(np.ones(4))
+    np.testing.assert_array_equal(gx, [0.5, 1.0, 1.0, 0.0])
+    np.testing.assert_array_equal(gy, [0.5, 0.0, 0.0, 1.0])

@@ -16,16 +16,19 @@ import math
 import numpy as np
 
 from ..backend import device_of, namespace_of
+from ..primitive import Primitive
 from ..tracked import data
 from .elementwise import (
     PLAIN_FUNCTIONS,
+    _as_arrays,
+    _binary_signature,
     add,
     astype,
     atan2,
     divide,
+    exp,
     imag,
     is_complex,
-    logaddexp,
     maximum,
     minimum,
     multiply,
@@ -82,15 +85,33 @@ fmin.__name__ = fmin.__qualname__ = "fmin"
 fmin.__doc__ = """The smaller of `x1` and `x2`, ignoring nan (see `fmax`)."""
 
 
-def logaddexp2(x1, x2, /):
-    """`log2(2**x1 + 2**x2)`, without overflow; its gradient is `2**x1 / (2**x1 + 2**x2)`.
+def _logaddexp2_forward(xp, x, y):
+    x, y = _as_arrays(xp, x, y)
+    if hasattr(xp, "logaddexp2"):  # the library's own: NumPy's values and dtypes exactly
+        return xp.logaddexp2(x, y)
+    return xp.logaddexp(x * _LN2, y * _LN2) / _LN2
 
-    >>> import numpy as np, tracker_gpu as tg
-    >>> float(tg.logaddexp2(np.asarray(1.0), np.asarray(1.0)))
-    2.0
-    """
-    ln2 = math.log(2)
-    return divide(logaddexp(multiply(x1, ln2), multiply(x2, ln2)), ln2)
+
+_LN2 = math.log(2)
+# d/dx logaddexp2(x, y) = 1 / (1 + 2**(y - x)): 1 and 0 beside an infinite argument, as
+# logaddexp's
+logaddexp2 = Primitive(
+    "logaddexp2",
+    _logaddexp2_forward,
+    (
+        lambda g, ans, x, y: g / (1 + exp(multiply(subtract(y, x), _LN2))),
+        lambda g, ans, x, y: g / (1 + exp(multiply(subtract(x, y), _LN2))),
+    ),
+    saves=("x y", "x y"),
+    signature=_binary_signature,
+)
+logaddexp2.__doc__ = """`log2(2**x1 + 2**x2)`, without overflow (the library's own where it
+has one); its gradient is `2**x1 / (2**x1 + 2**x2)`.
+
+>>> import numpy as np, tracker_gpu as tg
+>>> float(tg.logaddexp2(np.asarray(1.0), np.asarray(1.0)))
+2.0
+"""
 
 
 def angle(z, deg=False):
