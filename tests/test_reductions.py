@@ -204,7 +204,8 @@ def shared_extremum_gradient(values, g, axis, name):
         for a, i in zip(kept, outer):
             index[a] = i
         group = values[tuple(index)]  # the reduced axes, in their original order
-        hits = group == getattr(np, name)(group)
+        extremum = getattr(np, name)(group)
+        hits = np.isnan(group) if np.isnan(extremum) else group == extremum
         out[tuple(index)] = np.where(hits, g[outer] / np.count_nonzero(hits), 0.0)
     return out
 
@@ -226,6 +227,34 @@ def test_ties_share_the_gradient_evenly(backend, name, axis, layout):
     expected = shared_extremum_gradient(values, weights, axis, name)
     np.testing.assert_allclose(numpy_of(backend, g), expected, rtol=1e-15)
     np.testing.assert_allclose(expected.sum(), weights.sum())  # nothing lost, nothing doubled
+
+
+NANS = np.array(
+    [[[3.0, np.nan], [3.0, np.nan], [0.0, 3.0]], [[-1.0, -1.0], [2.0, -1.0], [-1.0, 2.0]]]
+)
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, -1, (0, 2), (1, 2)], ids=str)
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_a_nan_extremum_gives_the_gradient_to_the_nans(backend, name, axis):
+    """A nan loss keeps its gradient: the nans share it (PyTorch's max), not lost as 0."""
+    x = on_backend(backend, NANS)
+    out_shape = np.max(NANS, axis=axis).shape
+    weights = uniform(out_shape, (0.5, 1.5), seed=37)
+    _, back = tg.forward(lambda x: getattr(tg, name)(x, axis=axis), x)
+    (g,) = back(on_backend(backend, weights))
+    expected = shared_extremum_gradient(NANS, weights, axis, name)
+    np.testing.assert_allclose(numpy_of(backend, g), expected, rtol=1e-15)
+    np.testing.assert_allclose(expected.sum(), weights.sum())
+
+
+def test_a_nan_extremum_splits_as_pytorchs_max():
+    torch = pytest.importorskip("torch")
+    for name in ("max", "min"):
+        t = torch.tensor(NANS, requires_grad=True)
+        getattr(torch, name)(t).backward()
+        _, back = tg.forward(getattr(tg, name), NANS)
+        np.testing.assert_array_equal(back(np.float64(1.0))[0], t.grad.numpy())
 
 
 def test_ties_all_equal(backend):

@@ -3,11 +3,12 @@
 
 A reduction's vjp passes the gradient back as a broadcast view, never a filled array.
 `max`/`min` share the gradient evenly among all the extrema along the reduced axes (PyTorch's
-`amax`/`amin`; `maximum`/`minimum` split ties evenly too). `std` has gradient 0 where it is 0
-(constant features), as PyTorch. `prod` is exact at zeros, to any order of differentiation.
-Every reduction refuses, when called, an axis outside the standard's `[-ndim, ndim)`, `axis=0`
-of a 0-d array included (NumPy's `sum` takes it, its `mean` does not; PyTorch takes it): one rule
-for all of them, and never a pullback that fails after the forward.
+`amax`/`amin`; `maximum`/`minimum` split ties evenly too), and among the nans where the
+extremum is nan (PyTorch's `max`: a nan loss keeps a gradient that shows it). `std` has
+gradient 0 where it is 0 (constant features), as PyTorch. `prod` is exact at zeros, to any
+order of differentiation. Every reduction refuses, when called, an axis outside the standard's
+`[-ndim, ndim)`, `axis=0` of a 0-d array included (NumPy's `sum` takes it, its `mean` does not;
+PyTorch takes it): one rule for all of them, and never a pullback that fails after the forward.
 
 >>> import numpy as np, tracker_gpu as tg
 >>> tg.gradient(tg.prod, np.array([2.0, 0.0, 3.0]))[0]
@@ -250,7 +251,8 @@ def _device(x):
 _others = Primitive("prod_others", _others_forward, (_others_vjp,), saves="x")
 
 
-# --- max and min: the gradient is shared evenly among the tied extrema (PyTorch's amax)
+# --- max and min: the gradient is shared evenly among the tied extrema (PyTorch's amax), and
+# among the nans where the extremum is nan
 def _extremum_vjp(g, ans, x, axis=None, keepdims=False):
     reduced = normalize_axes(axis, len(x.shape))
     hit = _extremum_hits(x, ans, reduced=reduced)  # traced in a recorded nested pass
@@ -260,7 +262,9 @@ def _extremum_vjp(g, ans, x, axis=None, keepdims=False):
 
 def _hits_forward(xp, x, ans, *, reduced):
     kept_shape = tuple(1 if i in reduced else n for i, n in enumerate(x.shape))
-    return x == xp.reshape(ans, kept_shape)  # nan: no extremum, no gradient
+    ans = xp.reshape(ans, kept_shape)
+    # a nan extremum is every nan's (PyTorch's max): the gradient of a nan loss is not lost
+    return (x == ans) | (xp.isnan(x) & xp.isnan(ans))
 
 
 def _count_forward(xp, hit, x, *, reduced):
