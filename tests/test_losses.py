@@ -231,3 +231,30 @@ def test_nan_loss_is_a_clear_error(backend):
     z = backend.asarray(np.array([[np.nan, 0.0, 1.0]]))
     with tg.sync_checks(), pytest.raises(tg.BackError, match="not finite"):
         tg.gradient(lambda z: logitcrossentropy(z, labels_on(backend, [1])), z)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_the_target_gradient_at_targets_of_0_and_1_is_torchs(reduction):
+    """A target that carries a gradient (distillation from a teacher being trained): its slope
+    is log(p) at a target of 0 or 1 too, whatever the reduction (it was 0 there)."""
+    torch = pytest.importorskip("torch")
+    from tracker_gpu import nn
+
+    p, y = np.array([0.3, 0.3, 0.7, 0.9]), np.array([0.0, 1.0, 0.0, 0.25])
+    probs, soft = np.array([[0.2, 0.3, 0.5], [0.6, 0.1, 0.3]]), np.array([[0, 0.4, 0.6], [1, 0, 0]])
+    cases = [
+        (lambda t: nn.binarycrossentropy(p, t, eps=0.0, reduction=reduction), y,
+         lambda t: -(t * torch.log(torch.tensor(p)) + (1 - t) * torch.log(torch.tensor(1 - p)))),
+        (lambda t: nn.crossentropy(probs, t, eps=0.0, reduction=reduction), soft,
+         lambda t: -(t * torch.log(torch.tensor(probs))).sum(1)),
+    ]  # fmt: skip
+    for ours, target, theirs in cases:
+        t = torch.tensor(target, requires_grad=True)
+        per_item = theirs(t)
+        (per_item.sum() if reduction == "sum" else per_item.mean()).backward()
+        if reduction == "none":
+            _, back = tg.forward(ours, target)
+            (g,) = back(np.full(per_item.shape, 1 / per_item.numel()))
+        else:
+            (g,) = tg.gradient(ours, target)
+        np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-13, atol=1e-15)

@@ -345,11 +345,13 @@ def _log_probability(p):
 
 
 def _times_log(t, p):
-    """`t * log(p)`, and 0 where `t` is 0, with the gradient 0 there (the term is 0 whatever
-    `p`): a class or an outcome the target rules out, of probability 0, whose log is -inf,
-    gave 0 * -inf = nan."""
-    taken = PLAIN_FUNCTIONS["not_equal"](t, 0)
-    return where(taken, multiply(t, log(where(taken, p, 1.0))), 0.0)
+    """`t * log(p)`, and 0 where both are 0 (the term is 0 whatever `p`: a class or an outcome
+    the target rules out, of probability 0, whose log is -inf, gave 0 * -inf = nan). The
+    gradient for `t` is `log(p)` wherever `p` is positive, a target of 0 or 1 included."""
+    kept = PLAIN_FUNCTIONS["logical_or"](
+        PLAIN_FUNCTIONS["greater"](p, 0), PLAIN_FUNCTIONS["not_equal"](t, 0)
+    )
+    return multiply(t, where(kept, log(where(kept, p, 1.0)), 0.0))
 
 
 def binarycrossentropy(yhat, y, /, *, agg="mean", eps=None):
