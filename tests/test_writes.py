@@ -390,3 +390,72 @@ def test_a_value_with_leading_axes_of_one_is_written_and_differentiated(key):
     kept = np.ones((3, 4), dtype=bool)
     kept[key] = False
     np.testing.assert_array_equal(gx, 2.0 * kept)  # d(x**2) where x was not written over
+
+
+def _masked_set(x):
+    xp = _ns(x)
+    c = xp.zeros(3, dtype=xp.int64)
+    c[x > 0.4] = 2.7  # truncated to 2, as NumPy's write
+    y = xp.astype(x, xp.float32)
+    y[x > 0.6] = xp.sum(x)  # rounded to float32
+    return xp.sum(x * c) + xp.sum(xp.astype(y, x.dtype))
+
+
+def _masked_updates(x):
+    xp = _ns(x)
+    y = xp.astype(x, xp.float32)
+    y = tg.at(y)[x > 0.4].add(xp.sum(x))
+    z = tg.at(xp.astype(x, xp.float32))[xp.argsort(x)].add(x * 3.0)
+    return xp.sum(xp.astype(y, x.dtype)) + xp.sum(xp.astype(z, x.dtype) ** 2)
+
+
+@pytest.mark.parametrize("program", [_masked_set, _masked_updates], ids=lambda f: f.__name__)
+def test_a_compiled_write_at_a_traced_index_keeps_the_arrays_dtype(program):
+    """A replayed write through a traced mask or index casts as the eager write does (it made
+    an int64 array float64 and kept 2.7, a float32 one float64)."""
+    x = np.array([0.3, 0.5, 0.9])
+    eager = tg.withgradient(program, x)
+    compiled = tg.compile(program)
+    for _ in range(2):
+        got = compiled(x)
+        assert got.val == eager.val and np.array_equal(got.grad[0], eager.grad[0])
+
+
+def test_a_new_axis_written_into_a_0_d_array():
+    def f(x):
+        y = tg.sum(x) * 1.0
+        y[None] = x[0] * 3.0
+        z = tg.sum(x) * 1.0
+        z[None] = 2.0
+        return y + z
+
+    (g,) = tg.gradient(f, np.array([0.3, 0.5, 0.9]))
+    assert np.array_equal(g, [3.0, 0.0, 0.0])
+
+
+def test_a_checkpoint_block_whose_closure_is_written_after_it_ran_is_refused():
+    """The backward pass runs the block again: a value it closes over, written or rebound in
+    between, would give another function's gradient (PyTorch's checkpoint gives it silently)."""
+
+    def written(x):
+        y = x * 1.0
+        z = tg.checkpoint(lambda a: tg.sum(tg.sin(y * a)), x[0])
+        y[0] = 100.0
+        return z
+
+    def rebound(x):
+        y = x * 1.0
+        z = tg.checkpoint(lambda a: tg.sum(tg.sin(y * a)), x[0])
+        y = y * 5.0
+        return z + 0.0 * tg.sum(y)
+
+    def untouched(x):
+        y = x * 1.0
+        return tg.checkpoint(lambda a: tg.sum(tg.sin(y * a)), x[0])
+
+    x = np.array([0.3, 0.5, 0.9])
+    for f in (written, rebound):
+        with pytest.raises(tg.PullbackError, match="written or rebound after the block ran"):
+            tg.gradient(f, x)
+    (g,) = tg.gradient(untouched, x)
+    np.testing.assert_allclose(g, tg.gradient(lambda x: tg.sum(tg.sin(x * x[0])), x)[0])

@@ -309,10 +309,25 @@ class _Checkpoint:
         if not istracked(y):
             return [None] * len(args)
         stops = [i._node for i in inputs if istracked(i)]
+        _check_closed_over(y, since, stops, closed_over)
         reached = walk(y._node, g, once=not nested, nested=nested, stop=stops, since=since)
         found = {id(node): grad for node, grad in reached}
         grads = [found.get(id(i._node)) if istracked(i) else None for i in inputs]
         return grads + [found.get(id(node)) for node in closed_over]
+
+
+def _check_closed_over(y, since, stops, closed_over):
+    """Refuse a re-run that read tracked values the first run did not: a value the block
+    closes over, written or rebound since (`y[0] = ...`), would give the gradient of another
+    function than the one whose value the forward pass used."""
+    recorded = {id(node) for node in closed_over}
+    if any(id(node) not in recorded for node in older_nodes(y._node, since, stops)):
+        raise ValueError(
+            "checkpoint: the backward pass's re-run of the block read a tracked value the "
+            "forward pass did not (one it closes over was written or rebound after the block "
+            "ran, or the block took another branch); pass such values to tg.checkpoint as "
+            "arguments"
+        )
 
 
 def checkpoint(f, *args, **kw):

@@ -245,10 +245,11 @@ def counts(root, stop=()):
     return found
 
 
-def older_nodes(root, since):
+def older_nodes(root, since, stop=()):
     """The nodes made before the serial `since` that `root` depends on through nodes made
-    since: the tracked values a function that began at `since` closed over."""
-    seen, found, stack = set(), [], [root]
+    since (and not through `stop`): the tracked values a function that began at `since`
+    closed over."""
+    seen, found, stack = {id(node) for node in stop}, [], [root]
     while stack:
         for parent in stack.pop().args:
             if isinstance(parent, Node) and id(parent) not in seen:

@@ -143,20 +143,18 @@ def _traced_write(x, key, value):
     )
     if not simple:
         recording.refuse("x[key] = value with a traced index (where it writes depends on the data)")
-    return where(mask, value, x)
+    return _in_dtype_of(x, where(mask, value, x), "set")  # x's dtype, as the eager write keeps
 
 
 def _written(xp, out, v, key):
     """`out` with `out[key] = v` written into it (its own buffer)."""
-    if backend.is_array(v):
-        if v.dtype != out.dtype:
-            v = xp.astype(v, out.dtype)
-        parts = key if isinstance(key, tuple) else (key,)
-        if any(k is None for k in parts):  # assignment refuses new axes: drop them, and v's
-            key = tuple(k for k in parts if k is not None)
+    parts = key if isinstance(key, tuple) else (key,)
+    if backend.is_array(v) and v.dtype != out.dtype:
+        v = xp.astype(v, out.dtype)
+    if any(k is None for k in parts):  # assignment refuses new axes: drop them, and v's
+        key = tuple(k for k in parts if k is not None)
+        if backend.is_array(v):
             v = xp.reshape(xp.broadcast_to(v, out[parts].shape), out[key].shape)
-    elif any(k is None for k in (key if isinstance(key, tuple) else (key,))):
-        key = tuple(k for k in key if k is not None)
     if 0 in tuple(out[key].shape):  # an empty selection writes nothing (Dask refuses it)
         return out
     out[key] = v
@@ -388,7 +386,7 @@ def _traced_update(x, idx, v, how):
                 f"tg.at(x)[mask].{how}(v) with a traced mask other than one of x's shape with "
                 "one value (where it writes depends on the data)"
             )
-        return where(mask, v if how == "set" else _COMBINE[how](x, v), x)
+        return _in_dtype_of(x, where(mask, v if how == "set" else _COMBINE[how](x, v), x), how)
     if how not in ("add", "subtract"):
         recording.refuse(
             f"tg.at(x)[idx].{how}(v) with a traced integer index (which of repeated indices "
@@ -399,7 +397,8 @@ def _traced_update(x, idx, v, how):
     xp, device = namespace_of(plain), device_of(plain)
     picked = plain[_fill(spec["key"], spec["where"], [k.data for k in traced])]
     values = _values(v, plain, xp, device, tuple(picked.shape))
-    return _COMBINE[how](x, _index_adjoint_traced(values, *traced, shape=tuple(x.shape), **spec))
+    out = _COMBINE[how](x, _index_adjoint_traced(values, *traced, shape=tuple(x.shape), **spec))
+    return _in_dtype_of(x, out, how)
 
 
 def _scatter(values, n, flat_positions, xp, device):
