@@ -149,3 +149,22 @@ def test_refused(backend):
         tg.at(x).set(1.0)
     with pytest.raises(ValueError, match="twice"):
         tg.at(x, 1)[2]
+
+
+def test_a_compiled_read_at_a_traced_integer_index_is_eagers(backend):
+    """A traced index array on a vector keys it as eager does (tg.compile added an Ellipsis
+    that array-api-strict refuses beside an index array)."""
+    import array_api_compat
+
+    def f(x):
+        xp = array_api_compat.array_namespace(x)
+        ranks = xp.arange(3, dtype=x.dtype, device=array_api_compat.device(x))
+        return xp.sum(x[xp.argsort(x)] * ranks) + x[xp.argmax(x)]
+
+    x = backend.asarray(np.array([0.5, 0.3, 0.9]))
+    eager = tg.withgradient(f, x)
+    compiled = tg.compile(f)
+    for _ in range(2):
+        got = compiled(x)
+        assert float(got.val) == float(eager.val)
+        assert np.array_equal(numpy_of(backend, got.grad[0]), numpy_of(backend, eager.grad[0]))

@@ -259,7 +259,9 @@ def traced_key(x, key):
     parts = key if isinstance(key, tuple) else (key,)
     where = tuple(i for i, k in enumerate(parts) if isinstance(k, TrackedArray))
     template = tuple(None if i in where else k for i, k in enumerate(parts))
-    return {"key": _with_trailing_ellipsis(template, len(x.shape)), "where": where}
+    # an array in the key leaves it as it is (`_with_trailing_ellipsis`), as eager keys it
+    return {"key": template if where else _with_trailing_ellipsis(template, len(x.shape)),
+            "where": where}  # fmt: skip
 
 
 def _fill(key, where, indices):
