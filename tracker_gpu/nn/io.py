@@ -19,10 +19,10 @@ import os
 import numpy as np
 
 from ..backend import device_of, is_array, namespace_of
-from ..files import Archive, as_bits, write_npz
-from ..optim.tree import tree_map_with_path
+from ..files import Archive, BadFileError, as_bits, write_npz
+from ..optim.tree import put_once, tree_map_with_path
 from ..tracked import data
-from .placement import asarray, to_numpy
+from .placement import asarray, lossy_cast, to_numpy
 
 __all__ = ["save", "load"]
 
@@ -39,7 +39,7 @@ def _parameters(model):
 
     def record(path, x):
         if is_array(data(x)):
-            found[path or "_"] = data(x)
+            put_once(found, path or "_", data(x))
         return x
 
     tree_map_with_path(record, model)
@@ -87,14 +87,13 @@ def load(path, model=None, *, xp=None, device=None, dtype=None):
 
     def placed(key):
         values, template = saved[key], expected[key]
+        into = dtype or (values.dtype if explicit else template.dtype)
+        why = lossy_cast(values, into)
+        if why is not None:
+            raise BadFileError(f"load: {path}: its array {key} does not fit the model: {why}")
         if explicit:
-            return asarray(values, xp=xp, device=device, dtype=dtype or values.dtype)
-        return asarray(
-            values,
-            xp=namespace_of(template),
-            device=device_of(template),
-            dtype=dtype or template.dtype,
-        )
+            return asarray(values, xp=xp, device=device, dtype=into)
+        return asarray(values, xp=namespace_of(template), device=device_of(template), dtype=into)
 
     return tree_map_with_path(fill, model)
 

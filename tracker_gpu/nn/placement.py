@@ -108,6 +108,28 @@ def asarray(values, *, xp=None, device=None, dtype=None):
     return target.asarray(values, dtype=_dtype_in(target, name), device=device)
 
 
+def lossy_cast(values, dtype):
+    """Why NumPy `values` loaded as `dtype` (a name or any library's dtype) would not be the
+    values saved, beyond rounding (float64 into float32 rounds, as documented): complex into
+    real drops the imaginary parts, a finite value too large becomes inf, an integer changes.
+    None where the cast keeps them."""
+    values, name = np.asarray(values), _dtype_name(dtype)
+    into = half_dtype("bfloat16", np) if name == "bfloat16" else np.dtype(name)
+    if values.dtype == into or values.size == 0:
+        return None
+    if values.dtype.kind == "c" and into.kind != "c":
+        return f"complex values into {name} would lose their imaginary parts"
+    with np.errstate(all="ignore"):
+        cast = values.astype(into)
+        if into.kind in "biu":
+            changed = not np.array_equal(cast.astype(values.dtype), values)
+            return f"values changed by the cast to {name}" if changed else None
+        became_infinite = np.isinf(cast) & np.isfinite(values)
+    if np.any(became_infinite):
+        return f"values beyond the range of {name} would become inf"
+    return None
+
+
 def to_numpy(x):
     """The NumPy copy of an array of any library and device (a tracked one's value; refused
     while tg.compile records it, as `tg.data`)."""

@@ -47,7 +47,7 @@ from ..tracked import data
 from . import adaptive, rules, schedules, variants
 from .lbfgs import LBFGSState
 from .state import Leaf
-from .tree import tree_map_with_path
+from .tree import put_once, tree_map_with_path
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_checkpoint_info", "Checkpoint"]
 
@@ -93,34 +93,50 @@ def _record_model(model, arrays, entries):
         x, key = data(x), path or "_"
         if is_array(x):
             if id(x) in first:
-                entries[key] = {"same_as": first[id(x)]}
+                put_once(entries, key, {"same_as": first[id(x)]})
             else:
                 first[id(x)] = key
-                entries[key] = _encode(x, f"model/{key}", arrays)
+                put_once(entries, key, _encode(x, f"model/{key}", arrays))
         return x
 
     tree_map_with_path(record, model)
+
+
+_GENERATORS = (np.random.Generator, np.random.RandomState)
 
 
 def _generator_states(model):
     """`{path: state}` of each NumPy generator of `model` (a Dropout's), so that a resumed run
     draws what the run straight through drew; `{path: {"same_as": path}}` where one generator
-    is found again (several layers drawing from one)."""
+    is found again (several layers drawing from one). A generator of another kind is refused:
+    left out, a resumed run would draw other numbers without a word."""
     found, first = {}, {}
 
     def record(path, x):
-        if isinstance(x, np.random.Generator):
-            key = path or "_"
+        key = path or "_"
+        if isinstance(x, _GENERATORS):
             if id(x) in first:
                 found[key] = {"same_as": first[id(x)]}
             else:
                 first[id(x)] = key
-                state = json.dumps(x.bit_generator.state, default=lambda a: a.tolist())
+                state = json.dumps(_generator_state(x), default=lambda a: a.tolist())
                 found[key] = json.loads(state)  # MT19937's key, an array, as a list
+        elif callable(getattr(x, "random", None)) and not is_array(x):
+            raise TypeError(
+                f"save_checkpoint: the random generator at {key} ({type(x).__name__}) cannot be "
+                "saved, so a resumed run would draw other numbers; give the layer a NumPy "
+                "Generator (rng=np.random.default_rng(seed))"
+            )
         return x
 
     tree_map_with_path(record, model)
     return found
+
+
+def _generator_state(rng):
+    if isinstance(rng, np.random.RandomState):
+        return rng.get_state(legacy=False)  # its bit generator's state, and a cached normal
+    return rng.bit_generator.state
 
 
 def _fill_generators(model, states):
@@ -131,15 +147,19 @@ def _fill_generators(model, states):
     def fill(path, x):
         key = path or "_"
         saved = states.get(key)
-        if saved is None or not isinstance(x, np.random.Generator):
+        if saved is None or not isinstance(x, _GENERATORS):
             return x
         if "same_as" in saved:
             return made[saved["same_as"]]
         kind = getattr(np.random, saved["bit_generator"])
         if not (isinstance(kind, type) and issubclass(kind, np.random.BitGenerator)):
             raise TypeError(f"{saved['bit_generator']!r} is not a NumPy bit generator")
-        made[key] = np.random.Generator(kind())
-        made[key].bit_generator.state = saved
+        if "has_gauss" in saved:  # a RandomState's
+            made[key] = np.random.RandomState(kind())
+            made[key].set_state(saved)
+        else:
+            made[key] = np.random.Generator(kind())
+            made[key].bit_generator.state = saved
         return made[key]
 
     return tree_map_with_path(fill, model)
@@ -203,7 +223,7 @@ def load_checkpoint(path, model):
         names = [name for name in archive.members if name != _META]
         arrays = {name: archive.read(name, bits.get(name)) for name in names}
         try:
-            new_model = _fill_model(path, model, meta["model"], arrays)
+            new_model = _fill_model(archive, model, meta["model"], arrays)
             new_model = _fill_generators(new_model, meta.get("generators", {}))
             saved_dtypes = {k: arrays[e["array"]].dtype for k, e in meta["model"].items()
                             if "array" in e}  # fmt: skip
@@ -246,10 +266,9 @@ def _check(archive, model):
     every array of `archive` is known to fit `model`: the model's arrays have its shapes, an
     optimiser state's arrays at most its parameter's size, and no array is missing or more."""
     meta = _read_meta(archive)
-    templates = {}
-    tree_map_with_path(lambda p, x: templates.setdefault(p or "_", data(x)), model)
-    templates = {k: x for k, x in templates.items() if is_array(x)}
+    templates = _templates(model)
     _check_fits(archive.path, "arrays", sorted(meta["model"]), sorted(templates), archive)
+    _check_ties(archive, meta["model"], templates)
     unknown = sorted(set(meta["state"]) - set(templates))
     if unknown:
         _check_fits(archive.path, "optimiser states", unknown, [], archive)
@@ -273,6 +292,41 @@ def _check(archive, model):
     return meta, {name: dtype for name, dtype in bits.items() if dtype is not None}
 
 
+def _templates(model):
+    """`{path: array}` of the model's arrays."""
+    found = {}
+
+    def record(path, x):
+        if is_array(data(x)):
+            put_once(found, path or "_", data(x))
+        return x
+
+    tree_map_with_path(record, model)
+    return found
+
+
+def _check_ties(archive, entries, templates):
+    """Refuse a checkpoint whose arrays held in several places (one array, one optimiser
+    state) are not the model's: loaded, a tie would be made or broken without a word."""
+    first, model_ties = {}, {}
+    for key, x in templates.items():
+        if id(x) in first:
+            model_ties[key] = first[id(x)]
+        first.setdefault(id(x), key)
+    saved_ties = {
+        k: e["same_as"] for k, e in entries.items() if isinstance(e, dict) and "same_as" in e
+    }
+    if saved_ties != model_ties:
+        raise archive.error(
+            f"its arrays held in several places ({_ties_text(saved_ties)}) are not the model's "
+            f"({_ties_text(model_ties)}); load it into a model built as the saved one was"
+        )
+
+
+def _ties_text(ties):
+    return ", ".join(f"{k} is {v}" for k, v in sorted(ties.items())) or "none"
+
+
 def _array_names(archive, value):
     """`(member, dtype)` for each array an encoded value (`_encode`) refers to; the dtype's
     name where it is stored as bits (bfloat16), else None."""
@@ -286,8 +340,8 @@ def _array_names(archive, value):
             yield from _array_names(archive, v)
 
 
-def _fill_model(path, model, entries, arrays):
-    from ..nn.placement import asarray
+def _fill_model(archive, model, entries, arrays):
+    from ..nn.placement import asarray, lossy_cast
 
     loaded = {}
 
@@ -299,6 +353,9 @@ def _fill_model(path, model, entries, arrays):
         if "same_as" in entry:
             return loaded[entry["same_as"]]
         values = arrays[entry["array"]]
+        why = lossy_cast(values, template.dtype)
+        if why is not None:
+            raise archive.error(f"its array {key} does not fit the model: {why}")
         loaded[key] = asarray(
             values, xp=namespace_of(template), device=device_of(template), dtype=template.dtype
         )

@@ -146,6 +146,19 @@ def name(path, top="the top level"):
     return ".".join(reversed(parts)) or top
 
 
+def put_once(found, key, value):
+    """`found[key] = value` for a file's member named by a path: refused where two places of a
+    model have one path (`{"a.b": x, "a": {"b": y}}`, or the keys 0 and "0"), which a file
+    would keep one array of."""
+    if key in found:
+        raise ValueError(
+            f"two places of the model have the path {key!r} (a key with a dot in it, or keys "
+            "that differ only in type): a file names its arrays by path and would keep one of "
+            "them; rename one of the keys"
+        )
+    found[key] = value
+
+
 def _kind(x):
     if isinstance(x, dict):
         return f"a {type(x).__name__} with keys {sorted(map(str, x))}"
