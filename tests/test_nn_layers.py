@@ -464,3 +464,17 @@ def test_bad_layer_settings():
         nn.AdaptiveMeanPool((0, 2))
     with pytest.raises(ValueError, match="padding must be smaller than the window"):
         nn.MaxPool(2, pad=2)
+
+
+def test_gelus_half_gradient_past_where_its_square_overflows():
+    """x * x overflows float16 from |x| = 256, and the pullback's 0 * inf was nan where the
+    slope is 1 or 0 (a --precision 16 run then skipped every step); PyTorch's is the
+    reference, computed in float32 and rounded once."""
+    torch = pytest.importorskip("torch")
+    values = [256.0, 300.0, -300.0, 60000.0, 1.0, -2.0, 0.0]
+    _, back = tg.forward(nn.gelu, np.array(values, np.float16))
+    (g,) = back(np.ones(len(values), np.float16))
+    t = torch.tensor(values, requires_grad=True)
+    torch.nn.functional.gelu(t, approximate="tanh").sum().backward()
+    assert g.dtype == np.float16
+    np.testing.assert_array_equal(g, t.grad.numpy().astype(np.float16))

@@ -344,3 +344,32 @@ def test_a_half_dtype_is_averaged_past_its_largest_count(name, dtype):
     reference = t.grad.float().numpy()
     np.testing.assert_allclose(g.astype(np.float32), reference, rtol=2e-2, atol=1e-7)
     assert np.count_nonzero(g) >= 0.99 * np.count_nonzero(reference) > 0  # (the bug: all 0)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_std_is_the_root_of_the_float32_variance(dtype):
+    """The variance was rounded to the half dtype before its root: a spread of 3e-5 (variance
+    9e-10, below float16's range) gave std 0 and gradient 0, one of 300 gave inf."""
+    half = tg.backend.half_dtype(dtype, np)
+    tiny = np.array([0.1, 0.1, 0.1, 0.1]).astype(half)
+    tiny[1::2] = np.nextafter(tiny[1::2], np.ones(2, half)) if dtype == "float16" else tiny[1::2]
+    for x in (tiny, (np.arange(100) * 30.0).astype(half)):
+        wide = x.astype(np.float64)
+        spread = wide.std()
+        value, (g,) = tg.withgradient(tg.std, x)
+        assert value.dtype == g.dtype == half
+        assert float(value) == float(np.float32(spread).astype(half))
+        if spread > 0:  # (x - mean) / (n std), computed in float64
+            expected = ((wide - wide.mean()) / (wide.size * spread)).astype(half)
+            np.testing.assert_allclose(g.astype(np.float64), expected.astype(np.float64), rtol=1e-2)
+
+
+def test_half_extrema_count_their_ties_exactly():
+    """The ties were counted in the input's dtype: 70,000 in float16 were inf (every gradient
+    0), and 257 in bfloat16 were 256."""
+    torch = pytest.importorskip("torch")
+    (g,) = tg.gradient(tg.min, np.zeros(70_000, np.float16))
+    assert g.dtype == np.float16 and np.all(g == np.float16(1 / 70_000))
+    t = torch.ones(257, dtype=torch.bfloat16, requires_grad=True)
+    torch.amax(t).backward()
+    assert torch.equal(tg.gradient(tg.max, torch.ones(257, dtype=torch.bfloat16))[0], t.grad)

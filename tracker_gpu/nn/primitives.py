@@ -10,13 +10,13 @@ matrix, so that convolutions and pools are matmuls and reductions, and `col2im` 
 import itertools
 import math
 
-from ..backend import added_into, device_of, into, namespace_of
+from ..backend import HALF, added_into, device_of, dtype_name, into, namespace_of
 from ..primitive import Primitive
-from ..rules.elementwise import add, multiply, subtract, tanh
+from ..rules.elementwise import add, astype, multiply, subtract, tanh
 from ..rules.linalg import matmul, matrix_transpose
 from ..rules.reductions import sum as _sum
 from ..rules.shape import reshape
-from ..tracked import TrackedArray
+from ..tracked import TrackedArray, data
 
 __all__ = ["linear", "gelu_tanh", "im2col", "col2im"]
 
@@ -204,7 +204,12 @@ def _gelu_forward(xp, x):
 
 
 def _gelu_vjp(g, ans, x):
-    """`g * gelu'(x)`: `0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2)`, `t` the tanh."""
+    """`g * gelu'(x)`: `0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 k x^2)`, `t` the tanh. Half
+    dtypes go through float32: `x^2` overflows float16 from |x| = 256, and 0 * inf is nan
+    where the slope is 1 or 0."""
+    if dtype_name(x.dtype) in HALF:
+        wide = namespace_of(data(x)).float32
+        return astype(_gelu_vjp(astype(g, wide), ans, astype(x, wide)), g.dtype)
     xp = _plain_namespace(g, x)
     if xp is None:  # a nested pass: the same formula, differentiable again
         square = multiply(x, x)

@@ -257,7 +257,8 @@ def _extremum_vjp(g, ans, x, axis=None, keepdims=False):
     reduced = normalize_axes(axis, len(x.shape))
     hit = _extremum_hits(x, ans, reduced=reduced)  # traced in a recorded nested pass
     count = _extremum_count(hit, x, reduced=reduced)
-    return mask(hit, expand(g, x, axis, keepdims) / count)
+    share = expand(g, x, axis, keepdims) / count
+    return mask(hit, share if share.dtype == g.dtype else astype(share, g.dtype))
 
 
 def _hits_forward(xp, x, ans, *, reduced):
@@ -268,8 +269,10 @@ def _hits_forward(xp, x, ans, *, reduced):
 
 
 def _count_forward(xp, hit, x, *, reduced):
-    count = xp.sum(xp.astype(hit, x.dtype), axis=reduced, keepdims=True)
-    return xp.where(count == 0, xp.ones_like(count), count)
+    # counted in int64, a float32 count for half dtypes: in float16, 65,505 ties were inf
+    count = xp.sum(xp.astype(hit, xp.int64), axis=reduced, keepdims=True)
+    count = xp.where(count == 0, xp.ones_like(count), count)
+    return xp.astype(count, xp.float32 if dtype_name(x.dtype) in HALF else x.dtype)
 
 
 _extremum_hits = no_gradient("extremum_hits", _hits_forward)
@@ -298,6 +301,9 @@ def std(x, /, *, axis=None, correction=0.0, keepdims=False):
     says)."""
     _check_real("std", x)
     check_axes("std", axis, x.ndim)
+    wide = _in_float32(x)
+    if wide is not None:  # the root of the float32 variance: rounded to half first, 9e-10 was 0
+        return astype(std(wide, axis=axis, correction=correction, keepdims=keepdims), x.dtype)
     return _std_sqrt(var(x, axis=axis, correction=correction, keepdims=keepdims))
 
 
