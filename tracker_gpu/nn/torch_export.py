@@ -11,8 +11,11 @@ LSTM(3, 4, num_layers=2, batch_first=True)
 ['bias_hh_l0', 'bias_hh_l1', 'bias_ih_l0', 'bias_ih_l1']
 """
 
+import contextvars
 import dataclasses
 import functools
+
+import numpy as np
 
 from ..backend import device_of, namespace_of
 from ..optim.tree import tree_map_with_path
@@ -69,10 +72,30 @@ def _dtype(a):
     return getattr(_torch(), _dtype_name(data(a).dtype))
 
 
+# {id(array): the tensor first filled from it, or None} for the model `to_torch` converts
+_FILLED = contextvars.ContextVar("filled", default=None)
+
+
 def _filled(module, arrays):
-    """`module` with its state_dict set to `arrays` (every one of them, checked by PyTorch)."""
+    """`module` with its state_dict set to `arrays` (every one of them, checked by PyTorch);
+    within `to_torch`, an array of the model met before (tied weights) gives the tensor made
+    the first time, so PyTorch's module ties it too."""
     module.load_state_dict({k: _tensor(a) for k, a in arrays.items()}, strict=True)
+    filled = _FILLED.get()
+    for name, a in arrays.items() if filled is not None else ():
+        _tie(module, name, filled, id(data(a)))
     return module
+
+
+def _tie(module, name, filled, key):
+    if key not in filled:  # not an array of the model (a concatenation, zeros)
+        return
+    prefix, _, leaf = name.rpartition(".")
+    owner = module.get_submodule(prefix)
+    if filled[key] is None:
+        filled[key] = getattr(owner, leaf)
+    else:
+        setattr(owner, leaf, filled[key])
 
 
 def _symmetric(layer, rank):
@@ -333,7 +356,9 @@ def to_torch(model, *, rank=1):
     before it in its Chain, else of `rank` (1: `BatchNorm1d`, for `(batch, channels)` too; 2:
     `BatchNorm2d`, ...): ours are the same layer for every rank. Something PyTorch has no
     layer for (asymmetric padding, a causal attention layer, a function of your own in a
-    Chain) raises `ValueError`.
+    Chain) raises `ValueError`. An array held in several places (tied weights) is one tensor
+    of the module, where PyTorch's layers hold it whole (not in `MultiheadAttention`'s
+    `in_proj_weight`, which concatenates three).
 
     >>> import numpy as np
     >>> from tracker_gpu import nn
@@ -341,7 +366,11 @@ def to_torch(model, *, rank=1):
     >>> [type(m).__name__ for m in module]
     ['Conv2d', 'ReLU', 'BatchNorm2d']
     """
-    modules = _to(model, rank)
+    token = _FILLED.set(dict.fromkeys(id(a) for a in _parameters(model).values()))
+    try:
+        modules = _to(model, rank)
+    finally:
+        _FILLED.reset(token)
     return modules[0] if len(modules) == 1 else _torch().nn.Sequential(*modules)
 
 
@@ -350,7 +379,8 @@ def load_state_dict(model, state_dict):
     the array it replaces (library, device, dtype); the names are PyTorch's for the module
     `to_torch(model)` (e.g. "0.weight" for the first layer of a Chain, "weight_ih_l0" for an
     LSTM's first cell). Missing or unexpected names, or a shape that differs, raise
-    `ValueError` before anything is loaded.
+    `ValueError` before anything is loaded; so do different values for two places that the
+    model holds one array in (tied weights), which stays one array.
 
     >>> import numpy as np, torch
     >>> from tracker_gpu import nn
@@ -367,6 +397,7 @@ def load_state_dict(model, state_dict):
             f"load_state_dict: the state_dict does not fit the model (its names and shapes are "
             f"those of nn.to_torch(model).state_dict()): {error}"
         ) from None
+    _same_where_tied(module, state_dict)
     new, old = _parameters(from_torch(module)), _parameters(model)
     if set(new) != set(old):
         raise ValueError(
@@ -376,12 +407,40 @@ def load_state_dict(model, state_dict):
             "a BatchNorm's count)"
         )
 
+    made = {}  # by the model's array: (its first place, the array loaded there)
+
     def placed(path, a):
         key = path or "_"
         if key not in old:
             return a
-        like = data(old[key])
-        value = to_numpy(new[key])
-        return asarray(value, xp=namespace_of(like), device=device_of(like), dtype=like.dtype)
+        like = old[key]
+        if id(like) not in made:
+            value = to_numpy(new[key])
+            made[id(like)] = key, asarray(value, xp=namespace_of(like), device=device_of(like),
+                                          dtype=like.dtype)  # fmt: skip
+        first, array = made[id(like)]
+        same = first == key or np.array_equal(new[first], new[key], equal_nan=True)
+        if not same:
+            raise _untied(f"the model's {first} and {key}")  # a tie PyTorch's module lacks
+        return array
 
     return tree_map_with_path(placed, model)
+
+
+def _same_where_tied(module, state_dict):
+    """Refuse a `state_dict` with different values for two names of one tensor of `module`
+    (`to_torch` of a model with tied weights)."""
+    first = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        seen = first.setdefault(id(tensor), name)
+        a, b = state_dict[seen], state_dict[name]
+        if seen != name and not _torch().allclose(a, b.to(a), rtol=0, atol=0, equal_nan=True):
+            raise _untied(f"{seen!r} and {name!r}")
+
+
+def _untied(places):
+    return ValueError(
+        f"load_state_dict: the model holds one array (tied weights) at {places}, but the "
+        "state_dict gives them different values; give them one value (tie them in PyTorch: "
+        "`b.weight = a.weight`) or build the model without the tie"
+    )

@@ -130,15 +130,23 @@ def _activation_from(module):
 # --- from PyTorch
 @dataclasses.dataclass(frozen=True)
 class _Target:
-    """Where converted arrays go: library `xp`, `device`, `dtype` (None: the tensor's)."""
+    """Where converted arrays go: library `xp`, `device`, `dtype` (None: the tensor's). A
+    tensor met again (tied weights) gives the array made the first time."""
 
     xp: Any
     device: Any
     dtype: Any
+    made: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def __call__(self, tensor, dtype=None):
         if tensor is None:
             return None
+        key = (id(tensor), dtype)
+        if key not in self.made:  # the tensor kept too, so that its id is not reused
+            self.made[key] = (tensor, self._converted(tensor, dtype))
+        return self.made[key][1]
+
+    def _converted(self, tensor, dtype):
         values = tensor.detach().cpu().numpy().copy()  # never the module's memory
         return asarray(values, xp=self.xp, device=self.device,
                        dtype=self.dtype or dtype or values.dtype)  # fmt: skip
