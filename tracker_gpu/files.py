@@ -3,8 +3,9 @@
 Every file the library writes goes through `atomic_file(path)`: a temp file in the same folder
 (named `<name>.partial-<pid>-<random>`) is written, flushed and `fsync`ed, renamed over the old
 file and the folder is `fsync`ed, so a crash or a kill leaves the old file or the new one, never
-half of one. The temp file is removed on every error, and one left by a killed process is
-removed at the next save of that path. An `OSError` (full disk, read-only, not a folder) becomes
+half of one (a symbolic link is followed, and the old file's permission bits are kept). The
+temp file is removed on every error, and one left by a killed process is removed at the next
+save of that path. An `OSError` (full disk, read-only, not a folder) becomes
 one `SaveError` (an `OSError`) naming the path and the cause; the old file is intact.
 
 Every file the library reads goes through `Archive(path, who)`, which reads the zip's directory
@@ -31,6 +32,7 @@ import io
 import json
 import os
 import secrets
+import stat
 import struct
 import threading
 import zipfile
@@ -81,6 +83,8 @@ class SaveError(OSError):
 def atomic_file(path):
     """A binary file to write whose content replaces `path` whole when the block ends without
     an error, durably (`fsync` of the file and of its folder); on an error nothing changes.
+    A `path` that is a symbolic link stays one: the file it points to is replaced (the temp
+    file beside that one). The new file keeps the old one's permission bits (0600 stays 0600).
 
     >>> import os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "plot.png")
@@ -90,7 +94,11 @@ def atomic_file(path):
     ['plot.png']
     """
     path = os.fspath(path)
-    folder, name = os.path.split(os.path.abspath(path))
+    try:  # a symbolic link stays one: the file it points to is the one replaced
+        target = os.path.realpath(path)
+    except OSError as error:  # a loop of links, where realpath says so
+        raise SaveError(path, error) from None
+    folder, name = os.path.split(target)
     scratch = os.path.join(folder, f"{name}{PARTIAL}{os.getpid()}-{secrets.token_hex(4)}")
     with _ACTIVE_LOCK:
         _ACTIVE.add(scratch)
@@ -102,7 +110,8 @@ def atomic_file(path):
                 yield file
                 file.flush()
                 os.fsync(file.fileno())
-            os.replace(scratch, path)
+            _keep_mode(target, scratch)
+            os.replace(scratch, target)
         except OSError as error:
             raise SaveError(path, error) from None
         _fsync_folder(folder)
@@ -111,6 +120,17 @@ def atomic_file(path):
             _ACTIVE.discard(scratch)
         with contextlib.suppress(OSError):
             os.remove(scratch)
+
+
+def _keep_mode(target, scratch):
+    """Give the temp file the permission bits of the file it replaces (a private 0600 file
+    stays private); a new file keeps those its creation gave (0666 less the umask)."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(mode):
+        os.chmod(scratch, stat.S_IMODE(mode))
 
 
 def write_npz(path, arrays):
