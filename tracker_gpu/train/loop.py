@@ -217,21 +217,31 @@ def train(name="mlp", *, epochs=None, batch_size=32, lr=None, seed=0, xp=None, d
     """Train model `name` ("mlp", "cnn" or "lstm") on the digits and return a `Result`.
 
     `xp` (a namespace or "numpy", "torch", "cupy", "strict") and `device` say where the model and
-    data live; `epochs` (the total, a resumed run included) and `lr` default to the model's
-    recipe; `data` reuses a `digits()` split. `save` is a checkpoint file written after each
-    epoch, `resume` one to go on from (its model, optimiser state, random generator, curves and
-    the place in the epoch); `on_epoch(epoch, history)` is called after each epoch's checkpoint,
-    and `step` runs one training step (`mixed_step(precision)` for mixed precision: its loss
-    scale is saved and resumed with the rest). `stop()`, asked after each step, returns a
-    signal number to stop there: the checkpoint is written (mid-epoch) and `Interrupted`
-    raised. A resumed run whose checkpoint has `epochs` epochs already is evaluated, not
-    trained. `options` (JSON), the job's options as given, are saved with the settings.
+    data live; `epochs` (the total, a resumed run included) and `lr` default to the checkpoint's
+    when resuming, else to the model's recipe; `data` reuses a `digits()` split. `save` is a
+    checkpoint file written after each epoch, `resume` one to go on from (its model, optimiser
+    state, random generator, curves and the place in the epoch), refused (ValueError) where the
+    model, batch size, seed, learning rate or data split differ from its own.
+    `on_epoch(epoch, history)` is called after each epoch's checkpoint, and `step` runs one
+    training step (`mixed_step(precision)` for mixed precision: its loss scale is saved and
+    resumed with the rest). `stop()`, asked after each step, returns a signal number to stop
+    there: the checkpoint is written (mid-epoch) and `Interrupted` raised. A resumed run whose
+    checkpoint has `epochs` epochs already is evaluated, not trained. `options` (JSON), the
+    job's options as given, are saved with the settings.
     """
     recipe = RECIPES[name]
-    epochs = recipe.epochs if epochs is None else epochs
-    lr = recipe.lr if lr is None else lr
+    saved = {}
+    if resume is not None:  # checked before any work: the settings that make the run
+        info = optim.read_checkpoint_info(resume)
+        _check_resumable(resume, info, name, batch_size)
+        saved = info.get("settings") or {}
+    epochs = saved.get("epochs", recipe.epochs) if epochs is None else epochs
+    lr = saved.get("lr", recipe.lr) if lr is None else lr
     start = time.perf_counter()
     data = data if data is not None else digits(xp=xp, device=device, seed=seed)
+    if resume is not None:
+        split = [int(data.train_x.shape[0]), int(data.test_x.shape[0])]
+        _check_settings(resume, saved, dict(seed=seed, lr=lr, split=split))
     rng = np.random.default_rng(seed)
     model = recipe.build(rng=rng, xp=xp, device=device)
     steps = math.ceil(data.train_x.shape[0] / batch_size)
@@ -239,7 +249,6 @@ def train(name="mlp", *, epochs=None, batch_size=32, lr=None, seed=0, xp=None, d
     history, done, within = {"loss": [], "train_accuracy": [], "test_accuracy": []}, 0, None
     if resume is not None:
         model, state, info = optim.load_checkpoint(resume, model)
-        _check_resumable(resume, info, name, batch_size)
         rng.bit_generator.state, history, done = info["rng"], info["history"], info["epoch"]
         restored(_mixed_of(step), info.get("loss_scale"))
         within = (info["step"], info["partial"]) if info.get("step") else None
@@ -281,6 +290,28 @@ def _check_resumable(path, info, name, batch_size):
             f"{info.get('batch_size')}, not of {name} with batch size {batch_size}; resume it "
             "with the settings it was saved with"
         )
+
+
+def _check_settings(path, saved, given):
+    """Refuse a resume whose settings (`given`: the seed, the learning rate, the data split)
+    differ from those the checkpoint's run recorded (`saved`), as the command line does: each
+    would make another run (another split, another schedule) under the old run's name. The
+    epochs (the total) are applied; where and how the run steps may change (the same run up to
+    rounding)."""
+    for key, value in given.items():
+        if key in saved and saved[key] != value:
+            raise ValueError(
+                f"{path} was saved with {key} {saved[key]}, and this call gives {key} {value}, "
+                f"which would make another run; give {_keyword(key, saved[key])} to go on as "
+                "saved, or start a new run without resume"
+            )
+
+
+def _keyword(key, value):
+    """How to give the setting `key` its saved `value` in a call to `train`."""
+    if key == "split":
+        return f"the data of that split ({value[0]} training and {value[1]} test images)"
+    return f"{key}={value!r}"
 
 
 @dataclass

@@ -5,13 +5,14 @@ for bit (the model, the optimiser state, both random generators and the curves a
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
 import tracker_gpu as tg
 from tracker_gpu import optim
 from tracker_gpu.backend import on_device_of
+from tracker_gpu.optim.tree import tree_map_with_path
 
 from .devices import one_thread
 from .loop import Interrupted
@@ -179,9 +180,15 @@ class _Run:
                     partial=[float(v) for v in partial],
                     loss_scale=_mixed_of(self.step).state_dict(),
                     rngs=[self.data_rng.bit_generator.state,
-                          self.model_rng.bit_generator.state])  # fmt: skip
+                          self._model_rng(model).bit_generator.state])  # fmt: skip
         optim.save_checkpoint(self.save, model, state, **info)
         return self.save
+
+    def _model_rng(self, model):
+        """The generator `model`'s dropout layers draw from (the one its checkpoint saves with
+        it): `model_rng`, unless a step gave the model another."""
+        found = _generator_of(model)
+        return self.model_rng if found is None else found
 
     def valid_loss(self, model, limit=8):
         c = self.config
@@ -199,16 +206,20 @@ def train_text(config, text, *, xp=None, device=None, step=text_step, progress=F
                resume=None, stop=None, step_kind="eager"):  # fmt: skip
     """Train a `CharTransformer` of `config` on `text` (a `text_data.Text`) and return a
     `TextResult`. `save` is a checkpoint file written at every evaluation and at the end,
-    `resume` one to go on from; `stop()`, asked after each step, returns a signal number to stop
-    there (the checkpoint written, `Interrupted` raised)."""
+    `resume` one to go on from, refused (ValueError) where a setting of `config` but
+    `eval_every` differs from the one its run recorded; `stop()`, asked after each step,
+    returns a signal number to stop there (the checkpoint written, `Interrupted` raised)."""
     start = time.perf_counter()
+    if resume is not None:  # checked before any work
+        _check_settings(resume, optim.read_checkpoint_info(resume), config)
     model, model_rng = build(config, len(text.vocab), xp=xp, device=device)
     state = optim.setup(rule(config), model)
     history, done, partial = {"step": [], "loss": [], "valid_step": [], "valid_loss": []}, 0, []
     data_rng = np.random.default_rng([config.seed, 1])
     if resume is not None:
         model, state, info = optim.load_checkpoint(resume, model)
-        data_rng.bit_generator.state, model_rng.bit_generator.state = info["rngs"]
+        data_rng.bit_generator.state, model_state = info["rngs"]
+        model_rng = _drawn(model, model_rng, model_state)
         history, done, partial = info["history"], info["step"], info["partial"]
         restored(_mixed_of(step), info.get("loss_scale"))
     settings = settings_of(config, _library_name(model), step_kind, _mixed_of(step).precision)
@@ -222,6 +233,51 @@ def train_text(config, text, *, xp=None, device=None, step=text_step, progress=F
         history["valid_step"].append(config.steps)
         history["valid_loss"].append(valid)
     return TextResult(model, history, valid, rate, time.perf_counter() - start, config)
+
+
+_RUN = tuple(f.name for f in fields(TextConfig) if f.name != "eval_every")  # make a run
+
+
+def _check_settings(path, info, config):
+    """Refuse to resume the checkpoint at `path` (its `info`) with a `config` whose settings
+    differ from those its run recorded, as the command line does: each would make another run
+    (the loaded optimiser keeps the saved schedule) under the old run's name. `eval_every`
+    (when the validation loss is taken) may change."""
+    saved = info.get("settings") or {}
+    if saved and saved.get("job") != "text":
+        raise ValueError(f"{path} is not a checkpoint of the text job (train_text)")
+    for key in _RUN:
+        value = getattr(config, key)
+        if key in saved and saved[key] != value:
+            raise ValueError(
+                f"{path} was saved with {key} {saved[key]}, and this config gives {key} "
+                f"{value}, which would make another run; give TextConfig({key}="
+                f"{saved[key]!r}) to go on as saved, or start a new run without resume"
+            )
+
+
+def _drawn(model, built, saved):
+    """The generator the loaded `model`'s dropout layers draw from: the one the checkpoint
+    restored with them (`load_checkpoint`), else (a file without generators, or a model
+    without one) `built`, the template's, put in the `saved` state (`info["rngs"][1]`)."""
+    found = _generator_of(model)
+    if found is None or found is built:
+        built.bit_generator.state = saved
+        return built
+    return found
+
+
+def _generator_of(model):
+    """The NumPy generator `model` holds (its layers share one: `build`), or None."""
+    found = []
+
+    def record(path, x):
+        if isinstance(x, np.random.Generator) and not found:
+            found.append(x)
+        return x
+
+    tree_map_with_path(record, model)
+    return found[0] if found else None
 
 
 def _library_name(model):
