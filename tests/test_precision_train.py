@@ -6,9 +6,11 @@ checkpoint; the command lines refuse what cannot run."""
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import BACKENDS
 
 import tracker_gpu as tg
 from tracker_gpu import nn, optim
+from tracker_gpu.optim.tree import tree_map_with_path
 from tracker_gpu.pytree import tree_leaves
 
 pytest.importorskip("sklearn")
@@ -311,3 +313,25 @@ def test_a_resumed_digits_run_keeps_the_checkpoints_precision_and_scale(tmp_path
     again = optim.read_checkpoint_info(str(tmp_path / "mlp.npz"))
     assert again["settings"]["precision"] == "16"
     assert again["loss_scale"]["good"] == 12  # 6 steps an epoch, counted on from the saved 6
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("case", ["mlp", "text"])
+def test_a_float16_step_whose_loss_overflows_is_skipped(case, compiled):
+    """A forward pass that overflows float16 (inputs 1e5 times too large; an embedding 1e7
+    times) makes a loss that is not finite: the step is skipped and the scale halved, as PyTorch's
+    GradScaler does; the eager step raised BackError instead."""
+    model, x, y, _ = CASES[case](BACKENDS["numpy"]())
+    if case == "text":  # logits past float16's range, through the tied output layer
+        model = tree_map_with_path(lambda p, a: a * 1e7 if p == "embed.weight" else a, model)
+    else:
+        x = x * 1e5
+    step = make_step(case, "16", compiled)
+    state = optim.setup(optim.Adam(1e-3), model)
+    before = [np.array(a) for a in floating(model)]
+    outputs = step(model, state, x, y)
+    trained = outputs[1] if case == "text" else outputs[2]
+    scaler = step.mixed.scaler.state_dict()
+    assert not np.isfinite(float(outputs[0]))
+    assert scaler["skipped"] == 1 and scaler["scale"] == 2.0**15 / 2
+    assert all(np.array_equal(a, b) for a, b in zip(floating(trained), before))

@@ -266,6 +266,13 @@ def quiet_gradient(f, *args, nest=False):
     return _withgradient(f, args, nest, None, quiet=True).grad
 
 
+def quiet_withgradient(f, *args, nest=False):
+    """`withgradient` for this package's loss-scaled steps: a loss that is not finite passes
+    its inf and nan on to the gradients (which the loss scale then sees and skips), rather
+    than raising `BackError`."""
+    return _withgradient(f, args, nest, None, quiet=True)
+
+
 def positions(wrt, count):
     """The positions `wrt` names among `count` arguments, as a frozenset (all when None)."""
     if wrt is None:

@@ -13,6 +13,7 @@ import numpy as np
 
 import tracker_gpu as tg
 from tracker_gpu import nn, optim
+from tracker_gpu.api import quiet_withgradient
 from tracker_gpu.backend import namespace_of, on_device_of
 from tracker_gpu.optim.state import Leaf
 from tracker_gpu.optim.tree import tree_map_with_path
@@ -81,7 +82,7 @@ def _mixed_step(mixed, scaler, model, state, x, y):
         return scaled(scaler, loss), (loss, logits)
 
     with mixed.quiet():
-        (_, (loss, logits)), (grads,) = tg.withgradient(scaled_loss, model)
+        (_, (loss, logits)), (grads,) = quiet_withgradient(scaled_loss, model)
         scaler, state, model = stepped(scaler, state, model, grads)
     return loss, logits, model, state, scaler
 

@@ -11,6 +11,7 @@ import numpy as np
 
 import tracker_gpu as tg
 from tracker_gpu import optim
+from tracker_gpu.api import quiet_withgradient
 from tracker_gpu.backend import on_device_of
 from tracker_gpu.optim.tree import tree_map_with_path
 
@@ -110,7 +111,7 @@ def _mixed_text_step(mixed, scaler, model, state, x, y):
         return scaled(scaler, loss), loss
 
     with mixed.quiet():
-        (_, loss), (grads,) = tg.withgradient(scaled_loss, model)
+        (_, loss), (grads,) = quiet_withgradient(scaled_loss, model)
         scaler, state, model = stepped(scaler, state, model, grads, _clipped)
     return loss, model, state, scaler
 
