@@ -258,3 +258,36 @@ def test_the_target_gradient_at_targets_of_0_and_1_is_torchs(reduction):
         else:
             (g,) = tg.gradient(ours, target)
         np.testing.assert_allclose(g, t.grad.numpy(), rtol=1e-13, atol=1e-15)
+
+
+def test_a_half_logitcrossentropy_averages_past_float16s_largest_count():
+    """70,000 samples, more than float16 holds: the mean's count was inf, the loss and its
+    gradient 0; the sum of 100,000 losses overflowed float16. PyTorch's in float32 is the
+    reference."""
+    torch = pytest.importorskip("torch")
+    from tracker_gpu import nn
+
+    rng = np.random.default_rng(0)
+    for n, spread in ((70_000, 1.0), (100_000, 5.0)):
+        z = (rng.standard_normal((n, 2)) * spread).astype(np.float16)
+        y = rng.integers(0, 2, n)
+        value, (g,) = tg.withgradient(lambda z, y=y: nn.logitcrossentropy(z, y), z)
+        t = torch.tensor(z.astype(np.float32), requires_grad=True)
+        expected = torch.nn.functional.cross_entropy(t, torch.tensor(y))
+        expected.backward()
+        assert value.dtype == g.dtype == np.float16
+        np.testing.assert_allclose(float(value), expected.item(), rtol=1e-3)
+        np.testing.assert_allclose(g.astype(np.float32), t.grad.numpy(), atol=1e-7)
+
+
+def test_the_probability_losses_take_numpys_bfloat16():
+    """NumPy's finfo and isdtype refuse ml_dtypes' bfloat16: the losses raised ValueError."""
+    torch = pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from tracker_gpu import nn
+
+    p, t = np.array([[0.2, 0.8]]), np.array([[0.0, 1.0]])
+    for loss in (nn.crossentropy, nn.binarycrossentropy):
+        ours = loss(p.astype(ml_dtypes.bfloat16), t.astype(ml_dtypes.bfloat16))
+        theirs = loss(*(torch.tensor(a, dtype=torch.bfloat16) for a in (p, t)))
+        np.testing.assert_allclose(float(ours), float(theirs), rtol=1e-2)

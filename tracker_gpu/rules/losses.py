@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from .. import recording
-from ..backend import SCALARS, device_of, namespace_of
+from ..backend import HALF, SCALARS, device_of, dtype_name, isdtype, namespace_of
 from ..checks import checking
 from ..primitive import Primitive
 from ..tracked import TrackedArray, data
@@ -40,7 +40,7 @@ from .elementwise import (
     where,
 )
 from .nn import logsoftmax, logsoftmax_parts, real_only, softmax
-from .reductions import mean
+from .reductions import _over_count, mean
 from .reductions import sum as _sum
 from .rows import row_max, row_sum
 
@@ -170,7 +170,7 @@ def _targets(name, scores, labels, axis):
     xp = namespace_of(plain)
     if _is_index_labels(labels, tuple(plain.shape), axis, name):
         return _onehot(name, xp, _in_library(xp, labels, plain), plain, axis), True
-    if not xp.isdtype(data(labels).dtype, "real floating"):
+    if not isdtype(xp, data(labels).dtype, "real floating"):
         return astype(_in_library(xp, labels, plain), plain.dtype), False
     return labels, False
 
@@ -234,8 +234,11 @@ def _lce_forward(xp, logits, targets, *, axis=-1, agg="mean", normalized=False):
     # the target's log-probability only: a class masked with a -inf logit and a zero target
     # adds 0, not 0 * -inf = nan (PyTorch's cross_entropy)
     logp = xp.where(targets != 0, logp, xp.zeros_like(logp))
-    total = -xp.sum(targets * logp)
-    return total / _samples(logits, axis) if agg == "mean" else total
+    wide = dtype_name(logits.dtype) in HALF  # summed and divided in float32, as PyTorch's
+    total = -xp.sum(targets * logp, dtype=xp.float32 if wide else None)
+    if agg == "mean":
+        total = total / _samples(logits, axis)
+    return xp.astype(total, logits.dtype) if wide else total
 
 
 def _samples(logits, axis):
@@ -244,7 +247,8 @@ def _samples(logits, axis):
 
 
 def _lce_scale(g, logits, axis, agg):
-    return g / _samples(logits, axis) if agg == "mean" else g
+    # through float32 for half dtypes: 70,000 samples are inf in float16, and g / inf is 0
+    return _over_count(g, _samples(logits, axis)) if agg == "mean" else g
 
 
 def _lce_vjp_logits(g, ans, logits, targets, *, axis=-1, agg="mean", normalized=False):
@@ -321,6 +325,8 @@ def _eps(name, x, eps):
     if eps is not None:
         return eps
     plain = data(x)
+    if dtype_name(plain.dtype) == "bfloat16":  # NumPy's finfo refuses ml_dtypes' bfloat16
+        return 2.0**-7
     return float(namespace_of(plain).finfo(plain.dtype).eps)
 
 
