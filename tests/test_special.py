@@ -356,3 +356,25 @@ def test_sinc_second_derivative_is_smooth_across_the_switch():
         exact = [float(mpmath.diff(lambda t: mpmath.sinc(mpmath.pi * t), x, 2)) for x in xs]
     np.testing.assert_allclose(np.diag(h), exact, rtol=1e-9)
     assert np.all(h[~np.eye(len(xs), dtype=bool)] == 0)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name", NAMES)
+def test_a_float16_argument_gives_a_float16_value_and_gradient(name):
+    """SciPy has no float16 loops and answered float32 or float64; PyTorch keeps the dtype."""
+    domains = SPECS[name]["domains"]
+    args = [np.array([(low + high) / 2 for low, high in (d if isinstance(d[0], tuple) else [d])],
+                     np.float16) for d in domains]  # fmt: skip
+    value = _call(name)(*args)
+    assert value.dtype == np.float16
+    constant = SPECS[name].get("constant")
+    moving = [i for i in range(len(args)) if i != constant]
+
+    def loss(*moved):
+        given = list(args)
+        for i, a in zip(moving, moved):
+            given[i] = a
+        return tg.sum(_call(name)(*given))
+
+    grads = tg.gradient(loss, *(args[i] for i in moving))
+    assert all(g is None or g.dtype == np.float16 for g in grads)

@@ -20,7 +20,7 @@ array([0.69314718, 0.69314718])
 
 import math
 
-from ..backend import namespace_of
+from ..backend import HALF, dtype_name, namespace_of
 from ..primitive import Primitive
 from ..tracked import data, istracked
 from .elementwise import PLAIN_FUNCTIONS as _PLAIN
@@ -51,9 +51,18 @@ def _unary(name, vjp, saves, doc):
 
     def forward(xp, x, /):
         (x,) = _as_arrays(xp, x)
-        return library_function(name, x)(x)
+        return _half_kept(xp, library_function(name, x)(x), x)
 
     return Primitive(name, forward, (vjp,), doc=doc, saves=saves)
+
+
+def _half_kept(xp, value, *args):
+    """`value` in the half dtype of `args` where they are all of it (SciPy has no float16
+    loops and answers float32 or float64; PyTorch keeps the dtype)."""
+    dtypes = {a.dtype for a in args}
+    if len(dtypes) != 1 or dtype_name(args[0].dtype) not in HALF:
+        return value
+    return _like(xp, value, args[0])
 
 
 def _binary(name, vjps, saves, doc):
@@ -62,7 +71,7 @@ def _binary(name, vjps, saves, doc):
 
     def forward(xp, x1, x2, /):
         x1, x2 = _as_arrays(xp, x1, x2)
-        return library_function(name, x1)(x1, x2)
+        return _half_kept(xp, library_function(name, x1)(x1, x2), x1, x2)
 
     rule = Primitive(name, forward, vjps, doc=doc, saves=saves)
     constant = [i for i, vjp in enumerate(vjps) if vjp is None]
