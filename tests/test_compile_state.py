@@ -351,6 +351,18 @@ def test_an_inner_transform_replays_as_eagerly(name):
     assert step.cache_info().misses == 1
 
 
+@pytest.mark.parametrize("name", sorted(_inner_transforms()))
+def test_an_inner_transform_replays_as_eagerly_without_a_gradient(name):
+    """With gradient=False nothing nests the transform: its results were made plain while
+    recording, and every replay gave the recording call's numbers (jvp, jacfwd)."""
+    f = _inner_transforms()[name]
+    step = tg.compile(f, gradient=False)
+    for _ in range(CALLS):
+        x = floats(2)
+        assert np.array_equal(step(x), f(x))
+    assert step.cache_info().misses == 1
+
+
 def test_a_checkpoint_closing_over_a_tracked_value_is_refused():
     def f(x):
         h = tg.tanh(x)

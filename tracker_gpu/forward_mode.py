@@ -13,7 +13,7 @@ at the cost of about three passes.
 
 import math
 
-from . import backend, nesting
+from . import backend, nesting, recording
 from .api import (
     backprop,
     gradients_in_place,
@@ -54,7 +54,8 @@ def jvp(f, primals, tangents):
         return directional(gradients_in_place(args, inputs, found, True), tangents)
 
     found = quiet_gradient(pulled_back, *[_zeros_like(y) for y in outputs])
-    if not nesting.active():  # nested, both stay linked to the outer pass
+    # nested, both stay linked to the outer pass; recorded, traced (a replay computes them)
+    if not nesting.active() and recording.current() is None:
         value, found = untracked(value), untracked(found)
     found = iter(found)
     return value, tree_map(lambda v: _tangent(v, found) if _is_array(v) else _still(v), value)
