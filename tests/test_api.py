@@ -137,6 +137,28 @@ def test_implicit_params_do_not_touch_the_leaves():
         gs[tg.param(np.ones(1))]
 
 
+@pytest.mark.parametrize("nest", [False, True])
+def test_implicit_params_made_of_each_other_get_their_whole_gradients(nest):
+    """A parameter that another one is made of gets its share through it too (it was stopped
+    there: W's gradient lacked the part through y, and W1 = param(W0) left W0 None). PyTorch's
+    autograd.grad over the same values is the reference."""
+    torch = pytest.importorskip("torch")
+    W = tg.param(np.array([1.0, 2.0]))
+    y = W * 2.0
+    z = y * 3.0
+    gs = tg.gradient(lambda: tg.sum(z * y * W), tg.Params([z, W, y]), nest=nest)
+    t = torch.tensor([1.0, 2.0], requires_grad=True)
+    ty = t * 2.0
+    tz = ty * 3.0
+    expected = torch.autograd.grad((tz * ty * t).sum(), [tz, t, ty])
+    for p, e in zip((z, W, y), expected):
+        assert np.array_equal(tg.data(gs[p]), e.numpy())
+    W0 = tg.param(np.array([1.0, 2.0]))
+    W1 = tg.param(W0)
+    gs = tg.gradient(lambda: tg.sum(W1 * W1), tg.Params([W0, W1]))
+    assert np.array_equal(gs[W1], [2.0, 4.0]) and np.array_equal(gs[W0], [2.0, 4.0])
+
+
 def test_custom_rule_is_used_and_nests():
     calls = []
 

@@ -8,6 +8,7 @@
 20.0
 """
 
+import contextlib
 import math
 import sys
 import warnings
@@ -597,13 +598,44 @@ def _same(xp, value):
 
 
 # --- the implicit interface
+class _Noted:
+    """A node's rule that notes the node's whole gradient as the walk passes it on."""
+
+    def __init__(self, rule, found):
+        self.rule, self.found, self.name = rule, found, rule.name
+
+    def pullback(self, node, args, ctx, saved, g, *rest):
+        self.found[id(node)] = g
+        return self.rule.pullback(node, args, ctx, saved, g, *rest)
+
+
+@contextlib.contextmanager
+def _kept_on_the_way(nodes):
+    """`{id(node): gradient}` of the interior `nodes` a walk inside the block goes through
+    (their whole gradients, passed on: a parameter that another one is made of gets its
+    share through it too, as Tracker's and PyTorch's)."""
+    found, noted = {}, {}
+    for node in nodes:
+        if node.rule is not None and id(node) not in noted:
+            noted[id(node)] = node, node.rule
+            node.rule = _Noted(node.rule, found)
+    try:
+        yield found
+    finally:
+        for node, rule in noted.values():
+            if type(node.rule) is _Noted:  # not spent by the walk
+                node.rule = rule
+
+
 def _implicit(f, params, nest):
     nest, _ = nesting.begin(nest)  # the implicit form walks the whole graph
     given = [alias(p) for p in params]  # the parameters as they are before f writes into one
     with nesting.inside():
         val = f()
     loss = val[0] if isinstance(val, tuple) else val
-    found = backprop(loss, given, nest)
+    with _kept_on_the_way([g._node for g in given]) as kept:  # a parameter made of another
+        found = backprop(loss, [g for g in given if g._node.rule is None], nest)
+    found.update(kept)
     found = {id(p): found.get(id(g._node)) for p, g in zip(params, given)}
     if not nest:
         hand_out = HandOut(g.data for g in given)
