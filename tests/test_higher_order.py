@@ -171,6 +171,14 @@ def test_third_order_of_a_scalar_function():
 
 
 # --- Tracker's behaviour cases
+def test_a_hook_that_returns_none_keeps_the_gradient():
+    """A hook that only looks (prints, notes) returns None: the gradient was dropped, with no
+    word; PyTorch's register_hook keeps it, and so does tg.hook now."""
+    seen = []
+    (g,) = tg.gradient(lambda x: tg.sum(tg.hook(seen.append, x) * 3.0), np.array([1.0, 2.0]))
+    assert np.array_equal(g, [3.0, 3.0]) and np.array_equal(seen[0], [3.0, 3.0])
+
+
 def test_hook_flips_the_gradient():
     assert float(tg.gradient(lambda x: tg.hook(lambda d: -d, x), 2.0)[0]) == -1.0
 

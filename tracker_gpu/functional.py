@@ -272,11 +272,18 @@ def _size(shape):
 
 
 # --- hook and checkpoint
-_hook = Primitive("hook", lambda xp, x, fn: x, (lambda g, ans, x, fn: fn(g), None), saves="")
+def _hook_vjp(g, ans, x, fn):
+    changed = fn(g)
+    return g if changed is None else changed  # a hook that only looks (prints) keeps g
+
+
+_hook = Primitive("hook", lambda xp, x, fn: x, (_hook_vjp, None), saves="")
 
 
 def hook(f, x):
-    """`x` unchanged; the backward pass applies `f` to the gradient arriving at it.
+    """`x` unchanged; the backward pass applies `f` to the gradient arriving at it, and passes
+    on what `f` returns, or the gradient itself where `f` returns None (PyTorch's convention: a
+    hook that only looks, as `print`, changes nothing).
 
     >>> import numpy as np, tracker_gpu as tg
     >>> tg.gradient(lambda x: tg.hook(lambda g: -g, x) * 1.0, 2.0)
