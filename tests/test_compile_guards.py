@@ -319,6 +319,69 @@ def test_an_attribute_of_a_hashable_argument_rebound_records_anew():
     assert step.cache_info().hits == 1
 
 
+class Scaled:
+    scale = 2.0  # a class attribute, read through the instance
+
+    def __call__(self, x):
+        return tg.sum(tg.tanh(x) * self.scale)
+
+
+class Helper:
+    @staticmethod
+    def act(x):
+        return tg.tanh(x) * SCALE
+
+
+def _helped(x):
+    return tg.sum(Helper.act(x))
+
+
+def test_a_class_attribute_read_through_self_rebound_records_anew():
+    """`M.scale = 5.0` replayed the old 2.0: a class attribute was not guarded."""
+    model = Scaled()
+    step = tg.compile(model)
+    _same(step, model, X)
+    Scaled.scale = 5.0
+    try:
+        _same(step, model, X)
+        model.scale = -1.0  # the instance's own, shadowing the class's
+        _same(step, model, X)
+    finally:
+        Scaled.scale = 2.0
+    assert step.cache_info().misses == 3
+
+
+def test_a_static_methods_global_rebound_records_anew():
+    global SCALE
+    step = tg.compile(_helped)
+    _same(step, _helped, X)
+    SCALE, before = 5.0, SCALE
+    try:
+        _same(step, _helped, X)
+    finally:
+        SCALE = before
+    assert step.cache_info().misses == 2
+
+
+def test_a_user_modules_function_reading_its_own_global_records_anew(tmp_path, monkeypatch):
+    """`mymod.act(x)` with `mymod.scale` rebound replayed the old value: the functions of a
+    user's module were not looked into."""
+    (tmp_path / "guarded_settings.py").write_text(
+        "import tracker_gpu as tg\nscale = 2.0\n\ndef act(x):\n    return tg.tanh(x) * scale\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import guarded_settings as mymod
+
+    def f(x):
+        return tg.sum(mymod.act(x))
+
+    step = tg.compile(f)
+    _same(step, f, X)
+    mymod.scale = 5.0
+    _same(step, f, X)
+    assert step.cache_info().misses == 2
+
+
 def test_a_function_argument_is_looked_into():
     global SCALE
     step = tg.compile(lambda x, g: tg.sum(g(x)))

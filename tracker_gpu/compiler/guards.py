@@ -206,6 +206,10 @@ class _Collector:
             return
         for name in sorted(attributes & found.keys()):
             value = found[name]
+            if isinstance(value, (staticmethod, classmethod)):  # `Helper.act(x)`: its reads
+                value = value.__func__
+            if isinstance(value, types.FunctionType) and depth < DEPTH:
+                self.function(value, depth + 1)  # a module's or a class's function
             if leaves_only and _kind(value)[0] == _SAME:
                 continue
             if self.guards.add(found, name, value, f"{label}.{name}") and _is_generator(value):
@@ -222,6 +226,17 @@ class _Collector:
                 self.function(types.MethodType(member.fget, x), depth + 1)
             elif isinstance(member, types.FunctionType):
                 self.function(types.MethodType(member, x), depth + 1)
+            elif _kind(member)[0] != _SAME and _users_class(_holder(type(x), name)):
+                # a class attribute read through an instance (`self.scale`): guarded where it
+                # lives, and against one of the instance's own shadowing it later
+                label = f"{type(x).__name__}.{name}"
+                self.guards.add(vars(_holder(type(x), name)), name, member, label)
+                self.guards.add(vars(x), name, _MISSING, f"{label} (on the instance)")
+
+
+def _holder(cls, name):
+    """The class of `cls`'s order of resolution that holds the attribute `name` itself."""
+    return next((k for k in cls.__mro__ if name in vars(k)), None)
 
 
 def _contents(cell):
