@@ -224,3 +224,7 @@ def test_dlpack_exports_constants_and_refuses_arrays_on_the_tape():
     back = tg.from_dlpack(t)
     np.testing.assert_array_equal(back, [2.0, 4.0, 6.0])
     assert not tg.istracked(back)
+    total = tg.stop_gradient(tg.sum(y))  # its data a NumPy scalar, which has no __dlpack__
+    assert total.__dlpack_device__() == (1, 0)
+    for export in (torch.from_dlpack, np.from_dlpack):
+        assert float(export(total)) == 12.0

@@ -94,10 +94,10 @@ class TrackedArray:
                 "plain value, or tg.stop_gradient(x)"
             )
         given = dict(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
-        return self.data.__dlpack__(**{k: v for k, v in given.items() if v is not None})
+        return _exported(self.data).__dlpack__(**{k: v for k, v in given.items() if v is not None})
 
     def __dlpack_device__(self):
-        return self.data.__dlpack_device__()
+        return _exported(self.data).__dlpack_device__()
 
     def __array__(self, dtype=None, copy=None):
         """A constant converts like its data; an array on the tape refuses (its gradient
@@ -370,6 +370,12 @@ def constants(result, xp):
     if isinstance(result, np.generic):  # NumPy's scalars (argmax of a whole array): 0-d arrays
         result = np.asarray(result)
     return constant(result, xp) if backend.is_array(result) else result
+
+
+def _exported(value):
+    """`value` as an array DLPack can export: NumPy's reductions give scalars, which have no
+    `__dlpack__`; their 0-d arrays do."""
+    return np.asarray(value) if isinstance(value, np.generic) else value
 
 
 def alias(x):
