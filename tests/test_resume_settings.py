@@ -158,3 +158,17 @@ def test_a_resumed_text_runs_next_checkpoint_is_the_straight_runs(numpy_only, te
     # what the dropout layers draw from, as the checkpoint records it twice
     generators = [g for g in their_meta["generators"].values() if "same_as" not in g]
     assert generators == [their_meta["info"]["rngs"][1]]
+
+
+def test_the_command_line_resumes_a_library_run_with_its_own_warmup_and_decay(
+    numpy_only, text, tmp_path, capsys
+):
+    """The command line made its warm-up from the steps and took the default weight decay, so
+    a library run's checkpoint with others was refused with a traceback."""
+    from tracker_gpu.train import text_cli
+
+    config = TextConfig(**{**TINY, "warmup": 3}, steps=4, weight_decay=0.05, eval_every=1000)
+    train_text(config, text, save=str(tmp_path / "text.npz"))
+    text_cli.main(["--resume", str(tmp_path), "--no-progress", "--plot", "", "--sample-length",
+                   "0"])  # fmt: skip
+    assert "warm-up 3" in capsys.readouterr().out

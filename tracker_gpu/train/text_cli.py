@@ -134,9 +134,10 @@ def _config(p, args):
                 f"({longest} characters); choose a shorter context")  # fmt: skip
     _precision(p, args, saved)
     _check_attention_memory(p, values, args)
-    warmup = min(WARMUP, values["steps"] // 10)
+    warmup = saved.get("warmup", min(WARMUP, values["steps"] // 10))  # a library run's own
+    decay = {k: saved[k] for k in ("weight_decay",) if k in saved}
     every = args.eval_every or saved.get("eval_every", EVAL_EVERY)  # not a setting of the run
-    return TextConfig(**{k: values[k] for k in RUN}, warmup=warmup, eval_every=every)
+    return TextConfig(**{k: values[k] for k in RUN}, warmup=warmup, eval_every=every, **decay)
 
 
 def _check_attention_memory(p, values, args):
