@@ -66,9 +66,12 @@ class _CustomRule:
 def rule(fn):
     """Turn `fn(*args) -> (y, pullback)` into a tracked operation (Tracker's `@grad`).
 
-    `fn` receives plain arrays and returns the plain result and a pullback that maps the
-    gradient of the result to a tuple with one gradient (or `None`) per positional argument.
-    Write the pullback with tracker_gpu functions and it is differentiable again (`nest=True`).
+    `fn` receives plain arrays and returns the plain result, one array, and a pullback that
+    maps the gradient of the result to a tuple with one gradient (or `None`) per positional
+    argument. Keyword arguments are constants, passed to `fn` as they are and given no
+    gradient: a tracked one raises (pass differentiable values positionally); a tracked
+    constant is passed as its plain value. Write the pullback with tracker_gpu functions and it
+    is differentiable again (`nest=True`).
 
     >>> import numpy as np, tracker_gpu as tg
     >>> @tg.rule
@@ -81,6 +84,8 @@ def rule(fn):
 
     @functools.wraps(fn)
     def tracked_fn(*args, **kw):
+        if kw:
+            kw = _constant_keywords(custom.name, kw)
         if not any(isinstance(a, TrackedArray) for a in args):
             return fn(*args, **kw)[0]
         xp = next(a._xp for a in args if isinstance(a, TrackedArray))
@@ -96,6 +101,34 @@ def rule(fn):
             raise TypeError(
                 f"custom rule {custom.name!r} must return a plain array, not a tracked one"
             )
+        if not backend.is_array(y):
+            number = isinstance(y, (bool, int, float, complex))
+            raise TypeError(
+                f"custom rule {custom.name!r} must return (value, pullback) with the value one "
+                f"array, got {type(y).__name__}: "
+                + (
+                    "return a number as a 0-d array of the arguments' library (xp.asarray)"
+                    if number
+                    else "stack outputs or write one rule per output"
+                )
+            )
         return record_saving_arguments(y, xp, custom, args, (pb, kw), custom.replay(kw))
 
     return tracked_fn
+
+
+def _constant_keywords(name, kw):
+    """The keyword arguments of custom rule `name`, constants: a tracked constant as its plain
+    value; a tracked value, which would get no gradient (the pullback gives one per positional
+    argument), raises."""
+    out = dict(kw)
+    for key, value in kw.items():
+        if isinstance(value, TrackedArray):
+            if value._node is not None:
+                raise TypeError(
+                    f"custom rule {name!r} got the tracked keyword argument {key}=: keyword "
+                    "arguments are constants, given no gradient (the pullback returns one per "
+                    "positional argument); pass differentiable values positionally"
+                )
+            out[key] = value.data
+    return out

@@ -25,6 +25,12 @@ class Params:
     def append(self, x):
         if not isinstance(x, TrackedArray):
             raise TypeError(f"Params holds tracked values (tg.param(x)), got {type(x).__name__}")
+        if x._node is None:
+            raise TypeError(
+                "Params holds tracked values (tg.param(x)), got a tracked constant (a "
+                "TrackedArray that records no gradient, such as tg.zeros(2)); make it a "
+                "parameter with tg.param(x) to differentiate with respect to it"
+            )
         if id(x) not in self._ids:
             self._ids.add(id(x))
             self._items.append(x)

@@ -37,7 +37,7 @@ def _map(fn, tree, *rest):
     for other in rest:
         _check_same_structure(tree, other)
     if isinstance(tree, dict):
-        return type(tree)((k, _map(fn, v, *(r[k] for r in rest))) for k, v in tree.items())
+        return _rebuilt(tree, [(k, _map(fn, v, *(r[k] for r in rest))) for k, v in tree.items()])
     if isinstance(tree, tuple) and hasattr(tree, "_fields"):
         return type(tree)(*(_map(fn, *items) for items in zip(tree, *rest)))
     if isinstance(tree, (tuple, list)):
@@ -62,7 +62,9 @@ def _map_one(fn, tree):
     if how is _LEAF:
         return fn(tree)
     if how is _DICT:
-        return kind([(k, _map_one(fn, v)) for k, v in tree.items()])
+        return {k: _map_one(fn, v) for k, v in tree.items()}
+    if how is _DICT_SUBCLASS:
+        return _rebuilt(tree, [(k, _map_one(fn, v)) for k, v in tree.items()])
     if how is _NAMED:
         return kind(*[_map_one(fn, v) for v in tree])
     if how is _SEQUENCE:
@@ -73,19 +75,44 @@ def _map_one(fn, tree):
     return out
 
 
-_LEAF, _DICT, _NAMED, _SEQUENCE = "leaf", "dict", "named tuple", "sequence"
+_LEAF, _DICT, _DICT_SUBCLASS = "leaf", "dict", "dict subclass"
+_NAMED, _SEQUENCE = "named tuple", "sequence"
 _KINDS = {}  # type -> one of the above, or a dataclass's field names
 
 
 def _kind_of(kind):
-    if issubclass(kind, dict):
+    if kind is dict:
         return _DICT
+    if issubclass(kind, dict):
+        return _DICT_SUBCLASS
     if issubclass(kind, tuple) and hasattr(kind, "_fields"):
         return _NAMED
     if issubclass(kind, (tuple, list)):
         return _SEQUENCE
     names = _dataclass_fields(kind)
     return _LEAF if names is None else names
+
+
+def _rebuilt(tree, pairs):
+    """A dict like `tree` holding `pairs`. A subclass (OrderedDict, defaultdict, Counter, a
+    user's) is not built from the pairs, which its constructor may read otherwise (a Counter
+    counts them, a defaultdict takes a default factory first) or not take at all: it is a copy
+    of `tree` (its type, its attributes, a defaultdict's factory) emptied, each pair then set
+    as an item."""
+    if type(tree) is dict:
+        return dict(pairs)
+    try:
+        out = copy.copy(tree)
+        out.clear()
+        for k, v in pairs:
+            out[k] = v
+    except Exception as e:
+        raise TypeError(
+            f"cannot rebuild a {type(tree).__name__} (a dict subclass) with new values: copying "
+            f"it, emptying it and setting its items failed ({type(e).__name__}: {e}); pass a "
+            "plain dict"
+        ) from e
+    return out
 
 
 def _children(x):
@@ -176,7 +203,17 @@ def _check_same_structure(a, b):
                 f"{type(b).__name__} of {_length(b)}; pass a gradient shaped like the model"
             )
         if isinstance(a, dict) and a.keys() != b.keys():
-            raise ValueError(f"mismatched dict keys: {sorted(a)} and {sorted(b)}")
+            raise ValueError(f"mismatched dict keys: {_keys(a)} and {_keys(b)}")
+
+
+def _keys(d):
+    """The keys of the dict `d`, written with repr: sorted where they can be compared, else in
+    their order (keys of mixed types)."""
+    try:
+        keys = sorted(d)
+    except Exception:  # keys of types that do not compare
+        keys = list(d)
+    return "[" + ", ".join(repr(k) for k in keys) + "]"
 
 
 def _length(x):
