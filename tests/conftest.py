@@ -140,8 +140,8 @@ CHOOSE_THEIR_ROW = ("test_dask", "test_distributed")
 # path (a nested pass takes the generic one), and running them through it doubles their time;
 # tg.compile's fusion applies to generated replays, which the fused path does not make; the
 # text job's transformer through the host build (a slow stand-in for a GPU, each CUDA thread a
-# fiber) took 14 minutes, its kernels being checked by the layer tests there; the native
-# optimiser steps are NumPy's outside `on_host()`, which that row is inside.
+# fiber) took 14 minutes (and its resumes more), its kernels being checked by the layer tests
+# there; the native optimiser steps are NumPy's outside `on_host()`, which that row is inside.
 NUMPY_ROW_ONLY = (
     "test_compose",
     "test_compile_fusion",
@@ -149,6 +149,7 @@ NUMPY_ROW_ONLY = (
     "test_compile_fusion_cuda",
     "test_compile_opened",
     "test_native_steps",
+    "test_resume_settings",
     "test_row_loops",
     "test_train_text",
 )
