@@ -9,6 +9,12 @@ once. With `gradient=False`, `f` takes its own gradient (a training step calling
 `withgradient` and then `optim.update`) and `step(*args)` returns `f`'s output: the step is the
 whole program. A layer's buffers that `f` reads and writes (BatchNorm's running statistics)
 are inputs and outputs of the program: read anew and written back in place by every replay.
+So are the arguments that `f` gets as plain arrays eagerly (outside `wrt`, or all of them with
+`gradient=False`) and writes into (`c += 1.0`, `out[...] = v`): every replay writes the
+caller's array as the eager call does (a write whose old value `f` reads after it, through a
+view or a value a gradient pass saved, is refused: `recorder.argument_writes`). Every array
+a call returns is the caller's own: one that `f` makes without its arguments (`tg.zeros(3)`)
+is copied at each call, as eagerly it is made anew.
 
 While recording, integer and boolean arrays among the arguments are traced too, so what `f`
 computes from them is replayed from the new ones, and random draws of tracker_gpu's layers
@@ -59,7 +65,7 @@ from . import cuda_target, loops
 from .fastpath import matcher
 from .guards import Guards, guards_of
 from .program import Program, shallow_copy
-from .recorder import Recorder, Walk
+from .recorder import Recorder, Walk, _AsEagerly
 from .signature import VALUES, arrays_of, signature_and_arrays
 
 __all__ = ["compile", "Compiled", "RecordingError"]
@@ -267,7 +273,8 @@ class Compiled:
                 f"{', '.join(names)} while recording, which it reads; a replay runs none of "
                 "f's Python code, so it is left as the recording left it, and what f computed "
                 "from it is the recording's. Keep such state outside f, or pass it as an "
-                "argument (a 0-d array that f writes into is replayed)",
+                "argument (a 0-d array argument outside wrt, or with gradient=False, that f "
+                "writes into in place is written back by every replay, as eagerly)",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -338,6 +345,7 @@ def record(
     with recording.recording(recorder):
         result = _traced_run(f, args, recorder, wrt, gradient, kwargs)
     if recorder.refused is None:
+        pending = recorder.argument_writes(result, arrays)  # f's writes into its arguments
         try:
             program = Program(recorder, result, arrays, cuda_graphs, fuse)
             cuda_fuse = fuse if cuda_fuse is None else cuda_fuse
@@ -347,11 +355,20 @@ def record(
             if not fallback:
                 raise
         else:
+            _write_back(pending)
             plain = tree_map(_untraced, result)
             return program, program.handed_out(plain, arrays)
+    _write_back(recorder.refused_writes(arrays))  # the run finished eagerly: its writes
     if isinstance(result, _Own):
         return None, _Own(tree_map(_untraced, result.val))
     return None, WithGradient(tree_map(_untraced, result.val), tree_map(_untraced, result.grad))
+
+
+def _write_back(writes):
+    """The recording run's writes into its arguments' arrays, made as eagerly: the caller's
+    arrays hold what `f` wrote into them (a replay writes them at its end, `Program.run`)."""
+    for array, value in writes:
+        array[...] = value
 
 
 def _untraced(v):
@@ -427,7 +444,7 @@ def _called(f, tracked_args):
     try:
         return f(*tracked_args)
     except (TypeError, AttributeError) as error:
-        if isinstance(error, RecordingError) or "TrackedArray" not in str(error):
+        if isinstance(error, (RecordingError, _AsEagerly)) or "TrackedArray" not in str(error):
             raise
         raise RecordingError(
             f"tg.compile cannot record f: {type(error).__name__}: {error}. While recording, "

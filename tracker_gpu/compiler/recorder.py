@@ -3,7 +3,10 @@
 The core shows the recorder every node made (`node`), leaf made (`leaf`), random draw
 (`draw`), first-order backward pass (`walk`), and every read and write of a layer's buffer
 (`read`, `write`: BatchNorm's running statistics), so that a replay reads the buffers anew and
-writes them back as the recording call did. Each value gets a slot of the replay's
+writes them back as the recording call did, and every write into an argument that `f` gets as
+a plain array eagerly (`written`, `rebound`: `c += 1.0`, `out[...] = v` into an argument
+outside `wrt`, or any with `gradient=False`), so that a replay writes the caller's array as
+the eager call does (`argument_writes`). Each value gets a slot of the replay's
 environment: the arguments' arrays first, then constants (values made before or outside the
 recording), then each step's output in order. A step is one of
 
@@ -13,15 +16,18 @@ recording), then each step's output in order. A step is one of
 - `Walk`: a backward pass over recorded nodes, its counts taken once, its gradients new slots.
 """
 
+import sys
 from dataclasses import dataclass, field
 from weakref import ref as _weakref
 
 import numpy as np
 
 from .. import draws, recording
-from ..backend import namespace_of
+from ..backend import is_cupy, namespace_of
 from ..checks import checking
-from ..primitive import traced_data
+from ..primitive import detached, traced_data
+from ..pytree import tree_leaves
+from ..rules.shape import _getitem_forward  # a view eagerly, a copy while recording
 from ..tape import (
     BackError,
     Node,
@@ -160,6 +166,11 @@ def checked_seed(xp, loss):
     return xp.ones_like(loss)
 
 
+class _AsEagerly(TypeError):
+    """The TypeError that NumPy raises eagerly, raised while recording (not taken for a
+    refusal: `compiler._called` lets it through as it is)."""
+
+
 class Recorder:
     """Collects the steps of one run of a function. `arrays` are the arguments' arrays, in
     order (their slots are 0 .. len - 1)."""
@@ -181,11 +192,19 @@ class Recorder:
         self._tracks = {}  # id(node) -> whether it would be tracked eagerly
         self.writes = {}  # id(buffer) -> [buffer's slot, slot of its last value, traced value]
         self._numbers = {}  # id(number) -> its slot: a Python number used again, one slot
+        # the writes into arguments (`rebound`): node.serial -> (argument's slot, its leaf) for
+        # an argument's traced array and each value a write made of it; the arguments' traced
+        # arrays, [(slot, tracked, leaf)]; slot -> [first write's step, the slots that held
+        # the argument's memory then (itself, its views), the last written value (a tracked)]
+        self._arguments, self._handles, self._written = {}, [], {}
 
     # --- the hooks
     def leaf(self, tracked):
         """A leaf: an argument's array, or else a constant (a leaf made inside f)."""
         slot = self._input_slots.get(id(tracked.data))
+        if slot is not None:  # an argument: a write into it may be the caller's (`rebound`)
+            self._arguments[tracked._node.serial] = (slot, tracked._node)
+            self._handles.append((slot, tracked, tracked._node))
         if slot is None:  # over a traced value's data (a leaf of an inner gradient): its slot
             slot = self._lookup(tracked.data)
         if slot is None:
@@ -291,6 +310,125 @@ class Recorder:
         self.writes[id(buffer)] = [slot, self._slot_of(value), value]
         self._remember(buffer, self.writes[id(buffer)][1])  # read from now on: the value
         buffer[...] = value.data if type(value) is TrackedArray else value
+
+    def written(self, x, key, value):
+        """`value` as `x[key] = value` writes it (`indexed.write`): where `x` is an argument
+        that `f` gets as a plain array eagerly and `value` carries a gradient, the write does
+        what NumPy's does eagerly: one element takes the 0-d value's number (its gradient
+        dropped), anything else raises."""
+        if self._argument(x) is None or not self._tracked(value):
+            return value
+        parts = key if type(key) is tuple else (key,)
+        one = len(parts) == len(x.shape) and all(
+            isinstance(k, (int, np.integer)) and type(k) is not bool for k in parts
+        )
+        if not one:
+            raise _AsEagerly(_PLAIN_WRITE)
+        if len(value.shape):
+            raise ValueError("setting an array element with a sequence.")
+        return detached(value)  # traced data: every replay writes the new number
+
+    def in_place(self, x, other):
+        """Before `x op= other` (`indexed.in_place_operator`): where `x` is an argument that `f`
+        gets as a plain array eagerly, a tracked `other` raises as NumPy's operator does."""
+        if type(other) is TrackedArray and self._argument(x) is not None:
+            if other._node is None or self._tracked(other):
+                raise _AsEagerly(_PLAIN_OPERATOR)
+
+    def rebound(self, x, written):
+        """`x` is about to stand for `written` (`indexed._rebind`: `x[key] = v`, `x += v`).
+        Where `x` is an argument that `f` gets as a plain array eagerly, the eager write goes
+        into the caller's array: remember it (`argument_writes` replays it)."""
+        slot = self._argument(x)
+        if slot is None or written._node is None:
+            return
+        self._arguments[written._node.serial] = (slot, self._arguments[x._node.serial][1])
+        found = self._written.get(slot)
+        if found is None:  # the first write: what holds the argument's memory now
+            found = self._written[slot] = [len(self.steps), self._sharing(slot), None]
+        found[2] = written
+
+    def argument_writes(self, result, arrays):
+        """Register the writes into arguments (`rebound`) as writes of the program, written
+        into the caller's arrays at the end of every replay: `[(array, value)]`, the writes
+        the recording run itself makes once the program is made. A write whose argument's
+        old value is read after it (a view made before it, a value a gradient pass saved, the
+        array read again from elsewhere) is refused: eagerly that read sees the new value."""
+        pending = []
+        for slot, (start, sharing, value) in self._written.items():
+            if id(arrays[slot]) in self.writes or self._reads_after(start, sharing, result):
+                raise recording.RecordingError(_READ_AFTER_WRITE.format(_described(arrays[slot])))
+            self.writes[id(arrays[slot])] = [slot, self._slot_of(value), value]
+            pending.append((arrays[slot], value.data))
+        return pending
+
+    def refused_writes(self, arrays):
+        """The writes into arguments of a run that a refusal finished eagerly (`lenient`):
+        `[(array, value)]`, each argument's last value (written after the refusal too)."""
+        last = {slot: value.data for slot, (_, _, value) in self._written.items()}
+        for slot, tracked, node in self._handles:
+            if tracked._node is not node and not self.tracks(node):
+                last[slot] = tracked.data
+        return [(arrays[slot], value) for slot, value in last.items()]
+
+    def _argument(self, x):
+        """The slot of the argument that `x` stands for, if `f` gets it as a plain array
+        eagerly (outside `wrt`, or with `gradient=False`), else None."""
+        node = getattr(x, "_node", None)
+        found = None if node is None else self._arguments.get(node.serial)
+        if found is None or self.tracks(found[1]):
+            return None
+        return found[0]
+
+    def _tracked(self, value):
+        """Whether `value` is a tracked array eagerly (on the tape)."""
+        return type(value) is TrackedArray and value._node is not None and self.tracks(value._node)
+
+    def _sharing(self, slot):
+        """The slots that hold the memory of the argument in `slot` now, or would eagerly:
+        itself, the values alive now that share its memory, and, step by step, each view made
+        of one of them (a step whose value is a view, and `x[key]`, a view eagerly where `x`
+        is a plain array, a copy here: `shape._getitem_forward`)."""
+        array = self.values[slot]
+        alive = {}
+        for ref in list(self.value_slots.values()):
+            value = ref()
+            if value is not None:
+                alive[ref.slot] = value
+        found = {slot} | {s for s, value in alive.items() if _shares(value, array)}
+        for step in self.steps:
+            if type(step) is Call and step.inputs and step.inputs[0] in found:
+                if _view(alive.get(step.out)) or (
+                    step.function is _getitem_forward and _view_key(step, self.values)
+                ):
+                    found.add(step.out)
+        return found
+
+    def _reads_after(self, start, sharing, result):
+        """Whether a step from `start` on, a pass from then that reads a saved value, a value
+        of the result or another write reads one of the slots `sharing`."""
+        saving = set()
+        for step in self.steps:
+            if type(step) is Call and any(
+                (slot if position else step.out) in sharing for position, slot in step.saves
+            ):
+                saving.add(id(step.node))
+        for step in self.steps[start:]:
+            kind = type(step)
+            if kind is Call:
+                reads = [*step.inputs, *(slot for position, slot in step.saves if position)]
+                if any(slot in sharing for slot in reads):
+                    return True
+            elif kind is Walk:
+                if step.seed in sharing or id(step.root) in saving:
+                    return True
+                if saving and any(id(node) in saving for node in step.counted.nodes):
+                    return True
+        for leaf in tree_leaves(result):
+            if type(leaf) is TrackedArray and leaf._node is not None:
+                if self.slots.get(leaf._node.serial) in sharing:
+                    return True
+        return any(value in sharing for _, value, _ in self.writes.values())
 
     def tracked_as(self, nodes, tracked):
         """Say whether the values of `nodes` are tracked eagerly, where their kind does not
@@ -431,6 +569,60 @@ class Recorder:
                 if slot is not None:
                     found.append((k, slot))
         return tuple(found) if found else ()
+
+
+_PLAIN_WRITE = (
+    "converting a TrackedArray on the gradient tape to a NumPy array would drop its gradient; "
+    "use tg.data(x) for the plain value, or tg.stop_gradient(x) for a tracked value that "
+    "carries no gradient"
+)  # what NumPy's write of a tracked value into a plain array raises eagerly (`__array__`)
+_PLAIN_OPERATOR = (
+    "cannot write a tracked result into a NumPy array (an in-place operator such as `a += x`, "
+    "or out=): write `a = a + x`, which records it"
+)  # what NumPy's in-place operator raises eagerly (`__array_ufunc__`)
+_READ_AFTER_WRITE = (
+    "tg.compile cannot replay f's write into its argument {} (a plain array eagerly: outside "
+    "wrt, or gradient=False): f reads the argument's old value after writing into it (a view "
+    "made before the write, a value a gradient pass saved, or the array read again), which "
+    "eagerly sees the written value, and a replay writes the caller's array once, at its end. "
+    "Return the new value instead of writing into the argument (c = c + 1.0; return ..., c), "
+    "or use tg.compile(f, fallback=True) to run f eagerly every time"
+)
+
+
+def _described(array):
+    return f"of shape {tuple(array.shape)} and dtype {array.dtype}"
+
+
+def _shares(value, array):
+    """Whether `value` may hold memory of `array` (a view of it, or itself)."""
+    if value is array:
+        return True
+    if type(array) is np.ndarray:
+        return type(value) is np.ndarray and np.may_share_memory(value, array)
+    if is_cupy(array):
+        return is_cupy(value) and sys.modules["cupy"].may_share_memory(value, array)
+    storage = getattr(array, "untyped_storage", None)  # PyTorch
+    if storage is not None and type(value) is type(array):
+        return value.untyped_storage().data_ptr() == storage().data_ptr()
+    return False
+
+
+def _view(value):
+    """Whether the array `value` is a view of another's memory."""
+    if type(value) is np.ndarray or is_cupy(value):
+        return value.base is not None
+    return getattr(value, "_base", None) is not None  # PyTorch
+
+
+def _view_key(step, values):
+    """Whether the getitem `step` reads a view of its array eagerly: anything but one element
+    (`x[0]` of a vector is a NumPy scalar; `x[0, ...]` a 0-d view)."""
+    if step.node.shape != () or len(step.inputs) < 2:
+        return True
+    key = values[step.inputs[1]]
+    parts = key if type(key) is tuple else (key,)
+    return any(k is Ellipsis or k is None for k in parts)
 
 
 def _counted(root, stop):

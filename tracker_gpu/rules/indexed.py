@@ -206,11 +206,18 @@ def _alone(x):
 
 def write(x, key, value):
     """`x[key] = value` into the tracked array `x`: `x` stands for the written value."""
+    recorder = recording.current()
+    if recorder is not None:  # into an argument plain eagerly: as NumPy's write (`written`)
+        value = recorder.written(x, key, value)
     _rebind(x, setitem(x, key, value, in_place=_alone(x)))
 
 
 def _rebind(x, written):
-    """`x` now stands for `written` (its value and its place on the tape)."""
+    """`x` now stands for `written` (its value and its place on the tape); while tg.compile
+    records, the recorder is told (a write into an argument is the caller's: `rebound`)."""
+    recorder = recording.current()
+    if recorder is not None:
+        recorder.rebound(x, written)
     x.data, x._node = written.data, written._node
 
 
@@ -219,6 +226,9 @@ def in_place_operator(name, function):
     long as that keeps its shape and its kind of dtype."""
 
     def operator(self, other):
+        recorder = recording.current()
+        if recorder is not None:  # into an argument plain eagerly: as NumPy's operator
+            recorder.in_place(self, other)
         result = function(self, other)
         if not isinstance(result, TrackedArray):
             result = constant(result, self._xp)
