@@ -18,10 +18,9 @@ import os
 
 import numpy as np
 
-from ..backend import device_of, is_array, namespace_of
+from ..backend import device_of, namespace_of
 from ..files import Archive, BadFileError, as_bits, write_npz
-from ..optim.tree import put_once, tree_map_with_path
-from ..tracked import data
+from ..optim.tree import arrays_by_path, tree_map_with_path
 from .placement import asarray, lossy_cast, to_numpy
 
 __all__ = ["save", "load"]
@@ -33,17 +32,7 @@ UNBOUNDED_RATIO = 16  # without a model, arrays may declare this many times the 
 UNBOUNDED_FLOOR = 2**20  # ... or this many bytes
 
 
-def _parameters(model):
-    """`{path: array}` for every array of `model`, paths like "layers.0.weight"."""
-    found = {}
-
-    def record(path, x):
-        if is_array(data(x)):
-            put_once(found, path or "_", data(x))
-        return x
-
-    tree_map_with_path(record, model)
-    return found
+_parameters = arrays_by_path  # `{path: array}`, paths like "layers.0.weight"
 
 
 def save(path, model):

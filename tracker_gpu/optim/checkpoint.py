@@ -47,7 +47,7 @@ from ..tracked import data
 from . import adaptive, rules, schedules, variants
 from .lbfgs import LBFGSState
 from .state import Leaf
-from .tree import put_once, tree_map_with_path
+from .tree import arrays_by_path, put_once, tree_map_with_path
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_checkpoint_info", "Checkpoint"]
 
@@ -266,7 +266,7 @@ def _check(archive, model):
     every array of `archive` is known to fit `model`: the model's arrays have its shapes, an
     optimiser state's arrays at most its parameter's size, and no array is missing or more."""
     meta = _read_meta(archive)
-    templates = _templates(model)
+    templates = arrays_by_path(model)
     _check_fits(archive.path, "arrays", sorted(meta["model"]), sorted(templates), archive)
     _check_ties(archive, meta["model"], templates)
     unknown = sorted(set(meta["state"]) - set(templates))
@@ -290,19 +290,6 @@ def _check(archive, model):
     for name, (shape, most) in wanted.items():
         archive.check(name, shape=shape, most=most, what="the model", dtype=bits[name])
     return meta, {name: dtype for name, dtype in bits.items() if dtype is not None}
-
-
-def _templates(model):
-    """`{path: array}` of the model's arrays."""
-    found = {}
-
-    def record(path, x):
-        if is_array(data(x)):
-            put_once(found, path or "_", data(x))
-        return x
-
-    tree_map_with_path(record, model)
-    return found
 
 
 def _check_ties(archive, entries, templates):

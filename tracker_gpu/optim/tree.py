@@ -146,6 +146,20 @@ def name(path, top="the top level"):
     return ".".join(reversed(parts)) or top
 
 
+def arrays_by_path(model):
+    """`{path: array}` for every array of `model` (a tracked one's value), paths like
+    "layers.0.weight" ("_" for `model` itself); two places of one path are refused."""
+    found = {}
+
+    def record(path, x):
+        if is_array(data(x)):
+            put_once(found, path or "_", data(x))
+        return x
+
+    tree_map_with_path(record, model)
+    return found
+
+
 def put_once(found, key, value):
     """`found[key] = value` for a file's member named by a path: refused where two places of a
     model have one path (`{"a.b": x, "a": {"b": y}}`, or the keys 0 and "0"), which a file
