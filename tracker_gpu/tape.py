@@ -261,15 +261,15 @@ def older_nodes(root, since, stop=()):
     return found
 
 
-def replay(root, seed, stop, counted):
+def replay(root, seed, stop, counted, release=True):
     """A walk whose counts are known (`counts(root, stop)`): the counting pass is skipped. The
-    graph is kept (as by once=False) but each node's saved values are released as soon as its
-    pullback has run. tg.compile's replay of a recorded pass."""
+    graph is kept (as by once=False), and with `release` each node's saved values are released
+    as soon as its pullback has run. tg.compile's replay of a recorded pass."""
     stop = _stop_ids(stop)
     for node, n in counted:
         node._n = n
     try:
-        return _pull_back(root, seed, False, False, stop, release=True)
+        return _pull_back(root, seed, False, False, stop, release=release)
     except BaseException:
         _reset([node for node, _ in counted])
         raise

@@ -191,6 +191,7 @@ class Program:
         env[: self.inputs] = arrays
         if self._releases is None:  # the first replay
             _prune_walks(self.steps)
+            _keep_what_is_walked_again(self.steps)
             self._releases = _last_uses(self.steps, self.outputs)
         for step, released in zip(self.steps, self._releases):
             _RUN[type(step)](step, env)
@@ -411,7 +412,7 @@ def _run_draw(step, env):
 def _run_walk(step, env):
     seed = env[step.seed]
     if step.counted:
-        reached = replay(step.root, seed, step.stop, step.counted)
+        reached = replay(step.root, seed, step.stop, step.counted, release=step.release)
     else:  # the root is itself a leaf or a stop
         reached = [(step.root, seed)]
     found = {id(node): g for node, g in reached}
@@ -452,6 +453,17 @@ class _Constant:
 
     def __init__(self, node):
         self.shape, self.dtype = node.shape, node.dtype
+
+
+def _keep_what_is_walked_again(steps):
+    """A walk frees its nodes' saved values as it goes, but not where a later walk goes over
+    them again (a Hessian's rows, each a walk of one nested gradient): there it keeps them."""
+    later = set()
+    for step in reversed(steps):
+        if type(step) is Walk and step.counted:
+            nodes = {id(node) for node in step.counted.nodes}
+            step.release = later.isdisjoint(nodes)
+            later |= nodes
 
 
 def _prune_walks(steps):

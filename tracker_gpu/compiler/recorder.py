@@ -70,6 +70,7 @@ class Walk:
     stop: list  # nodes
     counted: object  # (node, count) pairs (`Counted`)
     outputs: list = field(default_factory=list)  # [(node, slot)]
+    release: bool = True  # whether it frees the saved values (no later walk goes over them)
 
 
 def _own_identity(tracked):
