@@ -3,7 +3,8 @@ the command line: `train.train(..., resume=...)` (the digits) and `train_text(co
 resume=...)` refuse a setting that would make another run with a ValueError naming the setting,
 the saved value and the given one; a setting left out (`lr`, `epochs`) is the checkpoint's.
 A resumed text run's checkpoints are those of the run straight through, bit for bit, the
-state of the generator its dropout layers draw from included."""
+state of the generator its dropout layers draw from included. The module runs in the numpy row
+alone (`NUMPY_ROW_ONLY` in tests/conftest.py)."""
 
 import dataclasses
 import json
@@ -84,12 +85,6 @@ def test_a_digits_resume_without_lr_or_epochs_goes_on_as_saved(digits_run, tmp_p
 # --- the text job (train_text) ---------------------------------------------------------------
 
 
-@pytest.fixture
-def numpy_only(request):
-    if request.config.getoption("backend") not in ("numpy", "numpy-fused"):
-        pytest.skip("the text job's tests make their own NumPy arrays")
-
-
 @pytest.fixture(scope="module")
 def text():
     return Text.of(corpus())
@@ -104,7 +99,7 @@ CHANGED = dict(layers=2, width=32, heads=4, context=8, batch_size=4, steps=6, lr
                weight_decay=0.0, dropout=0.3, seed=1)  # fmt: skip
 
 
-def test_a_text_resume_refuses_every_setting_but_eval_every_that_differs(numpy_only, text,
+def test_a_text_resume_refuses_every_setting_but_eval_every_that_differs(text,
                                                                          tmp_path):  # fmt: skip
     config = TextConfig(**TINY, steps=4, eval_every=1000)
     checkpoint = tmp_path / "text.npz"
@@ -135,7 +130,7 @@ def contents(path):
 
 
 @pytest.mark.parametrize("stopped_at", [3, 6])
-def test_a_resumed_text_runs_next_checkpoint_is_the_straight_runs(numpy_only, text, tmp_path,
+def test_a_resumed_text_runs_next_checkpoint_is_the_straight_runs(text, tmp_path,
                                                                   stopped_at):  # fmt: skip
     """Stopped after `stopped_at` steps and resumed, the run writes at step 8 (the end) the
     checkpoint the run straight through writes there: every array, and every field of the
@@ -161,7 +156,7 @@ def test_a_resumed_text_runs_next_checkpoint_is_the_straight_runs(numpy_only, te
 
 
 def test_the_command_line_resumes_a_library_run_with_its_own_warmup_and_decay(
-    numpy_only, text, tmp_path, capsys
+    text, tmp_path, capsys
 ):
     """The command line made its warm-up from the steps and took the default weight decay, so
     a library run's checkpoint with others was refused with a traceback."""

@@ -8,7 +8,6 @@
 20.0
 """
 
-import contextlib
 import math
 import sys
 import warnings
@@ -23,7 +22,7 @@ from .checks import checking
 from .params import Grads, Params
 from .primitive import record, traced_data
 from .pytree import is_container, tree_leaves, tree_map
-from .tape import BackError, walk
+from .tape import BackError, noted_on_the_way, walk
 from .tracked import TrackedArray, alias, data, identity, istracked, leaf
 
 __all__ = [
@@ -598,42 +597,13 @@ def _same(xp, value):
 
 
 # --- the implicit interface
-class _Noted:
-    """A node's rule that notes the node's whole gradient as the walk passes it on."""
-
-    def __init__(self, rule, found):
-        self.rule, self.found, self.name = rule, found, rule.name
-
-    def pullback(self, node, args, ctx, saved, g, *rest):
-        self.found[id(node)] = g
-        return self.rule.pullback(node, args, ctx, saved, g, *rest)
-
-
-@contextlib.contextmanager
-def _kept_on_the_way(nodes):
-    """`{id(node): gradient}` of the interior `nodes` a walk inside the block goes through
-    (their whole gradients, passed on: a parameter that another one is made of gets its
-    share through it too, as Tracker's and PyTorch's)."""
-    found, noted = {}, {}
-    for node in nodes:
-        if node.rule is not None and id(node) not in noted:
-            noted[id(node)] = node, node.rule
-            node.rule = _Noted(node.rule, found)
-    try:
-        yield found
-    finally:
-        for node, rule in noted.values():
-            if type(node.rule) is _Noted:  # not spent by the walk
-                node.rule = rule
-
-
 def _implicit(f, params, nest):
     nest, _ = nesting.begin(nest)  # the implicit form walks the whole graph
     given = [alias(p) for p in params]  # the parameters as they are before f writes into one
     with nesting.inside():
         val = f()
     loss = val[0] if isinstance(val, tuple) else val
-    with _kept_on_the_way([g._node for g in given]) as kept:  # a parameter made of another
+    with noted_on_the_way([g._node for g in given]) as kept:  # a parameter made of another
         found = backprop(loss, [g for g in given if g._node.rule is None], nest)
     found.update(kept)
     found = {id(p): found.get(id(g._node)) for p, g in zip(params, given)}

@@ -479,6 +479,20 @@ def _isdtype(xp, dtype, kind):
 HALF = ("float16", "bfloat16")  # the half-precision floating dtypes, by name
 
 
+def finfo(xp, dtype):
+    """`xp.finfo(dtype)`, also for NumPy's bfloat16 from ml_dtypes, which NumPy's own finfo
+    refuses.
+
+    >>> float(finfo(np, np.dtype("float16")).eps)
+    0.0009765625
+    """
+    if xp is np and dtype_name(dtype) == "bfloat16":
+        import ml_dtypes  # present: NumPy has a bfloat16 only through it
+
+        return ml_dtypes.finfo(dtype)
+    return xp.finfo(dtype)
+
+
 def half_dtype(name, xp):
     """The dtype `name` ("float16" or "bfloat16") of library `xp`: its attribute, or NumPy's
     bfloat16 from ml_dtypes; a library without it raises, naming the library.

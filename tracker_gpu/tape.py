@@ -20,6 +20,7 @@ graphs share, are never written), so one graph may not be walked by two threads 
 that share only leaves may.
 """
 
+import contextlib
 import itertools
 import math
 
@@ -35,6 +36,7 @@ __all__ = [
     "Total",
     "walk",
     "run",
+    "noted_on_the_way",
 ]
 
 
@@ -259,6 +261,35 @@ def older_nodes(root, since, stop=()):
                 elif parent.rule is not None:
                     stack.append(parent)
     return found
+
+
+class _Noted:
+    """A node's rule that notes the node's whole gradient as the walk passes it on."""
+
+    def __init__(self, rule, found):
+        self.rule, self.found, self.name = rule, found, rule.name
+
+    def pullback(self, node, args, ctx, saved, g, *rest):
+        self.found[id(node)] = g
+        return self.rule.pullback(node, args, ctx, saved, g, *rest)
+
+
+@contextlib.contextmanager
+def noted_on_the_way(nodes):
+    """`{id(node): gradient}` of the interior `nodes` a walk inside the block goes through
+    (their whole gradients, passed on: a parameter that another one is made of gets its
+    share through it too, as Tracker's and PyTorch's)."""
+    found, noted = {}, {}
+    for node in nodes:
+        if node.rule is not None and id(node) not in noted:
+            noted[id(node)] = node, node.rule
+            node.rule = _Noted(node.rule, found)
+    try:
+        yield found
+    finally:
+        for node, rule in noted.values():
+            if type(node.rule) is _Noted:  # not spent by the walk
+                node.rule = rule
 
 
 def replay(root, seed, stop, counted, release=True):

@@ -32,6 +32,20 @@ __all__ = [
 ]
 
 
+# What NumPy meets eagerly when it converts a tracked array on the tape (`__array__`) or
+# writes a tracked result into its own (`__array_ufunc__` with `out`); tg.compile raises the
+# same while recording (`compiler.argument_writes`).
+CONVERSION_REFUSED = (
+    "converting a TrackedArray on the gradient tape to a NumPy array would drop its gradient; "
+    "use tg.data(x) for the plain value, or tg.stop_gradient(x) for a tracked value that "
+    "carries no gradient"
+)
+OUT_REFUSED = (
+    "cannot write a tracked result into a NumPy array (an in-place operator such as `a += x`, "
+    "or out=): write `a = a + x`, which records it"
+)
+
+
 class TrackedArray:
     """An array of any Array API library whose operations are recorded for differentiation.
 
@@ -105,11 +119,7 @@ class TrackedArray:
         RecordingError (the plain copy would be fixed at its recorded value)."""
         if self._node is not None:
             _refuse_while_recording("np.asarray(x) (__array__) of a traced array", goes_on=False)
-            raise TypeError(
-                "converting a TrackedArray on the gradient tape to a NumPy array would drop its "
-                "gradient; use tg.data(x) for the plain value, or tg.stop_gradient(x) for a "
-                "tracked value that carries no gradient"
-            )
+            raise TypeError(CONVERSION_REFUSED)
         value = np.asarray(self.data, dtype=dtype)
         return value.copy() if copy else value
 
@@ -119,10 +129,7 @@ class TrackedArray:
         functions of constants alone give NumPy's answer; any other NumPy function raises an
         error naming the function to call instead."""
         if "out" in kwargs:
-            raise TypeError(
-                "cannot write a tracked result into a NumPy array (an in-place operator such "
-                "as `a += x`, or out=): write `a = a + x`, which records it"
-            )
+            raise TypeError(OUT_REFUSED)
         if method == "__call__" and not kwargs:
             if ufunc.__name__ in _OPERATOR_UFUNCS:
                 return _OPERATOR_UFUNCS[ufunc.__name__](*inputs)

@@ -62,10 +62,11 @@ from ..pytree import tree_map
 from ..recording import RecordingError
 from ..tracked import TrackedArray
 from . import cuda_target, loops
+from .argument_writes import AsEagerly
 from .fastpath import matcher
 from .guards import Guards, guards_of
 from .program import Program, shallow_copy
-from .recorder import Recorder, Walk, _AsEagerly
+from .recorder import Recorder, Walk
 from .signature import VALUES, arrays_of, signature_and_arrays
 
 __all__ = ["compile", "Compiled", "RecordingError"]
@@ -444,7 +445,7 @@ def _called(f, tracked_args):
     try:
         return f(*tracked_args)
     except (TypeError, AttributeError) as error:
-        if isinstance(error, (RecordingError, _AsEagerly)) or "TrackedArray" not in str(error):
+        if isinstance(error, (RecordingError, AsEagerly)) or "TrackedArray" not in str(error):
             raise
         raise RecordingError(
             f"tg.compile cannot record f: {type(error).__name__}: {error}. While recording, "

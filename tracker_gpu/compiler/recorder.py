@@ -16,14 +16,13 @@ recording), then each step's output in order. A step is one of
 - `Walk`: a backward pass over recorded nodes, its counts taken once, its gradients new slots.
 """
 
-import sys
 from dataclasses import dataclass, field
 from weakref import ref as _weakref
 
 import numpy as np
 
 from .. import draws, recording
-from ..backend import is_cupy, namespace_of
+from ..backend import namespace_of
 from ..checks import checking
 from ..primitive import detached, traced_data
 from ..pytree import tree_leaves
@@ -39,6 +38,16 @@ from ..tape import (
     serial_now,
 )
 from ..tracked import TrackedArray
+from .argument_writes import (
+    PLAIN_OPERATOR,
+    PLAIN_WRITE,
+    READ_AFTER_WRITE,
+    AsEagerly,
+    described,
+    shares,
+    view,
+    view_key,
+)
 
 __all__ = ["Recorder", "Call", "Draw", "Walk"]
 
@@ -165,11 +174,6 @@ def checked_seed(xp, loss):
 
         return scalar_seed(loss, xp)  # the checks, then the seed
     return xp.ones_like(loss)
-
-
-class _AsEagerly(TypeError):
-    """The TypeError that NumPy raises eagerly, raised while recording (not taken for a
-    refusal: `compiler._called` lets it through as it is)."""
 
 
 class Recorder:
@@ -324,7 +328,7 @@ class Recorder:
             isinstance(k, (int, np.integer)) and type(k) is not bool for k in parts
         )
         if not one:
-            raise _AsEagerly(_PLAIN_WRITE)
+            raise AsEagerly(PLAIN_WRITE)
         if len(value.shape):
             raise ValueError("setting an array element with a sequence.")
         return detached(value)  # traced data: every replay writes the new number
@@ -334,7 +338,7 @@ class Recorder:
         gets as a plain array eagerly, a tracked `other` raises as NumPy's operator does."""
         if type(other) is TrackedArray and self._argument(x) is not None:
             if other._node is None or self._tracked(other):
-                raise _AsEagerly(_PLAIN_OPERATOR)
+                raise AsEagerly(PLAIN_OPERATOR)
 
     def rebound(self, x, written):
         """`x` is about to stand for `written` (`indexed._rebind`: `x[key] = v`, `x += v`).
@@ -358,7 +362,7 @@ class Recorder:
         pending = []
         for slot, (start, sharing, value) in self._written.items():
             if id(arrays[slot]) in self.writes or self._reads_after(start, sharing, result):
-                raise recording.RecordingError(_READ_AFTER_WRITE.format(_described(arrays[slot])))
+                raise recording.RecordingError(READ_AFTER_WRITE.format(described(arrays[slot])))
             self.writes[id(arrays[slot])] = [slot, self._slot_of(value), value]
             pending.append((arrays[slot], value.data))
         return pending
@@ -396,11 +400,11 @@ class Recorder:
             value = ref()
             if value is not None:
                 alive[ref.slot] = value
-        found = {slot} | {s for s, value in alive.items() if _shares(value, array)}
+        found = {slot} | {s for s, value in alive.items() if shares(value, array)}
         for step in self.steps:
             if type(step) is Call and step.inputs and step.inputs[0] in found:
-                if _view(alive.get(step.out)) or (
-                    step.function is _getitem_forward and _view_key(step, self.values)
+                if view(alive.get(step.out)) or (
+                    step.function is _getitem_forward and view_key(step, self.values)
                 ):
                     found.add(step.out)
         return found
@@ -570,60 +574,6 @@ class Recorder:
                 if slot is not None:
                     found.append((k, slot))
         return tuple(found) if found else ()
-
-
-_PLAIN_WRITE = (
-    "converting a TrackedArray on the gradient tape to a NumPy array would drop its gradient; "
-    "use tg.data(x) for the plain value, or tg.stop_gradient(x) for a tracked value that "
-    "carries no gradient"
-)  # what NumPy's write of a tracked value into a plain array raises eagerly (`__array__`)
-_PLAIN_OPERATOR = (
-    "cannot write a tracked result into a NumPy array (an in-place operator such as `a += x`, "
-    "or out=): write `a = a + x`, which records it"
-)  # what NumPy's in-place operator raises eagerly (`__array_ufunc__`)
-_READ_AFTER_WRITE = (
-    "tg.compile cannot replay f's write into its argument {} (a plain array eagerly: outside "
-    "wrt, or gradient=False): f reads the argument's old value after writing into it (a view "
-    "made before the write, a value a gradient pass saved, or the array read again), which "
-    "eagerly sees the written value, and a replay writes the caller's array once, at its end. "
-    "Return the new value instead of writing into the argument (c = c + 1.0; return ..., c), "
-    "or use tg.compile(f, fallback=True) to run f eagerly every time"
-)
-
-
-def _described(array):
-    return f"of shape {tuple(array.shape)} and dtype {array.dtype}"
-
-
-def _shares(value, array):
-    """Whether `value` may hold memory of `array` (a view of it, or itself)."""
-    if value is array:
-        return True
-    if type(array) is np.ndarray:
-        return type(value) is np.ndarray and np.may_share_memory(value, array)
-    if is_cupy(array):
-        return is_cupy(value) and sys.modules["cupy"].may_share_memory(value, array)
-    storage = getattr(array, "untyped_storage", None)  # PyTorch
-    if storage is not None and type(value) is type(array):
-        return value.untyped_storage().data_ptr() == storage().data_ptr()
-    return False
-
-
-def _view(value):
-    """Whether the array `value` is a view of another's memory."""
-    if type(value) is np.ndarray or is_cupy(value):
-        return value.base is not None
-    return getattr(value, "_base", None) is not None  # PyTorch
-
-
-def _view_key(step, values):
-    """Whether the getitem `step` reads a view of its array eagerly: anything but one element
-    (`x[0]` of a vector is a NumPy scalar; `x[0, ...]` a 0-d view)."""
-    if step.node.shape != () or len(step.inputs) < 2:
-        return True
-    key = values[step.inputs[1]]
-    parts = key if type(key) is tuple else (key,)
-    return any(k is Ellipsis or k is None for k in parts)
 
 
 def _counted(root, stop):

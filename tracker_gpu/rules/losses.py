@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from .. import recording
-from ..backend import HALF, SCALARS, device_of, dtype_name, isdtype, namespace_of
+from ..backend import HALF, SCALARS, device_of, dtype_name, finfo, isdtype, namespace_of
 from ..checks import checking
 from ..primitive import Primitive
 from ..tracked import TrackedArray, data
@@ -325,9 +325,7 @@ def _eps(name, x, eps):
     if eps is not None:
         return eps
     plain = data(x)
-    if dtype_name(plain.dtype) == "bfloat16":  # NumPy's finfo refuses ml_dtypes' bfloat16
-        return 2.0**-7
-    return float(namespace_of(plain).finfo(plain.dtype).eps)
+    return float(finfo(namespace_of(plain), plain.dtype).eps)
 
 
 def crossentropy(yhat, labels, /, *, axis=-1, agg="mean", eps=None):
