@@ -16,6 +16,8 @@ warning, and the on-disk cache is reused by a second process and rebuilt where c
 """
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -737,3 +739,53 @@ def test_arrays_are_handed_over_by_address_where_objects_cannot_be_read(monkeypa
     expected = _quiet(lambda: np.sqrt(a * 2.5 + b))
     _same_bits(_quiet(by_object, a, b), expected, "by object")
     _same_bits(_quiet(by_address, a, b), expected, "by address")
+
+
+def test_the_declared_math_functions_are_cmaths():
+    """A region's source declares the libm functions it calls rather than include <cmath> (a
+    third of the build time): calls of each, in float and double, build to the machine code
+    that <cmath>'s `std::` functions build to."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("no objdump to compare the machine code with")
+    calls = [f"{f}(x)" for f in UNARY_OF_LIBM] + ["pow(x, y)"]
+    body = "".join(f"    out[{k}] = {c};\n" for k, c in enumerate(calls))
+    functions = "".join(
+        f'extern "C" void tg_calls_{t}(const {t}* v, {t}* out) {{\n'
+        f"    const {t} x = v[0], y = v[1];\n{body}}}\n"
+        for t in ("float", "double")
+    )
+    with_cmath = "#include <cmath>\n" + "".join(f"using std::{f};\n" for f in UNARY_OF_LIBM)
+    with_cmath += "using std::pow;\n"
+    codes = []
+    for prelude in (with_cmath, loops._PRELUDE):
+        path = loops.cache_dir() / f"calls-{len(codes)}.so"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        flags = [*loops.FLAGS, "-march=native"]
+        done = loops._compile(loops.compiler(), flags, (prelude + functions).encode(), path)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        shown = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(path)],
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        codes.append(_instructions(shown, ("tg_calls_float", "tg_calls_double")))
+    assert codes[0] == codes[1]
+    assert all(f"<{f}@" in codes[0] for f in ("expm1f", "tanhf", "powf"))  # float functions
+
+
+# the one-argument C library functions a region's source declares (`loops._PRELUDE`)
+UNARY_OF_LIBM = ("cos", "cosh", "exp", "expm1", "fabs", "log", "log1p", "sin", "sinh", "sqrt",
+                 "tan", "tanh")  # fmt: skip
+
+
+def _instructions(disassembly, names):
+    """The instructions of the functions `names` in objdump's `disassembly`, without addresses
+    and comments (calls name their targets)."""
+    kept, inside = [], False
+    for line in disassembly.splitlines():
+        header = re.match(r"^[0-9a-f]+ <(\w+)>:$", line)
+        if header:
+            inside = header[1] in names
+            kept.append(line.split()[-1] if inside else "")
+        elif inside and "\t" in line:
+            instruction = line.split("\t", 1)[1].split("#")[0]
+            kept.append(re.sub(r"(?<![\w@])[0-9a-f]+ (?=<)", "", instruction))
+    return "\n".join(kept)
