@@ -203,14 +203,14 @@ def test_generated_code_is_keyed_by_the_expression_itself():
     """Thousands of distinct functions, made and dropped so that Python reuses their memory (and
     ids): each gets the source of its own expression, and equal expressions share one."""
     digests, texts = {}, set()
-    for k in range(5000):
+    for k in range(1000):
         f = eval(f"lambda x, y: x * {k}.5 + y")  # a new function object each time
         compiled = broadcast_module._Compiled(f, 2)
         text = codegen.family(compiled, (False, False))
         assert f"{k}.5" in text.text
         digests.setdefault(text.digest, text.text)
         texts.add(text.text)
-    assert len(digests) == len(texts) == 5000
+    assert len(digests) == len(texts) == 1000
     again = codegen.family(broadcast_module._Compiled(lambda x, y: x * 7.5 + y, 2), (False, False))
     assert digests[again.digest] == again.text
 

@@ -220,20 +220,26 @@ def test_a_back_and_update_training_loop_has_flat_memory(backend):
 
 
 # --- the backward pass of a long chain frees as it goes
-CHAIN = 100_000
+CHAIN = 20_000
+FREE_TUPLES = 2_000 * (48 + 56)
 
 
 def test_the_backward_pass_of_a_long_chain_frees_as_it_goes(backend):
     if backend.xp is not np:
         pytest.skip("tracemalloc sees NumPy's buffers; this measures the walk, not the library")
     x = tg.param(np.linspace(0.1, 0.4, 4))
+
+    def chain(length):
+        y = x
+        for i in range(length):
+            y = tg.sin(y) if i % 2 else y * 1.0001
+        return tg.sum(y)
+
+    tg.back(chain(100))  # what a first pass makes once (caches, plans) is not the graph
     tracemalloc.start()
     try:
         start = tracemalloc.get_traced_memory()[0]
-        y = x
-        for i in range(CHAIN):
-            y = tg.sin(y) if i % 2 else y * 1.0001
-        y = tg.sum(y)
+        y = chain(CHAIN)
         graph = tracemalloc.get_traced_memory()[0] - start
         tracemalloc.reset_peak()
         tg.back(y)
@@ -244,5 +250,7 @@ def test_the_backward_pass_of_a_long_chain_frees_as_it_goes(backend):
     # The walk's own bookkeeping (a count per node) is a fraction of the graph; keeping every
     # node's gradient, or the nodes already walked, would add more than half of it again.
     assert peak - (start + graph) < 0.5 * graph
-    assert after - start < 0.02 * graph  # the walk freed the graph
+    # the walk freed the graph, but for CPython's free lists: up to 2,000 tuples of each length
+    # stay allocated (a pullback's one and two gradients: 48 and 56 bytes)
+    assert after - start < 0.02 * graph + FREE_TUPLES
     assert np.all(np.isfinite(tg.grad(x)))

@@ -1,6 +1,7 @@
 """The backward walk: long chains, wide graphs, single use, freeing, and failing pullbacks."""
 
 import gc
+import sys
 import weakref
 
 import numpy as np
@@ -8,16 +9,19 @@ import pytest
 
 import tracker_gpu as tg
 
+LONG = 20_000  # operations: twenty times Python's default recursion limit
+
 
 def test_a_long_chain_needs_no_recursion(backend):
     if backend.name == "dask":
         pytest.skip(
-            "200,000 operations are a lazy graph of 200,000 layers on Dask (milliseconds each "
+            "20,000 operations are a lazy graph of 20,000 layers on Dask (milliseconds each "
             "to build): the walk without recursion is checked on the eager backends"
         )
     x = tg.param(backend.asarray([0.5]))
     y = x
-    for _ in range(200_000):
+    assert sys.getrecursionlimit() < LONG  # a walk that recursed would fail
+    for _ in range(LONG):
         y = y * 1.0
     tg.back(tg.sum(y))
     assert np.allclose(backend.to_numpy(tg.grad(x)), [1.0])
