@@ -155,6 +155,20 @@ NUMPY_ROW_ONLY = (
 )
 
 
+# Modules of saved files and of the job's control (signals, resumes, what a recording costs):
+# their tests that make their own NumPy arrays run in the numpy row alone, the fused path
+# changing nothing they check (the jobs' training through it is test_train's); their tests that
+# take the `backend` fixture run in every row.
+FILES_AND_JOBS = (
+    "test_bad_files",
+    "test_compile_scaling",
+    "test_durability",
+    "test_saved",
+    "test_train_resume",
+    "test_train_signals",
+)
+
+
 # Modules that test the host build of the CUDA kernels directly (against SciPy, mpmath, the
 # generic rules, NVRTC): they run the same in both rows that run every test, so once, in the
 # row named for that build.
@@ -173,7 +187,9 @@ def pytest_collection_modifyitems(config, items):
         takes_backend = "backend" in getattr(item, "fixturenames", ())
         module = getattr(item, "module", None)
         name = module.__name__.rpartition(".")[2] if module is not None else ""
-        if name in NUMPY_ROW_ONLY:
+        if name in NUMPY_ROW_ONLY or item.get_closest_marker("numpy_row"):
+            keep = row == "numpy"
+        elif name in FILES_AND_JOBS and not takes_backend:
             keep = row == "numpy"
         elif name in HOST_BUILD_ROW_ONLY:
             keep = row == "numpy-fused"
