@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cuda import host
 from ..cuda.codegen import POW_OF_NUMBER, POWERS, C, constant
 from ..cuda.sources import header
 
@@ -67,30 +68,8 @@ RELEASE_FROM = 1 << 15  # from how many elements a call releases the GIL
 _HALF = {"float16": "tg_half", "bfloat16": "tg_bfloat16"}  # stored so, computed in float
 # stored so; a bool as a byte, read as `x != 0`: GCC 12 vectorises no loop that loads a `bool`
 _CTYPE = {"float32": "float", "float64": "double", "bool": "unsigned char", **_HALF}
-# The libm functions a region calls, as <cmath> gives them to C++ (the compiler's builtins; the
-# float overloads call the float functions), declared here: parsing <cmath> took 0.25 s of a
-# region's 0.3 s build, and the machine code is the same (compared instruction for instruction
-# over the 366 sources the fusion tests generate).
-_PRELUDE = r"""namespace tg_math {
-#define TG_MATH(name) \
-    static inline double name(double x) { return __builtin_##name(x); } \
-    static inline float name(float x) { return __builtin_##name##f(x); }
-TG_MATH(cos) TG_MATH(cosh) TG_MATH(exp) TG_MATH(expm1) TG_MATH(fabs) TG_MATH(log)
-TG_MATH(log1p) TG_MATH(sin) TG_MATH(sinh) TG_MATH(sqrt) TG_MATH(tan) TG_MATH(tanh)
-#undef TG_MATH
-static inline double pow(double x, double y) { return __builtin_pow(x, y); }
-static inline float pow(float x, float y) { return __builtin_powf(x, y); }
-}
-using tg_math::cos; using tg_math::cosh; using tg_math::exp; using tg_math::expm1;
-using tg_math::fabs; using tg_math::log; using tg_math::log1p; using tg_math::pow;
-using tg_math::sin; using tg_math::sinh; using tg_math::sqrt; using tg_math::tan;
-using tg_math::tanh;
-static inline double __longlong_as_double(long long bits) {
-    double value;
-    __builtin_memcpy(&value, &bits, sizeof value);
-    return value;
-}
-"""
+# the C library's functions without <cmath>, whose parsing took most of a region's build
+_PRELUDE = host.math_prelude("")
 HALF_PRELUDE = "#define __device__\n#define __forceinline__ inline\n"  # half.cuh on the host
 COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
 # what `C` does not name, in the same notation: the rules' own forwards, operation for operation

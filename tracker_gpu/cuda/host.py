@@ -25,30 +25,59 @@ import numpy as np
 
 from .sources import SCALAR_TYPES, STORAGE_TYPES, c_type, compute_dtype
 
-__all__ = ["HostLibrary", "available", "compile_shared", "SHIM"]
+__all__ = ["HostLibrary", "available", "compile_shared", "SHIM", "LIBM", "math_prelude"]
 
+# The C library's functions that kernels call, as <cmath> gives them to C++ (the compiler's
+# builtins; the float overloads call the float functions), declared here: parsing <cmath> took
+# most of a small build's time. A text that includes <cmath> itself (kernels/special.cuh) is
+# built after <cmath> and its `std::` names instead (`math_prelude`).
+LIBM = r"""namespace tg_math {
+#define TG_MATH(name) \
+    static inline double name(double x) { return __builtin_##name(x); } \
+    static inline float name(float x) { return __builtin_##name##f(x); }
+TG_MATH(cos) TG_MATH(cosh) TG_MATH(exp) TG_MATH(expm1) TG_MATH(fabs) TG_MATH(log)
+TG_MATH(log1p) TG_MATH(sin) TG_MATH(sinh) TG_MATH(sqrt) TG_MATH(tan) TG_MATH(tanh)
+#undef TG_MATH
+static inline double pow(double x, double y) { return __builtin_pow(x, y); }
+static inline float pow(float x, float y) { return __builtin_powf(x, y); }
+}
+using tg_math::cos; using tg_math::cosh; using tg_math::exp; using tg_math::expm1;
+using tg_math::fabs; using tg_math::log; using tg_math::log1p; using tg_math::pow;
+using tg_math::sin; using tg_math::sinh; using tg_math::sqrt; using tg_math::tan;
+using tg_math::tanh;
+"""
+CMATH = r"""#include <cmath>
+using std::cos; using std::cosh; using std::exp; using std::expm1; using std::fabs;
+using std::log; using std::log1p; using std::pow; using std::sin; using std::sinh;
+using std::sqrt; using std::tan; using std::tanh;
+"""
+# CUDA's reinterpretation of a double's bits, which generated code writes inf and nan with
+_BITS = r"""static inline double __longlong_as_double(long long bits) {
+    double value;
+    __builtin_memcpy(&value, &bits, sizeof value);
+    return value;
+}
+"""
+
+
+def math_prelude(text):
+    """What a host build of `text` starts with: its math functions and `__longlong_as_double`."""
+    return (CMATH if "#include <cmath>" in text else LIBM) + _BITS
+
+
+# CUDA's built-ins on the host (no header: <vector> and <cstring> took a third of a build)
 SHIM = r"""
-#include <cmath>
-#include <cstring>
 #include <ucontext.h>
-#include <vector>
-using std::cos; using std::exp; using std::expm1; using std::fabs; using std::log;
-using std::log1p; using std::pow; using std::sin; using std::sqrt; using std::tanh;
-using std::cosh; using std::sinh; using std::tan;
 struct HostDim { unsigned int x, y, z; };
 static thread_local HostDim threadIdx, blockIdx, blockDim, gridDim;
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static thread_local
-static inline double __longlong_as_double(long long bits) {
-    double value;
-    std::memcpy(&value, &bits, sizeof value);
-    return value;
-}
 
 namespace host {
-struct Fiber { ucontext_t context; std::vector<char> stack; bool done; };
+struct Fiber { ucontext_t context; char* stack; bool done; };
+static const unsigned long STACK = 1 << 16;
 static thread_local ucontext_t scheduler;
 static thread_local Fiber* running = nullptr;
 static thread_local void (*entry_body)(void*) = nullptr;
@@ -61,13 +90,13 @@ static void entry() {
 }
 
 // Runs one block of `threads` fibers until all are done; a fiber yields at each barrier.
-static void run_block(std::vector<Fiber>& fibers, unsigned threads) {
+static void run_block(Fiber* fibers, unsigned threads) {
     for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = fibers[t];
         f.done = false;
         getcontext(&f.context);
-        f.context.uc_stack.ss_sp = f.stack.data();
-        f.context.uc_stack.ss_size = f.stack.size();
+        f.context.uc_stack.ss_sp = f.stack;
+        f.context.uc_stack.ss_size = STACK;
         f.context.uc_link = &scheduler;
         makecontext(&f.context, entry, 0);
     }
@@ -87,12 +116,19 @@ static void run_block(std::vector<Fiber>& fibers, unsigned threads) {
 template <typename F>
 static void call(void* data) { (*static_cast<F*>(data))(); }
 
-// The fibers of this thread, kept from launch to launch (their stacks are not cleared).
-static std::vector<Fiber>& fibers_for(unsigned block) {
-    static thread_local std::vector<Fiber> fibers;
-    if (fibers.size() < block) fibers.resize(block);
-    for (Fiber& f : fibers)
-        if (f.stack.empty()) f.stack.resize(1 << 16);
+// The fibers of this thread, kept from launch to launch (their stacks are not cleared); more
+// are made as a block needs them, those made before kept.
+static Fiber* fibers_for(unsigned block) {
+    static thread_local Fiber* fibers = nullptr;
+    static thread_local unsigned count = 0;
+    if (count < block) {
+        Fiber* more = new Fiber[block];
+        for (unsigned t = 0; t < block; ++t)
+            more[t].stack = t < count ? fibers[t].stack : new char[STACK];
+        delete[] fibers;
+        fibers = more;
+        count = block;
+    }
     return fibers;
 }
 
@@ -101,7 +137,7 @@ static void launch(unsigned grid, unsigned block, bool cooperative, F& body) {
     gridDim = {grid, 1, 1};
     blockDim = {block, 1, 1};
     threadIdx = blockIdx = {0, 0, 0};
-    std::vector<Fiber>& fibers = fibers_for(cooperative ? block : 0);
+    Fiber* fibers = fibers_for(cooperative ? block : 0);
     entry_body = call<F>;
     entry_data = &body;
     for (unsigned b = 0; b < grid; ++b) {
@@ -186,8 +222,8 @@ class HostLibrary:
         wrappers = "".join(
             _wrapper(k, d, k.cooperative) for k in family.kernels.values() for d in family.dtypes
         )
-        self.library = compile_shared(SHIM + family.text + wrappers, family.name,
-                                      host_flags(family))  # fmt: skip
+        text = math_prelude(family.text) + SHIM + family.text + wrappers
+        self.library = compile_shared(text, family.name, host_flags(family))
 
     @classmethod
     def get(cls, family):
