@@ -30,6 +30,7 @@ from domain import assert_agree, domain
 import tracker_gpu as tg
 from tracker_gpu import nn
 from tracker_gpu.compiler import backward, fusion, loops, opened
+from tracker_gpu.cuda import host
 
 BF16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
 
@@ -748,15 +749,15 @@ def test_the_declared_math_functions_are_cmaths():
     objdump = shutil.which("objdump")
     if objdump is None:
         pytest.skip("no objdump to compare the machine code with")
-    calls = [f"{f}(x)" for f in UNARY_OF_LIBM] + ["pow(x, y)"]
+    calls = [f"{f}(x)" for f in host.UNARY_MATH] + ["pow(x, y)"]
     body = "".join(f"    out[{k}] = {c};\n" for k, c in enumerate(calls))
     functions = "".join(
         f'extern "C" void tg_calls_{t}(const {t}* v, {t}* out) {{\n'
         f"    const {t} x = v[0], y = v[1];\n{body}}}\n"
         for t in ("float", "double")
     )
-    with_cmath = "#include <cmath>\n" + "".join(f"using std::{f};\n" for f in UNARY_OF_LIBM)
-    with_cmath += "using std::pow;\n"
+    names = (*host.UNARY_MATH, "pow")
+    with_cmath = "#include <cmath>\n" + "".join(f"using std::{f};\n" for f in names)
     codes = []
     for prelude in (with_cmath, loops._PRELUDE):
         path = loops.cache_dir() / f"calls-{len(codes)}.so"
@@ -769,11 +770,6 @@ def test_the_declared_math_functions_are_cmaths():
         codes.append(_instructions(shown, ("tg_calls_float", "tg_calls_double")))
     assert codes[0] == codes[1]
     assert all(f"<{f}@" in codes[0] for f in ("expm1f", "tanhf", "powf"))  # float functions
-
-
-# the one-argument C library functions a region's source declares (`loops._PRELUDE`)
-UNARY_OF_LIBM = ("cos", "cosh", "exp", "expm1", "fabs", "log", "log1p", "sin", "sinh", "sqrt",
-                 "tan", "tanh")  # fmt: skip
 
 
 def _instructions(disassembly, names):

@@ -25,32 +25,26 @@ import numpy as np
 
 from .sources import SCALAR_TYPES, STORAGE_TYPES, c_type, compute_dtype
 
-__all__ = ["HostLibrary", "available", "compile_shared", "SHIM", "LIBM", "math_prelude"]
+__all__ = ["HostLibrary", "available", "compile_shared", "SHIM", "UNARY_MATH", "math_prelude"]
 
 # The C library's functions that kernels call, as <cmath> gives them to C++ (the compiler's
 # builtins; the float overloads call the float functions), declared here: parsing <cmath> took
 # most of a small build's time. A text that includes <cmath> itself (kernels/special.cuh) is
 # built after <cmath> and its `std::` names instead (`math_prelude`).
-LIBM = r"""namespace tg_math {
-#define TG_MATH(name) \
-    static inline double name(double x) { return __builtin_##name(x); } \
-    static inline float name(float x) { return __builtin_##name##f(x); }
-TG_MATH(cos) TG_MATH(cosh) TG_MATH(exp) TG_MATH(expm1) TG_MATH(fabs) TG_MATH(log)
-TG_MATH(log1p) TG_MATH(sin) TG_MATH(sinh) TG_MATH(sqrt) TG_MATH(tan) TG_MATH(tanh)
-#undef TG_MATH
-static inline double pow(double x, double y) { return __builtin_pow(x, y); }
-static inline float pow(float x, float y) { return __builtin_powf(x, y); }
-}
-using tg_math::cos; using tg_math::cosh; using tg_math::exp; using tg_math::expm1;
-using tg_math::fabs; using tg_math::log; using tg_math::log1p; using tg_math::pow;
-using tg_math::sin; using tg_math::sinh; using tg_math::sqrt; using tg_math::tan;
-using tg_math::tanh;
-"""
-CMATH = r"""#include <cmath>
-using std::cos; using std::cosh; using std::exp; using std::expm1; using std::fabs;
-using std::log; using std::log1p; using std::pow; using std::sin; using std::sinh;
-using std::sqrt; using std::tan; using std::tanh;
-"""
+# the one-argument functions (and `pow`) that kernels and generated code call
+UNARY_MATH = ("cos", "cosh", "exp", "expm1", "fabs", "log", "log1p", "sin", "sinh", "sqrt", "tan",
+              "tanh")  # fmt: skip
+LIBM = (
+    "namespace tg_math {\n#define TG_MATH(name) \\\n"
+    "    static inline double name(double x) { return __builtin_##name(x); } \\\n"
+    "    static inline float name(float x) { return __builtin_##name##f(x); }\n"
+    + "".join(f"TG_MATH({f})\n" for f in UNARY_MATH)
+    + "#undef TG_MATH\n"
+    "static inline double pow(double x, double y) { return __builtin_pow(x, y); }\n"
+    "static inline float pow(float x, float y) { return __builtin_powf(x, y); }\n}\n"
+    + "".join(f"using tg_math::{f};\n" for f in (*UNARY_MATH, "pow"))
+)
+CMATH = "#include <cmath>\n" + "".join(f"using std::{f};\n" for f in (*UNARY_MATH, "pow"))
 # CUDA's reinterpretation of a double's bits, which generated code writes inf and nan with
 _BITS = r"""static inline double __longlong_as_double(long long bits) {
     double value;
