@@ -7,7 +7,7 @@ Python numbers, comparisons, `where`, `clip`, casts, `relu`, the C library's fun
 values over the whole domain: zeros of both signs, subnormals, huge values, infinities, nan):
 correctly rounded programs agree bit for bit, values and gradients; with the C library's
 functions, within 4 units in the last place with the same nan and infinity pattern. Every
-generated source compiles with NVRTC for sm_80 and sm_90 (where `cuda-python` is installed).
+generated source compiles with NVRTC (where `cuda-python` is installed).
 Then: regions share launches (Adam's update of every parameter is one), a replay given other
 arrays takes the steps one by one, and the MLP step of benchmarks/compile.py launches fewer
 kernels compiled than eagerly, both counted on the host build (`compiler/launches.py`).
@@ -31,6 +31,7 @@ from test_compile_fusion import (
     _written,
     random_program,
 )
+from test_kernels import GENERATED_ARCH
 
 import tracker_gpu as tg
 from tracker_gpu import optim
@@ -155,8 +156,7 @@ def _nvrtc(text, arch):
     assert nvrtc.nvrtcGetCUBINSize(program)[1] > 0
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_every_generated_source_compiles_with_nvrtc(arch):
+def test_every_generated_source_compiles_with_nvrtc():
     """The sources of this module's programs (run after them; alone, a few of its own),
     and of the MLP step, as CuPy hands them to NVRTC (`--fmad=false`, C++17)."""
     if len(FAMILIES) < 10:
@@ -165,7 +165,7 @@ def test_every_generated_source_compiles_with_nvrtc(arch):
     _mlp_counts()
     assert all("--fmad=false" in family.nvrtc_options() for family in FAMILIES)
     for family in {f.digest: f for f in FAMILIES}.values():
-        _nvrtc(family, arch)
+        _nvrtc(family, GENERATED_ARCH)
 
 
 # --- launches
