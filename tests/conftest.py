@@ -103,6 +103,13 @@ def pytest_addoption(parser):
         help="array library the `backend` fixture runs on "
         "(default: $TRACKER_GPU_BACKEND, else numpy)",
     )
+    parser.addoption(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="run the K-th of N interleaved shares of the row's tests (ci/matrix splits a long "
+        "row so that rows side by side end together)",
+    )
 
 
 def pytest_configure(config):
@@ -111,6 +118,7 @@ def pytest_configure(config):
             f"unknown backend {config.getoption('backend')!r} (from TRACKER_GPU_BACKEND); "
             f"choose one of {', '.join(BACKENDS)}"
         )
+    _share(config)
     if config.getoption("backend") == "numpy-fused":
         # read when tracker_gpu is imported (by the test modules, after this hook)
         os.environ["TRACKER_GPU_FUSED_ON_HOST"] = "1"
@@ -196,9 +204,46 @@ def pytest_collection_modifyitems(config, items):
         else:
             keep = row in EVERY_TEST or takes_backend or name in CHOOSE_THEIR_ROW
         (kept if keep else dropped).append(item)
+    share = _share(config)
+    if share is not None:
+        units = _units(kept)
+        k, n = share
+        dropped += [item for i, unit in enumerate(units) if i % n != k - 1 for item in unit]
+        kept = [item for unit in units[k - 1 :: n] for item in unit]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+# Modules whose last tests read what the earlier ones made (the fuzzer's statistics, the sources
+# its programs generated): a share of a row takes them whole.
+WHOLE_IN_A_SHARE = ("test_compile_fusion", "test_compile_fusion_cuda")
+
+
+def _units(items):
+    """The items as the units a share takes: one test, or a whole module of WHOLE_IN_A_SHARE."""
+    units, whole = [], {}
+    for item in items:
+        name = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
+        if name not in WHOLE_IN_A_SHARE:
+            units.append([item])
+        elif name in whole:
+            whole[name].append(item)
+        else:
+            whole[name] = [item]
+            units.append(whole[name])
+    return units
+
+
+def _share(config):
+    """`(k, n)` from `--shard K/N`, or None; a usage error names a bad one."""
+    text = config.getoption("shard")
+    if text is None:
+        return None
+    k, slash, n = text.partition("/")
+    if not (slash and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise pytest.UsageError(f"--shard takes K/N with 1 <= K <= N (2/3, say), got {text!r}")
+    return int(k), int(n)
 
 
 def pytest_report_header(config):
