@@ -453,7 +453,7 @@ def record(value, xp, rule, args, ctx, saved=None, replay=None):
     node = _new(Node)
     node.rule, node.args, node.ctx, node.saved = rule, args, ctx, saved
     node.serial = next_serial()
-    node.shape, node.dtype, node._n, node._g = value.shape, dtype, 0, None
+    node.shape, node.dtype, node._g = value.shape, dtype, None
     out = _new(TrackedArray)
     out.data, out._node, out._xp = value, node, xp
     if ACTIVE:

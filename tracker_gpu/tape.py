@@ -11,18 +11,21 @@ no global tape: the graph hangs off the values.
 A node also stands in for its value where the value was not saved: it has the value's `shape`,
 `dtype`, `ndim` and `size`, which is all a pullback may read of a value it did not save.
 
-The walk is Kahn's algorithm over reference counts (Tracker's scheme, made iterative): a first
-pass counts, for each node reachable from the root, how many of its children will send it a
-gradient; the second pass pulls a node back only when all of them have, then drops its gradient
-(and, for a single-use pass, its rule, arguments and saved values, which frees the graph as it
-goes). The count and the pending gradient live on an interior node during a walk (leaves, which
-graphs share, are never written), so one graph may not be walked by two threads at once; graphs
-that share only leaves may.
+The walk pulls gradients back in the reverse of the order the nodes were made (each node has a
+`serial`, its place in that order, so a child always comes after its parents): a heap holds the
+nodes a gradient has reached, and the newest is pulled back next, when every child that sends it
+a gradient has (PyTorch's engine orders its CPU work the same way). So no pass counts the graph
+first, and a node no gradient reaches is never visited. A node's gradient is pending on the node
+(`_g`) during a walk (leaves, which graphs share, are never written), and with a single-use pass
+its rule, arguments and saved values are dropped as soon as it has passed its gradient on, which
+frees the graph as it goes. So one graph may not be walked by two threads at once; graphs that
+share only leaves may.
 """
 
 import contextlib
 import itertools
 import math
+from heapq import heappop, heappush
 
 from . import recording
 
@@ -63,9 +66,9 @@ SPENT = _Spent()
 class Node:
     """A value's place in the graph (see the module's docstring)."""
 
-    # _n (gradients still to come) and _g (the gradient pending here) are used by a walk only,
-    # and are back to 0 and None when it ends, even when it fails. `grad` is set on leaves only.
-    __slots__ = ("rule", "args", "ctx", "saved", "shape", "dtype", "grad", "serial", "_n", "_g",
+    # _g (the gradient pending here) is used by a walk only, and is back to None when it ends,
+    # even when it fails. `grad` is set on leaves only.
+    __slots__ = ("rule", "args", "ctx", "saved", "shape", "dtype", "grad", "serial", "_g",
                  "__weakref__")  # fmt: skip
 
     ndim = property(lambda self: len(self.shape))
@@ -92,49 +95,34 @@ def leaf_node(shape, dtype):
     node = Node()
     node.rule, node.args, node.ctx, node.saved = None, (), None, None
     node.serial = next_serial()
-    node.shape, node.dtype, node.grad, node._n, node._g = shape, dtype, None, 0, None
+    node.shape, node.dtype, node.grad, node._g = shape, dtype, None, None
     return node
 
 
-def _count_references(root, stop, since=0):
-    """Set `_n` of each interior node reachable from `root` to the number of gradients it will
-    receive; return the nodes counted. Leaves and stop nodes are not touched: graphs walked at
-    the same time (in other threads) may share them."""
-    counted = [root]
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if node.rule is SPENT:
-            _reset(counted)
-            raise BackError(
-                "back was already used on this graph: a single-use pass (once=True) frees it. "
-                "Recompute the forward pass, or pass once=False to keep the graph for another pass."
-            )
-        for parent in node.args:  # `_terminal` inlined, exact type tests: the hot loop
-            if (
-                type(parent) is Node
-                and parent.rule is not None
-                and parent.serial >= since
-                and not (stop and id(parent) in stop)
-            ):
-                if parent._n:
-                    parent._n += 1
-                else:
-                    parent._n = 1
-                    counted.append(parent)
-                    stack.append(parent)
-    return counted
+def interior_nodes(root, stop=()):
+    """The interior nodes reachable from `root` through interior nodes (not through `stop`), in
+    the order a walk from it pulls them back (the newest first): what tg.compile records of a
+    walk. A heap by serial, as the walk's: a node reached twice pops twice in a row."""
+    stop = _stop_ids(stop)
+    if _terminal(root, stop):
+        return []
+    found, waiting, last = [], [(-root.serial, root)], None
+    while waiting:
+        node = heappop(waiting)[1]
+        if node is last:
+            continue
+        found.append(node)
+        last = node
+        for parent in node.args:
+            if type(parent) is Node and parent.rule is not None and id(parent) not in stop:
+                heappush(waiting, (-parent.serial, parent))
+    return found
 
 
 def _terminal(node, stop, since=0):
     """A leaf, a stop node or a node older than `since`: it receives gradients and passes none
     on."""
     return node.rule is None or node.serial < since or (stop and id(node) in stop)
-
-
-def _reset(nodes):
-    for node in nodes:
-        node._n, node._g = 0, None
 
 
 class Total:
@@ -152,11 +140,12 @@ class Pending:
     nodes in this walk's own table (they may be shared with other walks); and which buffers the
     walk owns (made by an addition or a fused kernel, so it may add into them in place)."""
 
-    __slots__ = ("owned", "terminal", "stop", "since")
+    __slots__ = ("owned", "terminal", "arrived", "stop", "since")
 
     def __init__(self, stop, since=0):
         self.owned = set()
         self.terminal = {}  # id -> [node, gradient]
+        self.arrived = []  # interior nodes given their first gradient here (the walk takes them)
         self.stop, self.since = stop, since
 
     def current(self, node):
@@ -198,6 +187,8 @@ class Pending:
         if _terminal(node, self.stop, self.since):
             self.terminal[id(node)] = [node, value]
         else:
+            if node._g is None:
+                self.arrived.append(node)
             node._g = value
 
 
@@ -221,30 +212,13 @@ def run(root, seed, *, once=True, nested=False, stop=(), since=0):
     stop = _stop_ids(stop)
     if _terminal(root, stop, since):
         return [(root, seed)]
-    counted = _count_references(root, stop, since)
-    try:
-        return _pull_back(root, seed, once, nested, stop, since=since)
-    except BaseException:
-        _reset(counted)
-        raise
+    return _pull_back(root, seed, once, nested, stop, since=since)
 
 
 def _stop_ids(stop):
     """The ids of the interior nodes among `stop`: a leaf stops a walk as a leaf does, and
     leaving it out spares the walk a lookup per edge (a gradient's inputs are leaves)."""
     return {id(node) for node in stop if node.rule is not None}
-
-
-def counts(root, stop=()):
-    """`[(node, n)]`: for each interior node reachable from `root`, the gradients it will
-    receive in a walk (what a walk counts first; tg.compile counts once and replays)."""
-    stop = _stop_ids(stop)
-    if _terminal(root, stop):
-        return []
-    counted = _count_references(root, stop)
-    found = [(node, node._n) for node in counted]
-    _reset(counted)
-    return found
 
 
 def older_nodes(root, since, stop=()):
@@ -292,58 +266,62 @@ def noted_on_the_way(nodes):
                 node.rule = rule
 
 
-def replay(root, seed, stop, counted, release=True):
-    """A walk whose counts are known (`counts(root, stop)`): the counting pass is skipped. The
-    graph is kept (as by once=False), and with `release` each node's saved values are released
-    as soon as its pullback has run. tg.compile's replay of a recorded pass."""
+def replay(root, seed, stop, release=True):
+    """A walk that keeps the graph (as by once=False), and with `release` releases each node's
+    saved values as soon as its pullback has run: tg.compile's replay of a recorded pass."""
     stop = _stop_ids(stop)
-    for node, n in counted:
-        node._n = n
-    try:
-        return _pull_back(root, seed, False, False, stop, release=release)
-    except BaseException:
-        _reset([node for node, _ in counted])
-        raise
+    return _pull_back(root, seed, False, False, stop, release=release)
 
 
 def _pull_back(root, seed, once, nested, stop, release=False, since=0):
     pending = Pending(stop, since)
-    owned = pending.owned
+    owned, arrived = pending.owned, pending.arrived
     root._g = seed
-    ready = [root]
-    while ready:
-        node = ready.pop()
-        g, node._g = node._g, None
-        if owned:
-            owned.discard(id(node))
-        rule, args, ctx, saved = node.rule, node.args, node.ctx, node.saved
-        if once:
-            node.rule, node.args, node.ctx, node.saved = SPENT, None, None, None
-        elif release:
-            node.saved = None
-        if g is None:  # every gradient that reached it was None (a constant's derivative)
-            grads = (None,) * len(args)
-        else:
+    waiting = [(-root.serial, root)]  # a heap: the newest node with a gradient pops first
+    try:
+        while waiting:
+            node = heappop(waiting)[1]
+            g, node._g = node._g, None
+            if owned:
+                owned.discard(id(node))
+            rule, args, ctx, saved = node.rule, node.args, node.ctx, node.saved
+            if rule is SPENT:
+                raise BackError(SPENT_MESSAGE)
+            if once:
+                node.rule, node.args, node.ctx, node.saved = SPENT, None, None, None
+            elif release:
+                node.saved = None
             try:
                 grads = rule.pullback(node, args, ctx, saved, g, nested, pending)
             except Exception as error:
                 raise _pullback_error(rule, error, once) from error
-        for parent, gp in zip(args, grads):
-            if type(parent) is not Node:  # no subclasses: the exact test is the quick one
-                continue
-            if parent.rule is None or parent.serial < since or (stop and id(parent) in stop):
-                if gp is not None:
+            for parent, gp in zip(args, grads):
+                if gp is None or type(parent) is not Node:  # exact type tests: the hot loop
+                    continue
+                if parent.rule is None or parent.serial < since or (stop and id(parent) in stop):
                     pending.add_terminal(parent, gp, nested)
-                continue
-            if gp is not None:
-                if parent._g is None and type(gp) is not Total:
-                    parent._g = gp  # a first contribution: not ours to add into
+                elif parent._g is None and type(gp) is not Total:
+                    parent._g = gp  # a first contribution (not ours to add into): it waits
+                    heappush(waiting, (-parent.serial, parent))
                 else:
                     pending.add(parent, gp, nested)
-            parent._n -= 1
-            if not parent._n:
-                ready.append(parent)
+            if arrived:  # first gradients a fused pullback stored itself (`Total`)
+                for parent in arrived:
+                    heappush(waiting, (-parent.serial, parent))
+                arrived.clear()
+    except BaseException:
+        for _, node in waiting:
+            node._g = None
+        for node in arrived:
+            node._g = None
+        raise
     return [(node, g) for node, g in pending.terminal.values()]
+
+
+SPENT_MESSAGE = (
+    "back was already used on this graph: a single-use pass (once=True) frees it. Recompute "
+    "the forward pass, or pass once=False to keep the graph for another pass."
+)
 
 
 def _add(a, b):

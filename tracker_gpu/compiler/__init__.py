@@ -3,18 +3,18 @@
 `step = tg.compile(f)`; `step(*args)` returns what `tg.withgradient(f, *args)` returns. The
 first call with a new signature (`signature.py`: the arguments' structure and each array's
 library, shape, dtype and device) runs `f` and its gradient eagerly while recording them; later
-calls with that signature replay the recording (`program.py`): the forward as a flat list of
-the rules' forwards, the backward as the recorded pullbacks in their recorded order, counted
-once. With `gradient=False`, `f` takes its own gradient (a training step calling
-`withgradient` and then `optim.update`) and `step(*args)` returns `f`'s output: the step is the
-whole program. A layer's buffers that `f` reads and writes (BatchNorm's running statistics)
-are inputs and outputs of the program: read anew and written back in place by every replay.
-So are the arguments that `f` gets as plain arrays eagerly (outside `wrt`, or all of them with
-`gradient=False`) and writes into (`c += 1.0`, `out[...] = v`): every replay writes the
-caller's array as the eager call does (a write whose old value `f` reads after it, through a
-view or a value a gradient pass saved, is refused: `recorder.argument_writes`). Every array
-a call returns is the caller's own: one that `f` makes without its arguments (`tg.zeros(3)`)
-is copied at each call, as eagerly it is made anew.
+calls with that signature replay the recording (`program.py`): the forward as a flat list of the
+rules' forwards, the backward as the recorded pullbacks in their recorded order. With
+`gradient=False`, `f` takes its own gradient (a training step calling `withgradient` and then
+`optim.update`) and `step(*args)` returns `f`'s output: the step is the whole program. A layer's
+buffers that `f` reads and writes (BatchNorm's running statistics) are inputs and outputs of the
+program: read anew and written back in place by every replay. So are the arguments that `f` gets
+as plain arrays eagerly (outside `wrt`, or all of them with `gradient=False`) and writes into
+(`c += 1.0`, `out[...] = v`): every replay writes the caller's array as the eager call does (a
+write whose old value `f` reads after it, through a view or a value a gradient pass saved, is
+refused: `recorder.argument_writes`). Every array a call returns is the caller's own: one that
+`f` makes without its arguments (`tg.zeros(3)`) is copied at each call, as eagerly it is made
+anew.
 
 While recording, integer and boolean arrays among the arguments are traced too, so what `f`
 computes from them is replayed from the new ones, and random draws of tracker_gpu's layers

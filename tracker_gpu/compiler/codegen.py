@@ -201,7 +201,7 @@ def _exposed(program):
                 found.update(step.inputs)
         elif isinstance(step, Walk):
             found.add(step.seed)
-            for node, _ in step.counted:
+            for node in step.nodes:
                 call = calls.get(id(node))
                 if call is not None:
                     found.update(call.out if p == 0 else slot for p, slot in call.saves)
@@ -213,37 +213,17 @@ UNSET, MAYBE, SET = "unset", "maybe", "set"  # what is known of a gradient at a 
 
 
 def _order(step, slots):
-    """A walk's interior nodes in the order the tape's walk pulls them back (`tape.run`: a
-    stack of the nodes whose gradient is whole), so that a gradient with several contributions
-    adds them in the same order, and a replay's gradients are the eager ones bit for bit. A
-    walk that stops at given nodes (a gradient's inputs) keeps only the nodes that lead to one
-    of them: a float array that reaches no input (a data batch, read by a function that takes
-    its own gradient) is not differentiated."""
-    nodes = _walked(step)
+    """A walk's interior nodes in the order the tape's walk pulls them back (`tape.run`: the
+    newest first), so that a gradient with several contributions adds them in the same order,
+    and a replay's gradients are the eager ones bit for bit. A walk that stops at given nodes (a
+    gradient's inputs) keeps only the nodes that lead to one of them: a float array that
+    reaches no input (a data batch, read by a function that takes its own gradient) is not
+    differentiated."""
+    nodes = step.nodes  # in that order (`tape.interior_nodes`)
     if step.stop:
-        created = sorted(nodes, key=lambda n: slots[id(n)])
-        useful = _leading_to_stop(step, created)
+        useful = _leading_to_stop(step, sorted(nodes, key=lambda n: slots[id(n)]))
         nodes = [node for node in nodes if id(node) in useful]
     return nodes
-
-
-def _walked(step):
-    """The interior nodes of `step`'s walk in the order `tape.run` pulls them back."""
-    if not step.counted:  # the root is itself a leaf or a stop
-        return []
-    waiting = {id(node): count for node, count in step.counted}
-    stops = {id(node) for node in step.stop}
-    ready, order = [step.root], []
-    while ready:
-        node = ready.pop()
-        order.append(node)
-        for parent in node.args:
-            if type(parent) is not Node or parent.rule is None or id(parent) in stops:
-                continue
-            waiting[id(parent)] -= 1
-            if not waiting[id(parent)]:
-                ready.append(parent)
-    return order
 
 
 def _leading_to_stop(step, nodes):

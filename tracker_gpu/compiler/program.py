@@ -9,8 +9,8 @@ For arrays in host memory the steps are one generated function (`codegen.py`), g
 first replay (the recording call only records: generating and compiling Python costs several
 times the eager pass per operation, which a function called once never pays); for arrays on a
 GPU, or while the fused path runs on the host (`cuda.on_host`), they are interpreted here, each
-backward pass a walk of the recorded nodes with its counts known (`tape.replay`), so that the
-fused pullbacks serve it, and on a GPU the whole replay is one CUDA graph (`graphs.py`).
+backward pass a walk of the recorded nodes (`tape.replay`), so that the fused pullbacks serve
+it, and on a GPU the whole replay is one CUDA graph (`graphs.py`).
 """
 
 import copy
@@ -28,7 +28,7 @@ from ..pytree import tree_leaves, tree_map
 from ..tape import Node, replay
 from ..tracked import TrackedArray
 from . import backward, fusion, graphs, loops, opened
-from .codegen import _calls, _leading_to_stop, _order, _walked, generate
+from .codegen import _calls, _leading_to_stop, _order, generate
 from .recorder import Call, Draw, Walk, slots_by_id
 
 __all__ = ["Program"]
@@ -411,8 +411,8 @@ def _run_draw(step, env):
 
 def _run_walk(step, env):
     seed = env[step.seed]
-    if step.counted:
-        reached = replay(step.root, seed, step.stop, step.counted, release=step.release)
+    if step.nodes:
+        reached = replay(step.root, seed, step.stop, release=step.release)
     else:  # the root is itself a leaf or a stop
         reached = [(step.root, seed)]
     found = {id(node): g for node, g in reached}
@@ -460,8 +460,8 @@ def _keep_what_is_walked_again(steps):
     them again (a Hessian's rows, each a walk of one nested gradient): there it keeps them."""
     later = set()
     for step in reversed(steps):
-        if type(step) is Walk and step.counted:
-            nodes = {id(node) for node in step.counted.nodes}
+        if type(step) is Walk and step.nodes:
+            nodes = {id(node) for node in step.nodes}
             step.release = later.isdisjoint(nodes)
             later |= nodes
 
@@ -474,7 +474,7 @@ def _prune_walks(steps):
     walks = [step for step in steps if type(step) is Walk]
     if not walks or not all(walk.stop for walk in walks):
         return
-    walked = [_walked(walk) for walk in walks]
+    walked = [walk.nodes for walk in walks]
     useful = set()
     for walk, nodes in zip(walks, walked):
         useful |= _leading_to_stop(walk, sorted(nodes, key=lambda node: node.serial))

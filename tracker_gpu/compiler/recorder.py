@@ -28,10 +28,10 @@ from ..primitive import detached, traced_data
 from ..pytree import tree_leaves
 from ..rules.shape import _getitem_forward  # a view eagerly, a copy while recording
 from ..tape import (
+    SPENT_MESSAGE,
     BackError,
     Node,
-    _count_references,  # with _reset: a pass's counts, kept as two lists (`_counted`)
-    _reset,
+    interior_nodes,
     leaf_node,
     replay,
     run,
@@ -77,7 +77,7 @@ class Walk:
     root: Node
     seed: int  # the slot of the seed
     stop: list  # nodes
-    counted: object  # (node, count) pairs (`Counted`)
+    nodes: list  # the interior nodes it may go through, in its order (`tape.interior_nodes`)
     outputs: list = field(default_factory=list)  # [(node, slot)]
     release: bool = True  # whether it frees the saved values (no later walk goes over them)
 
@@ -142,29 +142,8 @@ class BySerial:
         table[k] = slot
 
 
-class Counted:
-    """A pass's `[(node, count)]` (`tape.counts`) kept as a list of nodes and a list of counts:
-    iterated, it gives the pairs; no tuple per node of the pass."""
-
-    __slots__ = ("nodes", "counts")
-
-    def __init__(self, nodes, counts):
-        self.nodes, self.counts = nodes, counts
-
-    def __iter__(self):
-        return zip(self.nodes, self.counts)
-
-    def __len__(self):
-        return len(self.nodes)
-
-
 _NO_KEYWORDS = {}  # the keywords of the steps that take none (never written)
 NUMBERS = frozenset((float, int, bool, complex))  # immutable constants: one slot per object
-
-SPENT_MESSAGE = (
-    "back was already used on this graph: a single-use pass (once=True) frees it. Recompute "
-    "the forward pass, or pass once=False to keep the graph for another pass."
-)
 
 
 def checked_seed(xp, loss):
@@ -268,15 +247,15 @@ class Recorder:
         (slots of this step) for what the function computes from them. A second pass over a
         graph that a single-use pass (`once`) went through raises, as eagerly."""
         stop = list(stop)
-        counted = _counted(root, stop)
+        nodes = interior_nodes(root, stop)
         if once is not None:
-            self._spend(root, counted, once)
-        step = Walk(root, self._seed_slot(root, seed), stop, counted)
+            self._spend(root, nodes, once)
+        step = Walk(root, self._seed_slot(root, seed), stop, nodes)
         self.walks += 1
         self.steps.append(step)
         with recording.paused():  # what the pullbacks do, the replay's walk does again
-            if once and counted:  # counted once; saved values freed as the pass goes
-                reached = replay(root, seed, stop, counted)
+            if once and nodes:  # saved values freed as the pass goes
+                reached = replay(root, seed, stop)
             else:  # the graph may be walked again: its saved values kept
                 reached = run(root, seed, once=False, stop=stop)
         traced = []
@@ -427,7 +406,7 @@ class Recorder:
             elif kind is Walk:
                 if step.seed in sharing or id(step.root) in saving:
                     return True
-                if saving and any(id(node) in saving for node in step.counted.nodes):
+                if saving and any(id(node) in saving for node in step.nodes):
                     return True
         for leaf in tree_leaves(result):
             if type(leaf) is TrackedArray and leaf._node is not None:
@@ -465,16 +444,16 @@ class Recorder:
             stack.pop()
         return known[id(node)]
 
-    def _spend(self, root, counted, once):
+    def _spend(self, root, nodes, once):
         """Raise if this pass goes through a node that a single-use pass went through; remember
         the pass if it is one. The sets are made only where there was one before (most
         recordings have a single pass)."""
         if self._spent:
-            walked = {id(root)} | {id(node) for node in counted.nodes}
+            walked = {id(node) for node in nodes or [root]}
             if any(id(node) in walked for spent in self._spent for node in spent):
                 raise BackError(SPENT_MESSAGE)
         if once:
-            self._spent.append([root, *counted.nodes])
+            self._spent.append(nodes or [root])  # the root is the first of its nodes
 
     def _seed_slot(self, root, seed):
         """The slot of a pass's seed: a traced seed's, or, for the ones that start a scalar
@@ -574,17 +553,6 @@ class Recorder:
                 if slot is not None:
                     found.append((k, slot))
         return tuple(found) if found else ()
-
-
-def _counted(root, stop):
-    """The counts of a pass from `root` (`tape.counts`), as a `Counted`."""
-    stop = {id(node) for node in stop}
-    if root.rule is None or id(root) in stop:  # a leaf or a stop: nothing to count
-        return Counted([], [])
-    nodes = _count_references(root, stop)
-    counts = [node._n for node in nodes]
-    _reset(nodes)
-    return Counted(nodes, counts)
 
 
 class _Ref(_weakref):
