@@ -193,8 +193,7 @@ def pytest_collection_modifyitems(config, items):
     kept, dropped = [], []
     for item in items:
         takes_backend = "backend" in getattr(item, "fixturenames", ())
-        module = getattr(item, "module", None)
-        name = module.__name__.rpartition(".")[2] if module is not None else ""
+        name = _module_name(item)
         if name in NUMPY_ROW_ONLY or item.get_closest_marker("numpy_row"):
             keep = row == "numpy"
         elif name in FILES_AND_JOBS and not takes_backend:
@@ -224,7 +223,7 @@ def _units(items):
     """The items as the units a share takes: one test, or a whole module of WHOLE_IN_A_SHARE."""
     units, whole = [], {}
     for item in items:
-        name = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
+        name = _module_name(item)
         if name not in WHOLE_IN_A_SHARE:
             units.append([item])
         elif name in whole:
@@ -233,6 +232,12 @@ def _units(items):
             whole[name] = [item]
             units.append(whole[name])
     return units
+
+
+def _module_name(item):
+    """The test module's own name (`test_tape`), or "" for an item of no module."""
+    module = getattr(item, "module", None)
+    return module.__name__.rpartition(".")[2] if module is not None else ""
 
 
 def _share(config):
