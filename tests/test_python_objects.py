@@ -269,6 +269,16 @@ def test_unknown_attributes_and_protocols_stay_plain_attribute_errors():
     assert hasattr(x, "shape") and hasattr(x, "__array_namespace__")
 
 
+def test_hinted_names_are_declared_not_looked_up():
+    """The hints are class attributes that raise when read (`x.sum`), not a `__getattr__`, with
+    which Python reads every attribute of every tracked array (`x.data`) the slow way; `dir`
+    leaves them out, and the class has them no more than an instance."""
+    assert "__getattr__" not in vars(tg.TrackedArray)
+    x = tg.param(np.ones(2))
+    assert "sum" not in dir(x) and "reshape" not in dir(x) and "shape" in dir(x)
+    assert not hasattr(tg.TrackedArray, "sum") and not hasattr(x, "numpy")
+
+
 def test_an_empty_object_does_not_recurse():
     x = object.__new__(tg.TrackedArray)
     for name in ("data", "_node", "_xp", "shape", "sum"):

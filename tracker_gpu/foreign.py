@@ -7,7 +7,7 @@ outside the Array API standard (`x.sum()`, `x.numpy()`).
 True
 """
 
-__all__ = ["numpy_function_error", "missing_attribute_error"]
+__all__ = ["numpy_function_error", "missing_attribute_error", "hinted_names"]
 
 # NumPy's names of the standard's functions, where they differ.
 _STANDARD_NAMES = {
@@ -79,3 +79,9 @@ def missing_attribute_error(name, namespace):
         "array_api_compat.array_namespace(x) and the function of xp",
         name=name,
     )
+
+
+def hinted_names(namespace):
+    """The names whose `missing_attribute_error` names a function to call: NumPy's and PyTorch's
+    methods above, NumPy's names of the standard's functions, and the tracked `namespace`'s."""
+    return {*_METHOD_HINTS, *_STANDARD_NAMES, *(n for n in dir(namespace) if not n.startswith("_"))}

@@ -166,7 +166,7 @@ def namespace_for(xp):
     return ns
 
 
-_tracked.serve_namespaces(namespace_for)
 globals().update(_contents(_np))
+_tracked.serve_namespaces(namespace_for)  # after the contents: their names are hinted
 __all__ = sorted(name for name in _contents(_np) if not name.startswith("_")) + ["namespace_for"]
 linalg.__getattr__ = special.__getattr__ = __getattr__

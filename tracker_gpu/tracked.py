@@ -294,12 +294,8 @@ class TrackedArray:
         `alias`): a leaf's copy is the same parameter; a write rebinds one handle only."""
         return alias(self)
 
-    def __getattr__(self, name):
-        """Only for names not found: a NumPy- or PyTorch-style method (`x.sum()`) raises an
-        AttributeError naming the function to call; any other name a plain AttributeError."""
-        if hasattr(TrackedArray, name):  # a property or slot that raised: raise it again
-            return object.__getattribute__(self, name)
-        raise missing_attribute_error(name)
+    def __dir__(self):
+        return [name for name in super().__dir__() if type(_class_attribute(name)) is not _Hint]
 
     def __len__(self):
         if self.ndim == 0:
@@ -343,9 +339,37 @@ _namespace_for = None
 
 
 def serve_namespaces(namespace_for):
-    """Have `x.__array_namespace__()` answer with `namespace_for(library of x)`."""
+    """Have `x.__array_namespace__()` answer with `namespace_for(library of x)`, and the names
+    of NumPy's and PyTorch's methods that a tracked array lacks raise errors naming the function
+    to call (`_Hint`)."""
     global _namespace_for
     _namespace_for = namespace_for
+    for name in foreign.hinted_names(namespace_for(np)):
+        if not name.startswith("_") and _class_attribute(name) is None:
+            setattr(TrackedArray, name, _Hint(name))
+
+
+class _Hint:
+    """A method or attribute of NumPy's or PyTorch's arrays outside the standard (`x.sum`):
+    reading it raises the AttributeError that names the function to call. It is declared on
+    the class rather than answered by a `__getattr__`, which would make Python read every
+    attribute of every tracked array (`x.data`) the slow way."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        raise missing_attribute_error(self.name)
+
+
+def _class_attribute(name):
+    """What `TrackedArray` (or `object`) declares under `name`, None if nothing."""
+    for cls in TrackedArray.__mro__:
+        if name in cls.__dict__:
+            return cls.__dict__[name]
+    return None
 
 
 # --- constants, and writes
