@@ -279,6 +279,20 @@ def test_hinted_names_are_declared_not_looked_up():
     assert not hasattr(tg.TrackedArray, "sum") and not hasattr(x, "numpy")
 
 
+def test_the_table_of_differentiable_dtypes_stays_small_and_right():
+    """Whether a dtype carries a gradient is kept by the dtype's id, the dtype kept alive with
+    it; dtypes made anew by the hundred (a string's of each length) do not grow it past its
+    bound, and the answers stay right past it."""
+    from tracker_gpu import primitive
+
+    for n in range(1, 2 * primitive._MOST_SEEN):
+        assert primitive._differentiable(np.dtype(f"U{n}")) is False
+    assert len(primitive._SEEN) <= primitive._MOST_SEEN
+    assert primitive._differentiable(np.dtype(">f8")) is True
+    assert tg.istracked(tg.param(np.ones(2, dtype=">f4")) * 2.0)
+    assert not tg.istracked(tg.astype(tg.param(np.ones(2)), np.int64))
+
+
 def test_an_empty_object_does_not_recurse():
     x = object.__new__(tg.TrackedArray)
     for name in ("data", "_node", "_xp", "shape", "sum"):

@@ -31,6 +31,7 @@ import numpy as np
 from . import backend, recording
 from .backend import SCALARS, namespace_of
 from .cuda import dispatch
+from .cuda.dispatch import SKIPPED_TYPES  # changed in place, never rebound
 from .nesting import NOT_TRACKING
 from .recording import ACTIVE
 from .tape import Node, leaf_node, next_serial
@@ -84,7 +85,8 @@ class Primitive:
         self.forward = forward if fused_forward is None else _fused_first(fused_forward, forward)
         self.vjps = vjps
         self._first_vjp = next(iter(vjps), None)  # a variadic primitive's is by position
-        self._two = tuple(vjps) if isinstance(vjps, tuple) and len(vjps) == 2 else None
+        if isinstance(vjps, tuple) and len(vjps) in (1, 2):
+            self.pullback = self._pullback_one if len(vjps) == 1 else self._pullback_two
         self.fused = fused if fused is not None else dispatch.PULLBACKS.get(name)
         self.__doc__ = doc
         self._reads = _reads(saves, forward, vjps)
@@ -123,11 +125,9 @@ class Primitive:
         return plan
 
     def pullback(self, node, args, kw, saved, g, nested, pending=None):
-        if not nested and type(g) in dispatch.SKIPPED_TYPES:  # the hot path: by arity
-            if len(args) == 1:
-                return self._pullback_one(node, args[0], kw, saved, g)
-            if len(args) == 2 and self._two is not None:
-                return self._pullback_two(node, args, kw, saved, g)
+        """The gradients of `args` given the gradient `g` of the output. One- and two-argument
+        rules answer through `_pullback_one` and `_pullback_two` instead (set on the instance
+        at construction: one Python call less a node on the hot path)."""
         if nested:
             ans, values = tracked_values(node, args, saved, g)
         else:
@@ -137,7 +137,7 @@ class Primitive:
                 ans, values = saved[0], saved[1:]
                 if ans is None:
                     ans = node
-            if self.fused is not None and type(g) not in dispatch.SKIPPED_TYPES:
+            if self.fused is not None and type(g) not in SKIPPED_TYPES:
                 grads = self.fused(ans, args, values, kw, g, pending)
                 if grads is not None:
                     return grads
@@ -147,47 +147,65 @@ class Primitive:
                 grads.append(None)
                 continue
             ga = vjp(g, ans, *values, **kw) if kw else vjp(g, ans, *values)
-            if ga is not None and (ga.shape != a.shape or ga.dtype != a.dtype):
+            if ga is not None and (
+                ga.shape != a.shape or ga.dtype is not a.dtype and ga.dtype != a.dtype
+            ):
                 ga = _fit(ga, a, self.name)
             grads.append(ga)
         return grads
 
-    def _pullback_one(self, node, a, kw, saved, g):
-        """`pullback` of a one-argument primitive on a first-order pass, where the fused path
-        does not apply (`g` is of a type it skips): the same steps, fewer of them."""
-        vjp = self._first_vjp
+    def _pullback_one(self, node, args, kw, saved, g, nested, pending=None):
+        """`pullback` of a one-argument rule, the same steps, fewer of them (the fused path,
+        where it may apply, is `pullback`'s)."""
+        fused = not nested and self.fused is not None and type(g) not in SKIPPED_TYPES
+        if fused or len(args) != 1:
+            return Primitive.pullback(self, node, args, kw, saved, g, nested, pending)
+        vjp, a = self._first_vjp, args[0]
         if vjp is None or type(a) is not Node:
             return (None,)
-        if saved is None:
+        if nested:
+            ans, (x,) = tracked_values(node, args, saved, g)
+        elif saved is None:
             ans, x = node, a
         else:
             ans, x = saved
             if ans is None:
                 ans = node
         ga = vjp(g, ans, x, **kw) if kw else vjp(g, ans, x)
-        if ga is not None and (ga.shape != a.shape or ga.dtype != a.dtype):
+        if ga is not None and (
+            ga.shape != a.shape or ga.dtype is not a.dtype and ga.dtype != a.dtype
+        ):
             ga = _fit(ga, a, self.name)
         return (ga,)
 
-    def _pullback_two(self, node, args, kw, saved, g):
-        """`pullback` of a two-argument primitive on a first-order pass, where the fused path
-        does not apply: each tracked argument's vjp called directly."""
+    def _pullback_two(self, node, args, kw, saved, g, nested, pending=None):
+        """`pullback` of a two-argument rule: each tracked argument's vjp called directly (the
+        fused path, where it may apply, is `pullback`'s)."""
+        fused = not nested and self.fused is not None and type(g) not in SKIPPED_TYPES
+        if fused or len(args) != 2:
+            return Primitive.pullback(self, node, args, kw, saved, g, nested, pending)
         a, b = args
-        if saved is None:
+        if nested:
+            ans, (x, y) = tracked_values(node, args, saved, g)
+        elif saved is None:
             ans, x, y = node, a, b
         else:
             ans, x, y = saved
             if ans is None:
                 ans = node
-        vjp_x, vjp_y = self._two
+        vjp_x, vjp_y = self.vjps
         ga = gb = None
         if type(a) is Node and vjp_x is not None:
             ga = vjp_x(g, ans, x, y, **kw) if kw else vjp_x(g, ans, x, y)
-            if ga is not None and (ga.shape != a.shape or ga.dtype != a.dtype):
+            if ga is not None and (
+                ga.shape != a.shape or ga.dtype is not a.dtype and ga.dtype != a.dtype
+            ):
                 ga = _fit(ga, a, self.name)
         if type(b) is Node and vjp_y is not None:
             gb = vjp_y(g, ans, x, y, **kw) if kw else vjp_y(g, ans, x, y)
-            if gb is not None and (gb.shape != b.shape or gb.dtype != b.dtype):
+            if gb is not None and (
+                gb.shape != b.shape or gb.dtype is not b.dtype and gb.dtype != b.dtype
+            ):
                 gb = _fit(gb, b, self.name)
         return ga, gb
 
@@ -285,11 +303,22 @@ def resolve(node, args, saved):
 
 def tracked_values(node, args, saved, g):
     """`(ans, values)` for a nested pullback: the output and the tracked arguments as tracked
-    arrays linked to their nodes, so that what the vjps compute is recorded too."""
+    arrays linked to their nodes, so that what the vjps compute is recorded too.
+    A value that was not saved stays its node, the stand-in a first-order pullback reads too
+    (its vjps read its shape and dtype only)."""
     ans, values = resolve(node, args, saved)
     xp = g._xp if type(g) is TrackedArray else namespace_of(g)
-    ans = TrackedArray(ans, xp, node)
-    return ans, [TrackedArray(v, xp, a) if type(a) is Node else v for a, v in zip(args, values)]
+    if ans is not node:
+        ans = _linked(ans, xp, node)
+    return ans, [_linked(v, xp, a) if type(a) is Node and v is not a else v
+                 for a, v in zip(args, values)]  # fmt: skip
+
+
+def _linked(value, xp, node):
+    """A tracked array of `value` at `node`."""
+    out = _new(TrackedArray)
+    out.data, out._node, out._xp = value, node, xp
+    return out
 
 
 # --- recording
@@ -443,7 +472,7 @@ def record(value, xp, rule, args, ctx, saved=None, replay=None):
     while tg.compile records, data that a replay computes).
     """
     dtype = value.dtype
-    differentiable = _DIFFERENTIABLE.get((type(dtype), dtype))
+    differentiable = _DIFFERENTIABLE.get(id(dtype))
     if differentiable is None:
         differentiable = _differentiable(dtype)
     if not differentiable:
@@ -463,16 +492,24 @@ def record(value, xp, rule, args, ctx, saved=None, replay=None):
     return out
 
 
+# Whether a dtype carries a gradient, by the dtype's id: libraries' dtypes do not compare with
+# each other, and an id is the cheapest key. A dtype answered here is kept alive (`_SEEN`), so
+# that its id is never another's; past `_MOST_SEEN` of them (dtypes made anew, as a parametric
+# one may be) the answer is computed each time.
 _DIFFERENTIABLE = {}
+_SEEN = []
 
 
 def _differentiable(dtype):
     """Whether values of `dtype` carry a gradient (real and complex floating point)."""
-    key = (type(dtype), dtype)  # libraries' dtypes do not compare with each other
-    known = _DIFFERENTIABLE.get(key)
-    if known is None:
-        known = _DIFFERENTIABLE[key] = backend.is_floating_dtype(dtype)
+    known = backend.is_floating_dtype(dtype)
+    if len(_SEEN) < _MOST_SEEN:
+        _SEEN.append(dtype)
+        _DIFFERENTIABLE[id(dtype)] = known
     return known
+
+
+_MOST_SEEN = 256
 
 
 def _signature_without_namespace(forward):

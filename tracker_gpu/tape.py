@@ -175,6 +175,16 @@ class Pending:
         else:
             self.replace(node, _add(prev, gp))
 
+    def add_interior(self, node, gp, nested):
+        """`add` for an interior node that holds a gradient already."""
+        prev, key = node._g, id(node)
+        if key in self.owned and not nested and type(prev) is type(gp):
+            prev += gp  # in place, as `add`
+            node._g = prev
+        else:
+            node._g = _add(prev, gp)
+            self.owned.add(key)
+
     def add_terminal(self, node, gp, nested):
         """`add` for a leaf or a stop node (`_terminal`), whose first contribution is stored
         without further tests."""
@@ -300,11 +310,13 @@ def _pull_back(root, seed, once, nested, stop, release=False, since=0):
                     continue
                 if parent.rule is None or parent.serial < since or (stop and id(parent) in stop):
                     pending.add_terminal(parent, gp, nested)
-                elif parent._g is None and type(gp) is not Total:
+                elif type(gp) is Total:
+                    pending.replace(parent, gp.value)
+                elif parent._g is None:
                     parent._g = gp  # a first contribution (not ours to add into): it waits
                     heappush(waiting, (-parent.serial, parent))
                 else:
-                    pending.add(parent, gp, nested)
+                    pending.add_interior(parent, gp, nested)
             if arrived:  # first gradients a fused pullback stored itself (`Total`)
                 for parent in arrived:
                     heappush(waiting, (-parent.serial, parent))

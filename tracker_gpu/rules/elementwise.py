@@ -88,7 +88,7 @@ def _analytic(name, vjp, saves, complex_vjp=None):
     holomorphic = complex_vjp or vjp
 
     def conjugating_vjp(g, ans, x):
-        if not is_complex(g):
+        if g.dtype.kind != "c" if type(g) is np.ndarray else not is_complex(g):
             return vjp(g, ans, x)
         return holomorphic(g, _conj_saved(ans), _conj_saved(x))
 
