@@ -342,3 +342,18 @@ NESTED = {
 @pytest.mark.parametrize("name", NESTED)
 def test_second_derivative(backend, name):
     check_nested(backend, NESTED[name], on_backend(backend, uniform((2, 3), (-1.0, 1.0), seed=77)))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "complex128", ">f8", "int64"])
+@pytest.mark.parametrize("shape", [(), (0,), (3,), (2, 0, 4), (3, 4)])
+def test_a_scalar_broadcast_is_numpys_view(dtype, shape):
+    """A 0-d array broadcast (the gradient of a sum spread over its input) is made directly on
+    NumPy: the same values, shape, dtype and read-only view as `np.broadcast_to`'s, over the
+    whole domain of a value."""
+    for value in (0.0, -0.0, 1.5, -np.inf, np.nan, 5e-324, 1e308):
+        with np.errstate(over="ignore"):
+            x = np.array(value).astype(dtype) if dtype != "int64" else np.array(7, dtype=dtype)
+        ours, numpys = tg.broadcast_to(x, shape), np.broadcast_to(x, shape)
+        assert ours.shape == numpys.shape and ours.dtype == numpys.dtype
+        assert not ours.flags.writeable
+        assert ours.tobytes() == numpys.tobytes()

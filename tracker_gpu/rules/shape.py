@@ -54,6 +54,12 @@ def _flip_forward(xp, x, /, *, axis=None):
 
 
 def _broadcast_to_forward(xp, x, /, shape):
+    if type(x) is np.ndarray and x.ndim == 0 and type(shape) is tuple and x.dtype.kind in "fc":
+        # a sum's gradient spread back over its input: NumPy's broadcast_to is Python around an
+        # nditer (about four times as long); the same read-only view, made directly
+        view = np.ndarray(shape, x.dtype, x, 0, (0,) * len(shape))
+        view.flags.writeable = False
+        return view
     return xp.broadcast_to(x, shape)
 
 
@@ -111,6 +117,10 @@ def fit(ga, a, name):
 
 def unbroadcast(g, shape, name="?"):
     """Sum `g` over the axes along which an argument of `shape` was broadcast."""
+    if len(shape) == 0:  # a gradient summed to a scalar: one sum, no reshape after it
+        from .reductions import sum
+
+        return sum(g)
     gshape = tuple(g.shape)
     lead = len(gshape) - len(shape)
     if lead < 0 or any(n not in (1, m) for n, m in zip(shape, gshape[lead:])):
