@@ -102,3 +102,37 @@ def test_independent_gradients_in_threads():
     for k, g in enumerate(results, start=1):
         x = np.linspace(0.1, 1.0, 50) * k
         assert np.allclose(g, np.cos(x) * x + np.sin(x))
+
+
+class _Logged:
+    """A node's rule that notes the node's serial when the walk pulls it back."""
+
+    def __init__(self, rule, log):
+        self.rule, self.log, self.name = rule, log, rule.name
+
+    def pullback(self, node, *rest):
+        self.log.append(node.serial)
+        return self.rule.pullback(node, *rest)
+
+
+def test_the_walk_pulls_back_newest_first_in_any_graph():
+    """Random graphs (chains, diamonds, values used many times, parents of every age): every
+    node a gradient reaches is pulled back once, after every node made after it, whether it
+    waited in the walk's heap or came next as the only node waiting."""
+    from tracker_gpu import tape
+
+    rng = np.random.default_rng(7)
+    for _ in range(60):
+        values = [tg.param(rng.standard_normal(3))]
+        for _ in range(int(rng.integers(1, 40))):
+            a, b = (values[int(i)] for i in rng.integers(max(0, len(values) - 4), len(values), 2))
+            kind = rng.integers(0, 3)
+            values.append(tg.sin(a) if kind == 0 else a * b if kind == 1 else a + b)
+        loss = tg.sum(values[-1]) + tg.sum(values[len(values) // 2])
+        nodes = tape.interior_nodes(loss._node)
+        log = []
+        for node in nodes:
+            node.rule = _Logged(node.rule, log)
+        tg.back(loss)
+        assert log == sorted(log, reverse=True)
+        assert sorted(log) == sorted(node.serial for node in nodes)

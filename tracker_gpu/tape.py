@@ -14,8 +14,9 @@ A node also stands in for its value where the value was not saved: it has the va
 The walk pulls gradients back in the reverse of the order the nodes were made (each node has a
 `serial`, its place in that order, so a child always comes after its parents): a heap holds the
 nodes a gradient has reached, and the newest is pulled back next, when every child that sends it
-a gradient has (PyTorch's engine orders its CPU work the same way). So no pass counts the graph
-first, and a node no gradient reaches is never visited. A node's gradient is pending on the node
+a gradient has (PyTorch's engine orders its CPU work the same way; where one node alone waits,
+as along a chain, it is taken next without the heap). So no pass counts the graph first, and a
+node no gradient reaches is never visited. A node's gradient is pending on the node
 (`_g`) during a walk (leaves, which graphs share, are never written), and with a single-use pass
 its rule, arguments and saved values are dropped as soon as it has passed its gradient on, which
 frees the graph as it goes. So one graph may not be walked by two threads at once; graphs that
@@ -286,11 +287,15 @@ def replay(root, seed, stop, release=True):
 def _pull_back(root, seed, once, nested, stop, release=False, since=0):
     pending = Pending(stop, since)
     owned, arrived = pending.owned, pending.arrived
+    waiting = []  # a heap: the newest node with a gradient pops first
+    following = root  # the next node, where it is the only one waiting (a chain): no heap
     root._g = seed
-    waiting = [(-root.serial, root)]  # a heap: the newest node with a gradient pops first
     try:
-        while waiting:
-            node = heappop(waiting)[1]
+        while following is not None or waiting:
+            if following is None:
+                node = heappop(waiting)[1]
+            else:
+                node, following = following, None
             g, node._g = node._g, None
             if owned:
                 owned.discard(id(node))
@@ -314,18 +319,28 @@ def _pull_back(root, seed, once, nested, stop, release=False, since=0):
                     pending.replace(parent, gp.value)
                 elif parent._g is None:
                     parent._g = gp  # a first contribution (not ours to add into): it waits
-                    heappush(waiting, (-parent.serial, parent))
+                    if following is None and not waiting:
+                        following = parent
+                    else:
+                        if following is not None:
+                            heappush(waiting, (-following.serial, following))
+                            following = None
+                        heappush(waiting, (-parent.serial, parent))
                 else:
                     pending.add_interior(parent, gp, nested)
             if arrived:  # first gradients a fused pullback stored itself (`Total`)
+                if following is not None:
+                    arrived.append(following)
+                    following = None
                 for parent in arrived:
                     heappush(waiting, (-parent.serial, parent))
                 arrived.clear()
     except BaseException:
         for _, node in waiting:
             node._g = None
-        for node in arrived:
-            node._g = None
+        for node in (*arrived, following):
+            if node is not None:
+                node._g = None
         raise
     return [(node, g) for node, g in pending.terminal.values()]
 
