@@ -480,7 +480,10 @@ def record(value, xp, rule, args, ctx, saved=None, replay=None):
             return traced_data(value, xp, replay or (rule.forward, args, ctx, False))
         return constant(value, xp)
     node = _new(Node)
-    node.rule, node.args, node.ctx, node.saved = rule, args, ctx, saved
+    node.rule = rule  # one attribute a statement: four at once build a tuple
+    node.args = args
+    node.ctx = ctx
+    node.saved = saved
     node.serial = next_serial()
     node.shape, node.dtype, node._g = value.shape, dtype, None
     out = _new(TrackedArray)

@@ -299,11 +299,15 @@ def _pull_back(root, seed, once, nested, stop, release=False, since=0):
             g, node._g = node._g, None
             if owned:
                 owned.discard(id(node))
-            rule, args, ctx, saved = node.rule, node.args, node.ctx, node.saved
+            rule = node.rule  # one attribute a statement: four at once build a tuple
             if rule is SPENT:
                 raise BackError(SPENT_MESSAGE)
+            args = node.args
+            ctx = node.ctx
+            saved = node.saved
             if once:
-                node.rule, node.args, node.ctx, node.saved = SPENT, None, None, None
+                node.rule = SPENT
+                node.args = node.ctx = node.saved = None
             elif release:
                 node.saved = None
             try:
