@@ -314,7 +314,12 @@ def _pull_back(root, seed, once, nested, stop, release=False, since=0):
                 grads = rule.pullback(node, args, ctx, saved, g, nested, pending)
             except Exception as error:
                 raise _pullback_error(rule, error, once) from error
-            for parent, gp in zip(args, grads):
+            if len(grads) < len(args):  # a fused pullback may leave trailing arguments out
+                args = args[: len(grads)]
+            k = -1
+            for parent in args:  # by position: a zip would be one more object a node
+                k += 1
+                gp = grads[k]
                 if gp is None or type(parent) is not Node:  # exact type tests: the hot loop
                     continue
                 if parent.rule is None or parent.serial < since or (stop and id(parent) in stop):
