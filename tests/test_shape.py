@@ -357,3 +357,12 @@ def test_a_scalar_broadcast_is_numpys_view(dtype, shape):
         assert ours.shape == numpys.shape and ours.dtype == numpys.dtype
         assert not ours.flags.writeable
         assert ours.tobytes() == numpys.tobytes()
+
+
+def test_a_gradient_summed_to_a_scalar_is_a_0d_array():
+    """A 0-d argument's gradient, summed from a broadcast, is a 0-d array as the argument is
+    (NumPy's sum over every axis gives a NumPy scalar), first-order and nested."""
+    g = tg.gradient(lambda x, v: tg.sum(x * v), np.ones(4), np.array(3.0))[1]
+    assert type(g) is np.ndarray and g.shape == () and float(g) == 4.0
+    h = tg.hvp(lambda v: tg.sum(tg.sin(np.arange(4.0) * v)), np.array(0.0), np.array(1.0))
+    assert type(h) is np.ndarray and h.shape == () and float(h) == 0.0

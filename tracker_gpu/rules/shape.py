@@ -117,10 +117,10 @@ def fit(ga, a, name):
 
 def unbroadcast(g, shape, name="?"):
     """Sum `g` over the axes along which an argument of `shape` was broadcast."""
-    if len(shape) == 0:  # a gradient summed to a scalar: one sum, no reshape after it
+    if len(shape) == 0:  # a gradient summed to a scalar: kept an array (NumPy's full sum is not)
         from .reductions import sum
 
-        return sum(g)
+        return reshape(sum(g, keepdims=True), ())
     gshape = tuple(g.shape)
     lead = len(gshape) - len(shape)
     if lead < 0 or any(n not in (1, m) for n, m in zip(shape, gshape[lead:])):
