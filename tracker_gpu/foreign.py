@@ -7,7 +7,7 @@ outside the Array API standard (`x.sum()`, `x.numpy()`).
 True
 """
 
-__all__ = ["numpy_function_error", "missing_attribute_error", "hinted_names"]
+__all__ = ["numpy_function_error", "missing_attribute_error", "declare_hints", "is_hint"]
 
 # NumPy's names of the standard's functions, where they differ.
 _STANDARD_NAMES = {
@@ -81,7 +81,39 @@ def missing_attribute_error(name, namespace):
     )
 
 
-def hinted_names(namespace):
-    """The names whose `missing_attribute_error` names a function to call: NumPy's and PyTorch's
-    methods above, NumPy's names of the standard's functions, and the tracked `namespace`'s."""
-    return {*_METHOD_HINTS, *_STANDARD_NAMES, *(n for n in dir(namespace) if not n.startswith("_"))}
+def declare_hints(cls, namespace):
+    """Declare on `cls` (the tracked array) each name whose `missing_attribute_error` names a
+    function to call and that `cls` lacks: NumPy's and PyTorch's methods above, NumPy's names of
+    the standard's functions, and the tracked `namespace`'s."""
+    names = {*_METHOD_HINTS, *_STANDARD_NAMES, *dir(namespace)}
+    for name in names:
+        if not name.startswith("_") and _declared(cls, name) is None:
+            setattr(cls, name, _Hint(name, namespace))
+
+
+def is_hint(cls, name):
+    """Whether `name` of `cls` is one of the hints `declare_hints` declared."""
+    return type(_declared(cls, name)) is _Hint
+
+
+class _Hint:
+    """A method or attribute of NumPy's or PyTorch's arrays outside the standard (`x.sum`):
+    reading it raises the AttributeError that names the function to call. It is declared on
+    the class rather than answered by a `__getattr__`, which would make Python read every
+    attribute of every tracked array (`x.data`) the slow way."""
+
+    __slots__ = ("name", "namespace")
+
+    def __init__(self, name, namespace):
+        self.name, self.namespace = name, namespace
+
+    def __get__(self, instance, owner=None):
+        raise missing_attribute_error(self.name, self.namespace)
+
+
+def _declared(cls, name):
+    """What `cls` (or a class it derives from) declares under `name`, None if nothing."""
+    for base in cls.__mro__:
+        if name in base.__dict__:
+            return base.__dict__[name]
+    return None

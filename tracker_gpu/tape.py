@@ -165,26 +165,25 @@ class Pending:
         """Add the contribution `gp` (or a fused kernel's `Total`) to `node`'s gradient."""
         if type(gp) is Total:
             return self.replace(node, gp.value)
-        prev, owned = self.current(node)
+        prev, _ = self.current(node)
         if prev is None:
             self._set(node, gp)  # a first contribution: not ours to add into
-        elif owned and not nested and type(prev) is type(gp):
-            # in place for arrays of one type (a NumPy buffer cannot take a dask array in
-            # place); NumPy's 0-d scalars rebind, so store it back
-            prev += gp
-            self._set(node, prev)
         else:
-            self.replace(node, _add(prev, gp))
+            self._set(node, self._sum(prev, gp, id(node), nested))
 
     def add_interior(self, node, gp, nested):
         """`add` for an interior node that holds a gradient already."""
-        prev, key = node._g, id(node)
+        node._g = self._sum(node._g, gp, id(node), nested)
+
+    def _sum(self, prev, gp, key, nested):
+        """`prev + gp`, the gradient pending at the node of id `key`, which this walk owns after."""
         if key in self.owned and not nested and type(prev) is type(gp):
-            prev += gp  # in place, as `add`
-            node._g = prev
-        else:
-            node._g = _add(prev, gp)
-            self.owned.add(key)
+            # in place for arrays of one type (a NumPy buffer cannot take a dask array in
+            # place); NumPy's 0-d scalars rebind, so the sum is stored back
+            prev += gp
+            return prev
+        self.owned.add(key)
+        return _add(prev, gp)
 
     def add_terminal(self, node, gp, nested):
         """`add` for a leaf or a stop node (`_terminal`), whose first contribution is stored

@@ -295,7 +295,7 @@ class TrackedArray:
         return alias(self)
 
     def __dir__(self):
-        return [name for name in super().__dir__() if type(_class_attribute(name)) is not _Hint]
+        return [name for name in super().__dir__() if not foreign.is_hint(TrackedArray, name)]
 
     def __len__(self):
         if self.ndim == 0:
@@ -327,12 +327,6 @@ def numpy_function_error(name):
     return foreign.numpy_function_error(name, _namespace_for(np))
 
 
-def missing_attribute_error(name):
-    """The AttributeError for `x.name`, naming the function to use instead (see `foreign`)."""
-    namespace = None if _namespace_for is None else _namespace_for(np)
-    return foreign.missing_attribute_error(name, namespace)
-
-
 # The tracked namespace bound to a library (the namespace module registers its `namespace_for`
 # when it loads: it is built on the rules, which build on this module).
 _namespace_for = None
@@ -341,35 +335,10 @@ _namespace_for = None
 def serve_namespaces(namespace_for):
     """Have `x.__array_namespace__()` answer with `namespace_for(library of x)`, and the names
     of NumPy's and PyTorch's methods that a tracked array lacks raise errors naming the function
-    to call (`_Hint`)."""
+    to call (`foreign.declare_hints`)."""
     global _namespace_for
     _namespace_for = namespace_for
-    for name in foreign.hinted_names(namespace_for(np)):
-        if not name.startswith("_") and _class_attribute(name) is None:
-            setattr(TrackedArray, name, _Hint(name))
-
-
-class _Hint:
-    """A method or attribute of NumPy's or PyTorch's arrays outside the standard (`x.sum`):
-    reading it raises the AttributeError that names the function to call. It is declared on
-    the class rather than answered by a `__getattr__`, which would make Python read every
-    attribute of every tracked array (`x.data`) the slow way."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name):
-        self.name = name
-
-    def __get__(self, instance, owner=None):
-        raise missing_attribute_error(self.name)
-
-
-def _class_attribute(name):
-    """What `TrackedArray` (or `object`) declares under `name`, None if nothing."""
-    for cls in TrackedArray.__mro__:
-        if name in cls.__dict__:
-            return cls.__dict__[name]
-    return None
+    foreign.declare_hints(TrackedArray, namespace_for(np))
 
 
 # --- constants, and writes
