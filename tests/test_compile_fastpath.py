@@ -41,6 +41,13 @@ def adam_state(model, steps):
     return state
 
 
+def with_attributes(x, **attributes):
+    """`x` with attributes that are not fields of its dataclass."""
+    for name, value in attributes.items():
+        setattr(x, name, value)
+    return x
+
+
 def variants():
     """Argument tuples that differ from one another in one way each (and some not at all)."""
     w, v = np.ones((2, 3)), np.zeros(3, np.float32)
@@ -75,6 +82,12 @@ def variants():
         "a dataclass, another value": (Pair(w, 2.5),),
         "an unhashable object": (Pair(w, unhashable),),
         "another unhashable object": (Pair(w, [1]),),
+        "a dataclass with a non-field": (with_attributes(Pair(w, 1.5), k=2.0),),
+        "a dataclass, another non-field value": (with_attributes(Pair(w, 1.5), k=3.0),),
+        "a dataclass, a non-field array": (with_attributes(Pair(w, 1.5), k=shared),),
+        "a dataclass, another non-field array": (with_attributes(Pair(w, 1.5), k=np.ones(4)),),
+        "a dataclass, two non-fields": (with_attributes(Pair(w, 1.5), k=2.0, j="a"),),
+        "a dataclass, non-fields reordered": (with_attributes(Pair(w, 1.5), j="a", k=2.0),),
         "a function": (Pair(w, np.sin),),
         "another function": (Pair(w, np.cos),),
         "a model": (model,),

@@ -3,6 +3,7 @@ hashable argument that `f` reads and that changes between calls makes a new reco
 answers are eager's; keyword arguments are part of the signature, as positional ones are."""
 
 import copy
+import dataclasses
 import functools
 import random
 import warnings
@@ -610,3 +611,115 @@ def test_a_global_models_layer_changed_in_place_records_anew(change):
         assert float(step(x).val) == float(expected) and step.cache_info().misses == 2
     finally:
         _MODEL = saved
+
+
+@dataclasses.dataclass
+class _Derived:
+    """A dataclass model with an attribute that is not a field, set by `__post_init__`."""
+
+    weights: np.ndarray
+
+    def __post_init__(self):
+        self.scale = 3.0
+        self.shift = np.zeros(3)
+        self.config = _Temperature()
+
+    def __call__(self, x):
+        return tg.sum((x - self.shift) * self.weights * self.scale / self.config.temperature)
+
+
+class _Temperature:
+    temperature = 2.0
+
+
+def _derived_loss(model, x):
+    return model(x)
+
+
+def _write_in_place(model):
+    model.shift[:] = 1.0
+
+
+NON_FIELD_CHANGES = {
+    "a number rebound": (lambda m: setattr(m, "scale", -1.5), 2),
+    "an array rebound": (lambda m: setattr(m, "shift", np.full(3, 0.5)), 2),
+    "an array of another shape": (lambda m: setattr(m, "shift", np.ones(1)), 2),
+    "an array written in place": (_write_in_place, 1),  # the same array: read by the replay
+    "an attribute added": (lambda m: setattr(m, "extra", 1), 2),
+    "a plain object's attribute": (lambda m: setattr(m.config, "temperature", 0.5), 2),
+    "an attribute removed": (lambda m: delattr(m, "scale") or setattr(m, "scale", 3.0), 1),
+    "nothing": (lambda m: None, 1),
+}
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["first replay", "fast path"])
+@pytest.mark.parametrize("case", NON_FIELD_CHANGES)
+def test_a_dataclass_arguments_attributes_that_are_not_fields_are_part_of_its_signature(case, fast):
+    """Attributes of a dataclass argument that are not fields were in no signature and no
+    guard: `model.scale = -1.5` left the replay computing with 3.0."""
+    change, recordings = NON_FIELD_CHANGES[case]
+    model = _Derived(np.array([1.0, -2.0, 0.5]))
+    step = tg.compile(_derived_loss)
+    for _ in range(3 if fast else 1):  # a third call makes the matcher of the fast path
+        step(model, X)
+    change(model)
+    expected = tg.withgradient(_derived_loss, model, X)
+    for _ in range(2):
+        got = step(model, X)
+        assert float(got.val) == float(expected.val)
+        np.testing.assert_array_equal(got.grad[0].weights, expected.grad[0].weights)
+        np.testing.assert_array_equal(got.grad[1], expected.grad[1])
+    assert step.cache_info().misses == recordings
+
+
+@dataclasses.dataclass
+class _GlobalReader:
+    """A dataclass model whose methods read the global `SCALE`."""
+
+    weights: np.ndarray
+
+    def __call__(self, x):
+        return tg.sum(x * self.weights * SCALE)
+
+    def loss(self, x):
+        return self.helper(x) + self.offset
+
+    def helper(self, x):  # named only by `loss`
+        return tg.sum(x * self.weights * SCALE)
+
+    @property
+    def offset(self):
+        return SCALE
+
+
+class _PlainReader:
+    def __init__(self):
+        self.weights = np.array([1.0, -2.0, 0.5])
+
+    def __call__(self, x):
+        return tg.sum(x * self.weights * SCALE)
+
+
+ARGUMENTS_READING_A_GLOBAL = {
+    "a dataclass's __call__": (lambda m, x: m(x), _GlobalReader),
+    "a method f names, and one it names": (lambda m, x: m.loss(x), _GlobalReader),
+    "a plain object's __call__": (lambda m, x: m(x), lambda w: _PlainReader()),
+}
+
+
+@pytest.mark.parametrize("case", ARGUMENTS_READING_A_GLOBAL)
+def test_a_global_read_by_an_arguments_methods_rebound_records_anew(case):
+    """Reads by an argument's methods were not looked into: `SCALE = 5.0` replayed 2.0."""
+    global SCALE
+    f, make = ARGUMENTS_READING_A_GLOBAL[case]
+    model = make(np.array([1.0, -2.0, 0.5]))
+    step = tg.compile(f, wrt=(1,))
+    for _ in range(3):
+        step(model, X)
+    SCALE = 5.0
+    expected = tg.withgradient(lambda x: f(model, x), X)
+    for _ in range(3):
+        got = step(model, X)
+        assert float(got.val) == float(expected.val), case
+        np.testing.assert_array_equal(got.grad[1], expected.grad[0])
+    assert step.cache_info().misses == 2

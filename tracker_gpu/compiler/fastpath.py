@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import backend
 from ..tracked import TrackedArray
-from .signature import VALUES, _describe
+from .signature import VALUES, _describe, non_fields
 
 __all__ = ["matcher"]
 
@@ -109,6 +109,7 @@ class _Code:
             for name in kind.__dataclass_fields__:
                 parts = getattr(original, name), getattr(prepared, name)
                 self.walk(*parts, f"{v}.{name}", hooks)
+            self._non_fields(original, v)
         else:
             self._object(original, v)
 
@@ -121,6 +122,17 @@ class _Code:
             self.fail_unless(f"str(device_of({v})) == {self.const(device)}")
         self.lines.append(f"found.append({v})")
         self.arrays.append(id(x))
+
+    def _non_fields(self, x, v):
+        """The attributes of a dataclass that are not fields, as the signature keys them; where
+        it has none, its attribute names are compared instead (one set test)."""
+        if not hasattr(x, "__dict__"):  # slotted: its type, checked, has no others
+            return
+        key = non_fields(x)
+        if key:
+            self.fail_unless(f"non_fields({v}) == {self.const(key)}")
+        else:
+            self.fail_unless(f"{v}.__dict__.keys() == {self.const(set(x.__dict__))}")
 
     def _object(self, x, v):
         key = _describe(x, {})
@@ -151,6 +163,11 @@ class _Code:
                 "return list({id(a): a for a in found}.values())",
             ]
         source = "def match(args):\n" + "".join(f"    {line}\n" for line in body)
-        scope = {"K": self.consts, "describe": _describe, "device_of": backend.device_of}
+        scope = {
+            "K": self.consts,
+            "describe": _describe,
+            "device_of": backend.device_of,
+            "non_fields": non_fields,
+        }
         exec(compile(source, "<tg.compile matcher>", "exec"), scope)  # noqa: S102
         return scope["match"]

@@ -127,10 +127,13 @@ def guards_of(f, args=(), kwargs=None):
     for x in (*args, *(kwargs or {}).values()):  # (one inside a layer draws through it anew)
         if _is_generator(x):  # its draws are made once too
             collector.guards.random.append(f"an argument's generator ({type(x).__name__})")
-    for x in _identity_keyed((args, kwargs or {})):
-        if isinstance(x, types.FunctionType):
-            collector.function(x, 0)
-        else:
+    objects, classes = _identity_keyed((args, kwargs or {}))
+    for cls in classes:  # first: the attribute names their methods read count below
+        collector.class_functions(cls)
+    for x in objects:
+        collector.function(x, 0)  # a function, or the `__call__` of an object's class
+    for x in objects:
+        if not isinstance(x, types.FunctionType):
             collector.attributes(x, collector.attribute_names, type(x).__name__, 0)
     return collector.guards
 
@@ -167,6 +170,34 @@ class _Collector:
                 self.value(cell, None, value, name, attributes, depth)
         if owner is not None:
             self.attributes(owner, attributes, "self", depth + 1)
+
+    def class_functions(self, cls):
+        """Guard what the methods of a user's class read from their globals and closures: its
+        `__call__`, and those that the code looked into names (`model.loss(x)`), until no new
+        name comes up. The instance's own attributes are not guarded here: its signature
+        describes them (a dataclass argument), and the next call's instance is another object."""
+        members = {}
+        for klass in reversed(cls.__mro__):  # a subclass's own member wins
+            if _users_class(klass):
+                members.update(vars(klass))
+        followed = set()
+        while True:
+            names = [
+                name
+                for name in members
+                if name not in followed and (name == "__call__" or name in self.attribute_names)
+            ]
+            if not names:
+                return
+            for name in names:
+                followed.add(name)
+                member = members[name]
+                if isinstance(member, (staticmethod, classmethod)):
+                    member = member.__func__
+                elif isinstance(member, property):
+                    member = member.fget
+                if isinstance(member, types.FunctionType):
+                    self.function(member, 1)
 
     def given(self, values, label, depth):
         """Guard the arguments a function is given besides the call's (defaults, a partial's):
@@ -376,9 +407,11 @@ def _is_generator(x):
 
 
 def _identity_keyed(tree):
-    """The objects in the arguments that the signature keys by themselves with the default,
-    identity-based hash (plain objects, functions): guarded through their attributes."""
-    found, stack = [], [tree]
+    """`(objects, classes)`: the objects in the arguments that the signature keys by
+    themselves with the default, identity-based hash (plain objects, functions), guarded
+    through their attributes; and the classes of the dataclasses among them, whose functions
+    are looked into."""
+    found, classes, stack = [], {}, [tree]
     while stack:
         x = stack.pop()
         kind = type(x)
@@ -389,12 +422,15 @@ def _identity_keyed(tree):
         elif isinstance(x, (tuple, list)):
             stack.extend(x)
         elif dataclasses.is_dataclass(x):
+            classes[kind] = None
             stack.extend(getattr(x, f.name) for f in dataclasses.fields(x))
+            own = getattr(x, "__dict__", {}).items()  # attributes that are not fields too
+            stack.extend(v for k, v in own if k not in x.__dataclass_fields__)
         elif kind.__hash__ is object.__hash__ and (
             isinstance(x, types.FunctionType) or _plain_object(x)
         ):
             found.append(x)
-    return found
+    return found, list(classes)
 
 
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

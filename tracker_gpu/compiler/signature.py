@@ -4,7 +4,9 @@ The structure of the arguments (container types, dict keys, dataclass fields), e
 library, shape, dtype and device, which arrays are the same object, and the value of anything
 else (numbers inside structures, strings, functions: the recording fixes them). A hashable
 object is keyed by itself: by identity, unless its class defines `__hash__`; the attributes
-that `f` reads from one keyed by identity are guarded (`guards.py`).
+that `f` reads from one keyed by identity are guarded (`guards.py`). A dataclass's attributes
+that are not fields (set by `__post_init__` or later) are constants of the recording, keyed by
+`constant_key`: numbers and strings by value, arrays by identity, shape and dtype.
 
 >>> import numpy as np
 >>> signature((np.ones(2), {"n": 3})) == signature((np.zeros(2), {"n": 3}))
@@ -18,7 +20,7 @@ import numpy as np
 from .. import backend
 from ..tracked import TrackedArray
 
-__all__ = ["signature", "arrays_of", "signature_and_arrays"]
+__all__ = ["signature", "arrays_of", "signature_and_arrays", "non_fields"]
 
 VALUES = frozenset((int, float, bool, str, type(None), complex))  # described by their value
 
@@ -76,8 +78,45 @@ def _describer(x):
         return lambda x, seen: (
             kind,
             tuple([(name, _describe(getattr(x, name), seen)) for name in names]),
+            non_fields(x),
         )
     return _object
+
+
+def non_fields(x):
+    """The key of a dataclass instance's attributes that are not its fields (`self.scale = 3.0`
+    in `__post_init__`): the recording reads them as constants, so each is keyed by
+    `constant_key`; `()` for none (a library's layers, a slotted dataclass)."""
+    found = getattr(x, "__dict__", None)
+    if not found:
+        return ()
+    fields = type(x).__dataclass_fields__
+    return tuple(sorted([(k, constant_key(v)) for k, v in found.items() if k not in fields]))
+
+
+_CONSTANT_DEPTH = 4  # containers inside a constant keyed item by item, deeper ones by identity
+
+
+def constant_key(x, depth=0):
+    """What decides a constant of a recording that a signature holds: numbers and strings by
+    value, arrays by identity (held), shape and dtype (a write in place is read by the
+    replay, another array is another program), short containers and dataclasses item by item,
+    anything else by its hash (identity, by default) or, unhashable, its identity."""
+    kind = type(x)
+    if kind in VALUES or kind is float or kind is complex:
+        return _describe(x, {})
+    if isinstance(x, TrackedArray):
+        return _refuse_tracked(x, None)
+    if backend.is_array(x):
+        return ("constant array", _Held(x), tuple(x.shape), x.dtype)
+    if depth < _CONSTANT_DEPTH:
+        if isinstance(x, dict):
+            return (kind, tuple([(k, constant_key(v, depth + 1)) for k, v in x.items()]))
+        if isinstance(x, (tuple, list)):
+            return (kind, tuple([constant_key(v, depth + 1) for v in x]))
+        if getattr(kind, "__dataclass_fields__", None) is not None and hasattr(x, "__dict__"):
+            return (kind, tuple([(k, constant_key(v, depth + 1)) for k, v in vars(x).items()]))
+    return _object(x, None)
 
 
 def _refuse_tracked(x, seen):
