@@ -250,3 +250,54 @@ def test_withgradient_keeps_aux_objects_that_hold_no_tracked_array():
 def test_withgradient_with_nest_keeps_the_value_tracked():
     val, (g,) = tg.withgradient(lambda x: tg.sum(x**3), np.array([2.0]), nest=True)
     assert tg.istracked(val) and tg.istracked(g)
+
+
+C = 1.5
+SCALAR_FUNCTIONS = {  # f and its derivative, written out
+    "sum(c * v**2)": (lambda v: tg.sum(C * v**2), lambda v: 2 * C * v),
+    "v * v": (lambda v: v * v, lambda v: 2 * v),
+    "sin(v) * v": (lambda v: tg.sin(v) * v, lambda v: np.cos(v) * v + np.sin(v)),
+    "v": (lambda v: v, lambda v: 1.0),
+    "v * 2 + v": (lambda v: v * 2.0 + v, lambda v: 3.0),
+}
+
+
+def _back_twice(f, v):
+    x = tg.param(v)
+    for _ in range(2):  # half the derivative each: it accumulates
+        tg.back(f(x) * 0.5)
+    return tg.grad(x)
+
+
+SCALAR_TRANSFORMS = {  # the derivative each gives at v
+    "gradient": lambda f, v: tg.gradient(f, v)[0],
+    "withgradient": lambda f, v: tg.withgradient(f, v).grad[0],
+    "back, twice": _back_twice,
+    "forward's back": lambda f, v: tg.forward(f, v)[1](np.ones_like(v))[0],
+    "jacobian": lambda f, v: tg.jacobian(f, v),
+    "compile": lambda f, v: [tg.compile(f)(v) for _ in range(3)][-1].grad[0],
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("transform", SCALAR_TRANSFORMS)
+@pytest.mark.parametrize("function", SCALAR_FUNCTIONS)
+def test_the_gradient_of_a_0d_array_is_a_0d_array(function, transform, dtype):
+    """NumPy's arithmetic on 0-d arrays gives scalars, and the gradient of a 0-d argument was
+    a NumPy scalar on most paths, a 0-d array on others (the identity's)."""
+    f, derivative = SCALAR_FUNCTIONS[function]
+    v = np.array(0.75, dtype)
+    g = SCALAR_TRANSFORMS[transform](f, v)
+    assert type(g) is np.ndarray and g.shape == () and g.dtype == v.dtype, (type(g), g)
+    expected = np.asarray(derivative(np.float64(0.75)))
+    np.testing.assert_allclose(g, expected, rtol=1e-6 if dtype == "float32" else 1e-14)
+
+
+@pytest.mark.parametrize("number", [0.75, np.float64(0.75), np.float32(0.75)], ids=type)
+@pytest.mark.parametrize("function", SCALAR_FUNCTIONS)
+def test_the_gradient_of_a_number_is_a_numpy_scalar(function, number):
+    f, derivative = SCALAR_FUNCTIONS[function]
+    for g in (tg.gradient(f, number)[0], tg.withgradient(f, number).grad[0]):
+        expected_type = np.float64 if type(number) is float else type(number)
+        assert type(g) is expected_type, (type(g), g)
+        assert np.isclose(g, derivative(np.float64(0.75)), rtol=1e-6)

@@ -64,7 +64,7 @@ def back(y, dy=None, *, once=True):
         hand_out = HandOut()
         for node, g in walk(y._node, seed, once=once):
             if node.rule is None:
-                node.grad = hand_out(g) if node.grad is None else node.grad + g
+                node.grad = hand_out(g if node.grad is None else node.grad + g)
 
 
 def scalar_seed(value, xp, finite=True):
@@ -188,13 +188,24 @@ def _withgradient(f, args, nest, wrt, quiet=False):
     Inside another transform's function it nests by itself (see `nesting`)."""
     chosen = positions(wrt, len(args))
     nest, since = nesting.begin(nest)
-    args, inputs, tracked_args = track_inputs(args, nest, chosen)
+    given, (args, inputs, tracked_args) = args, track_inputs(args, nest, chosen)
     with nesting.inside():
         val = f(*tracked_args)
     found, others = loss_pass(f, val, inputs, nest, since, quiet)
     plain = not nest and recording.current() is None  # a recording keeps the values traced
     grads = gradients_in_place(args, inputs, found, nest, chosen, captured(others, since))
+    if plain and given is not args:
+        grads = tuple(map(_as_given, given, grads))
     return WithGradient(untracked(val) if plain else val, grads)
+
+
+def _as_given(x, g):
+    """The gradient `g` of the argument `x`: a NumPy scalar for a Python or NumPy number (a
+    0-d array for a 0-d array)."""
+    number = type(x) in (float, complex) or isinstance(x, np.generic)
+    if number and type(g) is np.ndarray and g.shape == ():
+        return g[()]
+    return g
 
 
 def loss_pass(f, val, inputs, nest, since, quiet=False):
@@ -537,13 +548,16 @@ class HandOut:
     """Gradients handed to a user own their memory: no two share a buffer, and none shares one
     with the user's arrays, so writing into one changes nothing else. A fresh gradient (the
     common case) passes as it is; a broadcast view, or one sharing the buffer of a gradient
-    already handed out or of `arrays`, is copied.
+    already handed out or of `arrays`, is copied; a NumPy scalar (NumPy's arithmetic on 0-d
+    arrays makes them) is made a 0-d array, the type of the argument it is the gradient of.
     """
 
     def __init__(self, arrays=()):
         self._taken = {backend.memory_key(a) for a in arrays}
 
     def __call__(self, g):
+        if isinstance(g, np.generic):  # NumPy's arithmetic on 0-d arrays gives scalars
+            g = np.array(g)
         g = backend.writable(g)
         key = backend.memory_key(g)
         if key in self._taken:
