@@ -723,3 +723,68 @@ def test_a_global_read_by_an_arguments_methods_rebound_records_anew(case):
         assert float(got.val) == float(expected.val), case
         np.testing.assert_array_equal(got.grad[1], expected.grad[0])
     assert step.cache_info().misses == 2
+
+
+class _Box:
+    """A plain object: a config, a namespace."""
+
+
+_LONG_LIST = [1.0] * 40
+_LONG_DICT = {f"k{i}": 1.0 for i in range(40)}
+_NESTED = {"optimiser": {"lr": 1.0, "betas": [0.9, 1.0]}}
+_OUTER = _Box()
+_OUTER.inner = _Box()
+_OUTER.inner.lr = 1.0
+
+CONTAINERS_CHANGED = {
+    "an item of a list of 40": (
+        lambda v: tg.sum(v * _LONG_LIST[3]),
+        lambda: _LONG_LIST.__setitem__(3, 7.0),
+    ),
+    "an item of a dict of 40": (
+        lambda v: tg.sum(v * _LONG_DICT["k3"]),
+        lambda: _LONG_DICT.__setitem__("k3", 7.0),
+    ),
+    "an item of a nested dict": (
+        lambda v: tg.sum(v * _NESTED["optimiser"]["lr"]),
+        lambda: _NESTED["optimiser"].__setitem__("lr", 7.0),
+    ),
+    "an item of a list in a dict": (
+        lambda v: tg.sum(v * _NESTED["optimiser"]["betas"][1]),
+        lambda: _NESTED["optimiser"]["betas"].__setitem__(1, 7.0),
+    ),
+    "an attribute of an attribute": (
+        lambda v: tg.sum(v * _OUTER.inner.lr),
+        lambda: setattr(_OUTER.inner, "lr", 7.0),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CONTAINERS_CHANGED)
+def test_a_value_inside_what_f_reads_changed_records_anew(case):
+    """Items of dicts and lists of more than 16, of nested ones, and attributes of an object's
+    attributes were not guarded: the replay kept the recording's 1.0."""
+    f, change = CONTAINERS_CHANGED[case]
+    saved = copy.deepcopy((_LONG_LIST, _LONG_DICT, _NESTED)), _OUTER.inner.lr
+    try:
+        step = tg.compile(f)
+        for _ in range(3):
+            step(X)
+        change()
+        for _ in range(2):
+            assert float(step(X).val) == float(tg.withgradient(f, X).val) == 7.0 * X.sum()
+        assert step.cache_info().misses == 2
+    finally:
+        (long_list, long_dict, nested), _OUTER.inner.lr = saved
+        _LONG_LIST[:], _NESTED["optimiser"] = long_list, nested["optimiser"]
+        _LONG_DICT.update(long_dict)
+
+
+def test_a_dict_too_large_to_compare_is_warned_of():
+    from tracker_gpu.compiler.guards import ITEMS_MAX
+
+    table = {i: 1.0 for i in range(ITEMS_MAX + 1)}
+    step = tg.compile(lambda v: tg.sum(v * table[0]))
+    with pytest.warns(RuntimeWarning, match="more than 256 items"):
+        step(X)
+    step(X)

@@ -64,7 +64,7 @@ from ..tracked import TrackedArray
 from . import cuda_target, loops
 from .argument_writes import AsEagerly
 from .fastpath import matcher
-from .guards import Guards, guards_of
+from .guards import ITEMS_MAX, Guards, guards_of
 from .program import Program, shallow_copy
 from .recorder import Recorder, Walk
 from .signature import VALUES, arrays_of, signature_and_arrays
@@ -123,7 +123,7 @@ class Compiled:
         self._programs = OrderedDict()
         self._matchers, self._matcher = {}, None  # signature -> fast path; the last one hit
         self._hits = self._misses = 0
-        self._churned = self._guard_churned = self._warned_random = False
+        self._churned = self._guard_churned = self._warned_random = self._warned_large = False
         self._lock = threading.RLock()
         functools.update_wrapper(self, f, updated=())
 
@@ -239,6 +239,7 @@ class Compiled:
             program, result = None, self._eager(args, kwargs)
         guards = Guards() if program is None else guards_of(self.f, args, kwargs)
         self._warn_random(guards)
+        self._warn_by_identity(guards)
         if program is not None:  # (run eagerly, f's changes are f's own)
             self._warn_changed(before.changed())
         with self._lock:
@@ -279,6 +280,19 @@ class Compiled:
                 RuntimeWarning,
                 stacklevel=3,
             )
+
+    def _warn_by_identity(self, guards):
+        if not guards.by_identity or self._warned_large:
+            return
+        self._warned_large = True
+        warnings.warn(
+            f"tg.compile of {getattr(self.f, '__name__', 'f')!r} reads {guards.by_identity[0]!r}, "
+            f"a dict or list of more than {ITEMS_MAX} items in all: a replay checks that it is "
+            "the same object, not its items, so a change to them is not seen. Pass what f "
+            "needs of it as arguments",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def _warn_random(self, guards):
         if not guards.random or self._warned_random:

@@ -12,8 +12,10 @@ program:
 - a Python number, string, `None`, NumPy scalar, or tuple of those: its value (by its bits: a
   float's `-0.0` is not `0.0`);
 - an array (any library's): its identity, shape and dtype;
-- a dict or list of at most 16 items (`{"lr": 0.1}`): its identity and its items (numbers
-  and strings by value, anything else by identity);
+- a dict or list of at most 256 items, nested dicts' and lists' counted (`{"lr": 0.1}`,
+  `{"optimiser": {"lr": 0.1}}`): its identity and its items (numbers and strings by value,
+  nested dicts and lists item by item, anything else by identity); a larger one by its
+  identity alone, with a warning;
 - a dataclass (a layer, a model, a config): its identity and its fields all the way down (numbers
   by value, arrays by identity, shape and dtype);
 - anything else (a function, a dict): its identity.
@@ -48,13 +50,13 @@ import numpy as np
 from .. import backend
 from .signature import VALUES, signature_and_arrays
 
-__all__ = ["Guards", "guards_of", "DEPTH"]
+__all__ = ["Guards", "guards_of", "DEPTH", "ITEMS_MAX"]
 
 DEPTH = 3  # how deep functions read from globals and closures are looked into
 _MISSING = object()  # a name no longer bound
 # by identity, value, array, identity and items, identity and fields all the way down
 _SAME, _VALUE, _ARRAY, _ITEMS, _FIELDS = range(5)
-_ITEMS_MAX = 16  # a dict or list longer than this is guarded by identity only
+ITEMS_MAX = 256  # a dict or list of more items, nested ones' counted, is guarded by identity
 _GLOBAL_READS = frozenset(("LOAD_GLOBAL", "LOAD_NAME"))
 _ATTRIBUTE_READS = frozenset(("LOAD_ATTR", "LOAD_METHOD"))
 
@@ -62,14 +64,16 @@ _ATTRIBUTE_READS = frozenset(("LOAD_ATTR", "LOAD_METHOD"))
 class Guards:
     """The reads of one recording, and their values then: `holds()` while all are the same.
     `names` says what each guard reads (`scale`, `cfg.scale`); `random` names the NumPy
-    generators (or `np.random`) the recorded code reads, whose draws a replay repeats."""
+    generators (or `np.random`) the recorded code reads, whose draws a replay repeats;
+    `by_identity` the dicts and lists too large to compare item by item."""
 
-    __slots__ = ("entries", "names", "random", "_seen")
+    __slots__ = ("entries", "names", "random", "by_identity", "_seen")
 
     def __init__(self):
         self.entries = []  # (source: a dict or a cell, name or None for a cell, value, kind, key)
         self.names = []
         self.random = []
+        self.by_identity = []
         self._seen = set()
 
     def holds(self):
@@ -107,6 +111,8 @@ class Guards:
             return False
         self._seen.add((id(source), name))
         kind, key = _kind(value)
+        if kind == _SAME and type(value) in (dict, list):
+            self.by_identity.append(label)
         self.entries.append((source, name, value, kind, key))
         self.names.append(label)
         return True
@@ -243,8 +249,12 @@ class _Collector:
                 self.function(value, depth + 1)  # a module's or a class's function
             if leaves_only and _kind(value)[0] == _SAME:
                 continue
-            if self.guards.add(found, name, value, f"{label}.{name}") and _is_generator(value):
+            if not self.guards.add(found, name, value, f"{label}.{name}"):
+                continue
+            if _is_generator(value):
                 self.guards.random.append(f"{label}.{name}")
+            elif not leaves_only and depth < DEPTH and _plain_object(value):
+                self.attributes(value, attributes, f"{label}.{name}", depth + 1)  # `self.cfg.lr`
         if not leaves_only and depth < DEPTH and not isinstance(x, type):
             self.methods(x, attributes - found.keys(), depth)
 
@@ -305,17 +315,34 @@ def _fields_key(x):
 
 
 def _items_key(items):
-    """What decides a short dict or list of numbers, strings and arrays (`{"lr": 0.1}`): its
-    keys, and each item as `_kind` guards it; None for any other."""
-    if len(items) > _ITEMS_MAX:
+    """What decides a dict or list of numbers, strings, arrays and such dicts and lists
+    (`{"lr": 0.1}`, `{"optimiser": {"lr": 0.1}}`): its keys, and each item as `_kind` guards
+    it, nested dicts and lists item by item; None past `ITEMS_MAX` items in all."""
+    try:
+        return _items_within(items, [ITEMS_MAX], 0)
+    except _TooLarge:
         return None
+
+
+class _TooLarge(Exception):
+    """A container with more items than a guard compares (or nested deeper)."""
+
+
+def _items_within(items, budget, depth):
+    budget[0] -= len(items)
+    if budget[0] < 0 or depth > DEPTH:
+        raise _TooLarge
     pairs = items.items() if type(items) is dict else enumerate(items)
     found = []
     for name, value in pairs:
         key = _value_key(value)
-        if key is None:  # an array, or another object (a function): by identity
-            is_array = backend.is_array(value)
-            key = (_Same(value), value.shape, value.dtype) if is_array else _Same(value)
+        if key is None:  # an array, a nested container, or another object (a function)
+            if type(value) in (dict, list):
+                key = (type(value), _items_within(value, budget, depth + 1))
+            elif backend.is_array(value):
+                key = (_Same(value), value.shape, value.dtype)
+            else:
+                key = _Same(value)
         found.append((name, key))
     return tuple(found)
 
