@@ -550,3 +550,46 @@ def test_a_replay_sums_gradient_contributions_in_the_tapes_order(seed):
     (eager,) = tg.gradient(f, x)
     _, (replayed,) = step(x)
     assert np.array_equal(eager, replayed)  # bit for bit
+
+
+def _counting_into(v, log):
+    log.append(len(log))
+    return tg.sum(v) * len(log)
+
+
+def _counting_by_key(v, log):
+    log["calls"] = log.get("calls", 0) + 1
+    return tg.sum(v) * log["calls"]
+
+
+@pytest.mark.parametrize("f, make", [(_counting_into, list), (_counting_by_key, dict)])
+def test_a_container_argument_that_f_changes_changes_as_eagerly(f, make):
+    """An argument outside wrt without arrays was given to f as a copy while recording: the
+    caller's list stayed empty and every replay returned the first call's value."""
+    x = np.array([1.0, 2.0])
+    eager_log, compiled_log = make(), make()
+    step = tg.compile(f, wrt=(0,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its signature changes every call, as it says
+        for _ in range(4):
+            expected = tg.withgradient(f, x, eager_log, wrt=(0,))
+            got = step(x, compiled_log)
+            assert float(got.val) == float(expected.val)
+    assert compiled_log == eager_log
+
+
+def _noting(v, notes):
+    notes["doubled"] = notes["w"] * 2.0
+    return tg.sum(v * notes["w"])
+
+
+def test_a_change_to_an_argument_given_as_a_copy_is_refused_or_run_eagerly():
+    """An argument with arrays is given to f as a copy while recording: f's change to it
+    would be lost, and a replay would not make it."""
+    x = np.array([1.0, 2.0])
+    with pytest.raises(tg.RecordingError, match="change to its argument at position 1"):
+        tg.compile(_noting, wrt=(0,))(x, {"w": np.ones(2)})
+    step, notes = tg.compile(_noting, wrt=(0,), fallback=True), {"w": np.ones(2)}
+    for _ in range(2):
+        step(x, notes)
+        np.testing.assert_array_equal(notes.pop("doubled"), np.full(2, 2.0))

@@ -358,8 +358,9 @@ def gradients_in_place(args, inputs, found, nest, chosen=None, closed_over=None)
 
 def _as_data(tree):
     """An argument not differentiated: as it is, or, while tg.compile records, with its arrays
-    traced as data (read anew by every replay)."""
-    if recording.current() is None:
+    traced as data (read anew by every replay): a copy of its containers, where it has arrays
+    (without, the caller's own, as eagerly: what `f` changes there changes the signature)."""
+    if recording.current() is None or not any(map(backend.is_array, tree_leaves(tree))):
         return tree
     traced = {}
     return tree_map(lambda x: _traced_data(x, traced), tree)

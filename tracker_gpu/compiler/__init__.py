@@ -62,7 +62,7 @@ from ..pytree import tree_map
 from ..recording import RecordingError
 from ..tracked import TrackedArray
 from . import cuda_target, loops
-from .argument_writes import AsEagerly
+from .argument_writes import CONTAINER_CHANGED, AsEagerly, changed, containers
 from .fastpath import matcher
 from .guards import ITEMS_MAX, Guards, guards_of
 from .program import Program, shallow_copy
@@ -398,19 +398,37 @@ def _traced_run(f, args, recorder, wrt=None, gradient=True, kwargs=None):
     args, inputs, tracked_args = track_inputs(args, nest=False, chosen=chosen)
     if gradient is False:  # traced, but plain eagerly: layers stay in their inference mode
         recorder.tracked_as([x._node for x in inputs.values()], False)
-    f = _with_keywords(f, _as_data(kwargs) if kwargs else None)
+    data_kwargs = _as_data(kwargs) if kwargs else None
+    f = _with_keywords(f, data_kwargs)
     start, passes = len(recorder.steps), nesting.top_level_passes()
+    copies = _data_copies(args, tracked_args, chosen, kwargs, data_kwargs)
     if gradient:  # differentiated, as by withgradient: the passes f makes inside nest
         with nesting.inside():
             val = _called(f, tracked_args)
     else:
         val = _called(f, tracked_args)
+    found = changed(copies)
+    if found is not None:
+        raise RecordingError(CONTAINER_CHANGED.format(*found))
     inner = nesting.top_level_passes() > passes  # f ran a transform, unnested
     if gradient is False or (gradient is None and _own_gradient(f, val, recorder, start, inner)):
         return _Own(val)
     loss = val[0] if isinstance(val, tuple) else val
     found = backprop(loss, inputs.values(), nest=False)
     return WithGradient(val, gradients_in_place(args, inputs, found, nest=False, chosen=chosen))
+
+
+def _data_copies(args, tracked_args, chosen, kwargs, data_kwargs):
+    """`containers` of the arguments outside `chosen` (and keywords) that f is given as
+    copies while recording (eagerly, the caller's own): a change to one cannot be replayed."""
+    found = []
+    for i, (given, traced) in enumerate(zip(args, tracked_args)):
+        if i not in chosen and traced is not given:
+            found += containers(traced, f"at position {i}")
+    for name, value in (data_kwargs or {}).items():
+        if value is not kwargs[name]:
+            found += containers(value, f"{name}=")
+    return found
 
 
 def _chosen(args, wrt, gradient):

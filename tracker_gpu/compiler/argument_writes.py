@@ -1,7 +1,9 @@
 """What `Recorder` needs to replay `f`'s writes into its argument arrays as the eager call
 makes them (`Recorder.written`, `rebound`, `argument_writes`): the errors NumPy raises eagerly,
-and which arrays share memory, so that a write whose old value is read after it is found."""
+and which arrays share memory, so that a write whose old value is read after it is found; and
+the containers of the arguments, whose changes by `f` a recording cannot make as eagerly."""
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -60,3 +62,45 @@ def view_key(step, values):
     key = values[step.inputs[1]]
     parts = key if type(key) is tuple else (key,)
     return any(k is Ellipsis or k is None for k in parts)
+
+
+CONTAINER_CHANGED = (
+    "tg.compile cannot replay f's change to its argument {}: eagerly f changes the caller's "
+    "{}, but while recording f is given a copy that holds its arrays traced, and a replay runs "
+    "none of f's Python code. Return what f changes instead, or use tg.compile(f, "
+    "fallback=True) to run f eagerly every time"
+)
+
+
+def containers(tree, where="argument"):
+    """`[(where, container, its items)]` for the lists, dicts and dataclass instances in `tree`
+    (its copies while recording), to find those that `f` changes (`changed`)."""
+    found, stack = [], [(where, tree)]
+    while stack:
+        label, x = stack.pop()
+        items = _items(x)
+        if items is not None:
+            found.append((label, x, items))
+            stack.extend((f"{label}[{k!r}]", v) for k, v in items)
+    return found
+
+
+def changed(found):
+    """The first of `containers`' finds whose items are no longer the same objects, or None."""
+    for label, x, items in found:
+        now = _items(x)
+        if len(now) != len(items) or any(
+            k != j or v is not w for (k, v), (j, w) in zip(now, items, strict=True)
+        ):
+            return label, type(x).__name__
+    return None
+
+
+def _items(x):
+    if isinstance(x, dict):
+        return tuple(x.items())
+    if isinstance(x, list):
+        return tuple(enumerate(x))
+    if dataclasses.is_dataclass(x) and not isinstance(x, type) and hasattr(x, "__dict__"):
+        return tuple(vars(x).items())
+    return None
