@@ -839,3 +839,30 @@ def test_a_recurrent_layer_of_no_steps_and_a_groupnorm_of_no_samples():
     with pytest.raises(ValueError, match=r"GRU\(3 => 4\): a sequence of no steps"):
         nn.GRU(3, 4)(np.zeros((2, 0, 3)))
     assert nn.GroupNorm(3, 1)(np.zeros((0, 3, 4), dtype=np.float32)).shape == (0, 3, 4)
+
+
+def _linalg_function_names():
+    """The functions of the tracked namespace's `linalg` that NumPy's `linalg` has too (by
+    NumPy's name: `norm` for `vector_norm`)."""
+    ours = {name for name in dir(tg.linalg) if not name.startswith("_")}
+    names = [name for name in dir(np.linalg) if callable(getattr(np.linalg, name))]
+    return sorted(n for n in names if n in ours or n == "norm")
+
+
+_SECOND_ARGUMENT = {"matmul": "x", "outer": "x", "tensordot": "x", "vecdot": "x", "solve": "x",
+                    "cross": "x", "matrix_power": 2}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", _linalg_function_names())
+def test_numpys_linear_algebra_on_a_tracked_array_names_ours(name):
+    """`np.linalg.det(x)` said that tracker_gpu has no differentiable det (it is tg.linalg's)."""
+    x = tg.param(np.eye(3) + 0.25)
+    second = _SECOND_ARGUMENT.get(name)
+    args = (x,) if second is None else (x, x if second == "x" else second)
+    with pytest.raises(TypeError, match=r"call tg\.([\w.]+)\(x\) instead") as raised:
+        getattr(np.linalg, name)(*args)
+    named = re.search(r"call tg\.([\w.]+)\(x\)", str(raised.value)).group(1)
+    found = tg
+    for part in named.split("."):
+        found = getattr(found, part)
+    assert callable(found)

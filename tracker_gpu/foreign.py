@@ -7,7 +7,13 @@ outside the Array API standard (`x.sum()`, `x.numpy()`).
 True
 """
 
-__all__ = ["numpy_function_error", "missing_attribute_error", "declare_hints", "is_hint"]
+__all__ = [
+    "numpy_function_error",
+    "standard_equivalent",
+    "missing_attribute_error",
+    "declare_hints",
+    "is_hint",
+]
 
 # NumPy's names of the standard's functions, where they differ.
 _STANDARD_NAMES = {
@@ -20,21 +26,38 @@ _STANDARD_NAMES = {
 }  # fmt: skip
 
 
+# NumPy's names of the standard's linear algebra functions, where they differ.
+_LINALG_NAMES = {"norm": "vector_norm"}
+
+
 def numpy_function_error(name, namespace):
     """The error for NumPy's function `name` called on a tracked array, naming what to call
-    instead (where the tracked `namespace` has it)."""
-    standard = _STANDARD_NAMES.get(name, name)
-    if hasattr(namespace, standard):
+    instead (where the tracked `namespace` has it, or its `linalg`: `np.linalg.det`)."""
+    found = standard_equivalent(name, namespace)
+    if found is not None:
         hint = (
-            f"call tg.{standard}(x) instead, or xp.{standard}(x) with "
+            f"call tg.{found}(x) instead, or xp.{found}(x) with "
             "xp = array_api_compat.array_namespace(x): both record it"
         )
     else:
         hint = (
-            f"tracker_gpu has no differentiable {standard}: write it with the Array API's "
-            "functions (tg.*), or call NumPy on tg.data(x) for a plain value without gradient"
+            f"tracker_gpu has no differentiable {_STANDARD_NAMES.get(name, name)}: write it "
+            "with the Array API's functions (tg.*), or call NumPy on tg.data(x) for a plain "
+            "value without gradient"
         )
     return TypeError(f"NumPy's {name} cannot record a gradient on a TrackedArray; {hint}")
+
+
+def standard_equivalent(name, namespace):
+    """The name, in the tracked `namespace` (`sum`, `linalg.det`), of NumPy's function `name`;
+    None where it has none."""
+    standard = _STANDARD_NAMES.get(name, name)
+    if hasattr(namespace, standard):
+        return standard
+    in_linalg = _LINALG_NAMES.get(name, name)
+    if hasattr(getattr(namespace, "linalg", None), in_linalg):
+        return f"linalg.{in_linalg}"
+    return None
 
 
 # NumPy's and PyTorch's methods and attributes outside the standard, with what to write instead
