@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -866,3 +867,68 @@ def test_numpys_linear_algebra_on_a_tracked_array_names_ours(name):
     for part in named.split("."):
         found = getattr(found, part)
     assert callable(found)
+
+
+def _torch_unary_functions():
+    """The tracked namespace's functions that PyTorch has under the same name and that take
+    one float tensor."""
+    torch = pytest.importorskip("torch")
+    plain = torch.tensor([0.25, 0.5], dtype=torch.float64)
+    found = []
+    for name in sorted(set(dir(tg)) - _CONVERSIONS):
+        function = getattr(torch, name, None)
+        if name.startswith("_") or not callable(getattr(tg, name)) or not callable(function):
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                function(plain)
+        except Exception:
+            continue
+        found.append(name)
+    return found
+
+
+_CONVERSIONS = {"asarray", "from_dlpack"}  # refused as conversions (DLPack: test_tracked.py)
+
+
+def _resolved(named):
+    found = tg
+    for part in named.split("."):
+        found = getattr(found, part)
+    return found
+
+
+@pytest.mark.parametrize("name", _torch_unary_functions())
+def test_pytorchs_function_on_a_tracked_array_names_ours(name):
+    """`torch.sin(x)` said only that its input must be a Tensor, not a TrackedArray."""
+    torch = pytest.importorskip("torch")
+    x = tg.param(torch.tensor([0.25, 0.5], dtype=torch.float64))
+    with pytest.raises(TypeError, match=rf"PyTorch's {name} cannot record .* call tg\.") as raised:
+        getattr(torch, name)(x)
+    named = re.search(r"call tg\.([\w.]+)\(", str(raised.value)).group(1)
+    assert callable(_resolved(named))
+
+
+def test_pytorchs_functions_named_otherwise_and_constants():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    x = tg.param(torch.tensor([[0.25, 0.5]], dtype=torch.float64))
+    labels = torch.tensor([1])
+    for call, ours in [
+        (lambda: torch.cat([x, x]), "concat"),
+        (lambda: torch.clamp(x, 0, 1), "clip"),
+        (lambda: torch.linalg.det(tg.concat([x, x * 2.0])), "linalg.det"),
+        (lambda: F.cross_entropy(x, labels), "nn.logitcrossentropy"),
+        (lambda: F.silu(x), "nn.swish"),
+    ]:
+        with pytest.raises(TypeError, match=rf"call tg\.{ours}\(") as raised:
+            call()
+        assert callable(_resolved(ours)), raised
+    with pytest.raises(TypeError, match="no differentiable median: write it"):
+        torch.median(x)
+    t = torch.tensor([[2.0, 3.0]], dtype=torch.float64)
+    (g,) = tg.gradient(lambda v: tg.sum(t * v + t / v), torch.tensor([[0.25, 0.5]]).double())
+    np.testing.assert_allclose(g.numpy(), (t - t / torch.tensor([[0.25, 0.5]]) ** 2).numpy())
+    constant = x > 0.3  # a tracked constant: PyTorch's own answer
+    assert torch.equal(torch.logical_not(constant), torch.tensor([[True, False]]))

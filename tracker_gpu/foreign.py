@@ -9,6 +9,7 @@ True
 
 __all__ = [
     "numpy_function_error",
+    "torch_function_error",
     "standard_equivalent",
     "missing_attribute_error",
     "declare_hints",
@@ -33,8 +34,46 @@ _LINALG_NAMES = {"norm": "vector_norm"}
 def numpy_function_error(name, namespace):
     """The error for NumPy's function `name` called on a tracked array, naming what to call
     instead (where the tracked `namespace` has it, or its `linalg`: `np.linalg.det`)."""
-    found = standard_equivalent(name, namespace)
-    if found is not None:
+    return _function_error("NumPy", name, standard_equivalent(name, namespace))
+
+
+# PyTorch's names of the standard's functions and of tracker_gpu's, where they differ (its
+# `torch.linalg.det` is named `linalg_det`).
+_TORCH_NAMES = {"cat": "concat", "concatenate": "concat", "clamp": "clip", "mm": "matmul",
+                "bmm": "matmul", "amax": "max", "amin": "min", "cumsum": "cumulative_sum",
+                "cumprod": "cumulative_prod", "absolute": "abs", "arcsin": "asin",
+                "arccos": "acos", "arctan": "atan", "arctan2": "atan2", "true_divide": "divide",
+                "logsumexp": "logsumexp"}  # fmt: skip
+
+
+def torch_function_error(name, namespace):
+    """The error for PyTorch's function `name` (`torch.sin`, `torch.nn.functional.relu`)
+    called on a tracked array, naming what to call instead."""
+    if name.startswith("linalg_"):
+        found = standard_equivalent(name.removeprefix("linalg_"), namespace)
+    else:
+        found = standard_equivalent(_TORCH_NAMES.get(name, name), namespace)
+    if found is None:
+        from . import nn  # the layers' functions and losses: loaded by now
+
+        in_nn = _TORCH_NN_NAMES.get(name, name)
+        found = f"nn.{in_nn}" if callable(getattr(nn, in_nn, None)) else None
+    return _function_error("PyTorch", name, found)
+
+
+# PyTorch's names of `tracker_gpu.nn`'s functions, where they differ (README's table)
+_TORCH_NN_NAMES = {"cross_entropy": "logitcrossentropy", "nll_loss": "nll", "mse_loss": "mse",
+                   "l1_loss": "mae", "smooth_l1_loss": "smoothl1",
+                   "binary_cross_entropy": "binarycrossentropy",
+                   "binary_cross_entropy_with_logits": "logitbinarycrossentropy",
+                   "kl_div": "kldivergence", "leaky_relu": "leakyrelu", "silu": "swish",
+                   "log_softmax": "logsoftmax"}  # fmt: skip
+
+
+def _function_error(library, name, found):
+    if found is not None and found.startswith("nn."):
+        hint = f"call tg.{found}(...) instead (`tracker_gpu.nn`): it records"
+    elif found is not None:
         hint = (
             f"call tg.{found}(x) instead, or xp.{found}(x) with "
             "xp = array_api_compat.array_namespace(x): both record it"
@@ -42,10 +81,10 @@ def numpy_function_error(name, namespace):
     else:
         hint = (
             f"tracker_gpu has no differentiable {_STANDARD_NAMES.get(name, name)}: write it "
-            "with the Array API's functions (tg.*), or call NumPy on tg.data(x) for a plain "
-            "value without gradient"
+            f"with the Array API's functions (tg.*), or call {library} on tg.data(x) for a "
+            "plain value without gradient"
         )
-    return TypeError(f"NumPy's {name} cannot record a gradient on a TrackedArray; {hint}")
+    return TypeError(f"{library}'s {name} cannot record a gradient on a TrackedArray; {hint}")
 
 
 def standard_equivalent(name, namespace):

@@ -148,6 +148,20 @@ class TrackedArray:
             return func(*_untracked(args), **_untracked(kwargs))
         raise numpy_function_error(func.__name__)
 
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """PyTorch's functions on tracked arrays, as NumPy's: of constants alone, PyTorch's
+        answer; otherwise an error naming the function to call instead. A plain tensor's own
+        operator or method with a tracked operand (`t * x`) is left to the tracked array's
+        reflected operator."""
+        kwargs = kwargs or {}
+        if not holds_tracked((args, kwargs)):
+            return func(*_untracked(args), **_untracked(kwargs))
+        if args and backend.is_array(args[0]) and not isinstance(args[0], TrackedArray):
+            return NotImplemented
+        xp = _first_tracked((args, kwargs))
+        raise foreign.torch_function_error(func.__name__, _namespace_for(xp))
+
     # --- arithmetic: recorded (+ - * / ** are declared with the operator table at the end)
     def __matmul__(self, other):
         return matmul(self, other)
@@ -450,6 +464,18 @@ def holds_tracked(tree):
     if isinstance(tree, dict):
         return any(holds_tracked(t) for t in tree.values())
     return istracked(tree)
+
+
+def _first_tracked(tree):
+    """The library of the first array on the tape in a tree of lists, tuples and dicts."""
+    leaves = tree.values() if isinstance(tree, dict) else tree
+    for leaf in leaves if isinstance(tree, (list, tuple, dict)) else ():
+        if istracked(leaf):
+            return leaf._xp
+        found = _first_tracked(leaf)
+        if found is not None:
+            return found
+    return None
 
 
 def _untracked(tree):
