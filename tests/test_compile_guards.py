@@ -732,6 +732,7 @@ class _Box:
 _LONG_LIST = [1.0] * 40
 _LONG_DICT = {f"k{i}": 1.0 for i in range(40)}
 _NESTED = {"optimiser": {"lr": 1.0, "betas": [0.9, 1.0]}}
+_CONFIGS = [_Derived(np.ones(3))]
 _OUTER = _Box()
 _OUTER.inner = _Box()
 _OUTER.inner.lr = 1.0
@@ -753,6 +754,10 @@ CONTAINERS_CHANGED = {
         lambda v: tg.sum(v * _NESTED["optimiser"]["betas"][1]),
         lambda: _NESTED["optimiser"]["betas"].__setitem__(1, 7.0),
     ),
+    "a field of a dataclass in a list": (
+        lambda v: tg.sum(v * _CONFIGS[0].weights[0]),
+        lambda: setattr(_CONFIGS[0], "weights", np.full(3, 7.0)),
+    ),
     "an attribute of an attribute": (
         lambda v: tg.sum(v * _OUTER.inner.lr),
         lambda: setattr(_OUTER.inner, "lr", 7.0),
@@ -766,6 +771,7 @@ def test_a_value_inside_what_f_reads_changed_records_anew(case):
     attributes were not guarded: the replay kept the recording's 1.0."""
     f, change = CONTAINERS_CHANGED[case]
     saved = copy.deepcopy((_LONG_LIST, _LONG_DICT, _NESTED)), _OUTER.inner.lr
+    weights = _CONFIGS[0].weights
     try:
         step = tg.compile(f)
         for _ in range(3):
@@ -778,6 +784,7 @@ def test_a_value_inside_what_f_reads_changed_records_anew(case):
         (long_list, long_dict, nested), _OUTER.inner.lr = saved
         _LONG_LIST[:], _NESTED["optimiser"] = long_list, nested["optimiser"]
         _LONG_DICT.update(long_dict)
+        _CONFIGS[0].weights = weights
 
 
 def test_a_dict_too_large_to_compare_is_warned_of():

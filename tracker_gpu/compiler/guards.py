@@ -315,9 +315,9 @@ def _fields_key(x):
 
 
 def _items_key(items):
-    """What decides a dict or list of numbers, strings, arrays and such dicts and lists
-    (`{"lr": 0.1}`, `{"optimiser": {"lr": 0.1}}`): its keys, and each item as `_kind` guards
-    it, nested dicts and lists item by item; None past `ITEMS_MAX` items in all."""
+    """What decides a dict or list of numbers, strings, arrays, dataclasses and such dicts and
+    lists (`{"lr": 0.1}`, `{"optimiser": {"lr": 0.1}}`): its keys, and each item as `_kind`
+    guards it, nested dicts and lists item by item; None past `ITEMS_MAX` items in all."""
     try:
         return _items_within(items, [ITEMS_MAX], 0)
     except _TooLarge:
@@ -339,6 +339,8 @@ def _items_within(items, budget, depth):
         if key is None:  # an array, a nested container, or another object (a function)
             if type(value) in (dict, list):
                 key = (type(value), _items_within(value, budget, depth + 1))
+            elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+                key = (_Same(value), _fields_key(value))  # a config in a list: its fields
             elif backend.is_array(value):
                 key = (_Same(value), value.shape, value.dtype)
             else:
