@@ -733,6 +733,7 @@ _LONG_LIST = [1.0] * 40
 _LONG_DICT = {f"k{i}": 1.0 for i in range(40)}
 _NESTED = {"optimiser": {"lr": 1.0, "betas": [0.9, 1.0]}}
 _CONFIGS = [_Derived(np.ones(3))]
+_PAIR = ({"lr": 1.0}, 2.0)
 _OUTER = _Box()
 _OUTER.inner = _Box()
 _OUTER.inner.lr = 1.0
@@ -757,6 +758,10 @@ CONTAINERS_CHANGED = {
     "a field of a dataclass in a list": (
         lambda v: tg.sum(v * _CONFIGS[0].weights[0]),
         lambda: setattr(_CONFIGS[0], "weights", np.full(3, 7.0)),
+    ),
+    "an item of a dict in a tuple": (
+        lambda v: tg.sum(v * _PAIR[0]["lr"]),
+        lambda: _PAIR[0].__setitem__("lr", 7.0),
     ),
     "an attribute of an attribute": (
         lambda v: tg.sum(v * _OUTER.inner.lr),
@@ -785,6 +790,7 @@ def test_a_value_inside_what_f_reads_changed_records_anew(case):
         _LONG_LIST[:], _NESTED["optimiser"] = long_list, nested["optimiser"]
         _LONG_DICT.update(long_dict)
         _CONFIGS[0].weights = weights
+        _PAIR[0]["lr"] = 1.0
 
 
 def test_a_dict_too_large_to_compare_is_warned_of():

@@ -12,10 +12,10 @@ program:
 - a Python number, string, `None`, NumPy scalar, or tuple of those: its value (by its bits: a
   float's `-0.0` is not `0.0`);
 - an array (any library's): its identity, shape and dtype;
-- a dict or list of at most 256 items, nested dicts' and lists' counted (`{"lr": 0.1}`,
+- a dict, list or tuple of at most 256 items, nested ones counted (`{"lr": 0.1}`,
   `{"optimiser": {"lr": 0.1}}`): its identity and its items (numbers and strings by value,
-  nested dicts and lists item by item, anything else by identity); a larger one by its
-  identity alone, with a warning;
+  nested containers item by item, dataclasses by their fields, anything else by identity); a
+  larger one by its identity alone, with a warning (a tuple of numbers is a value, above);
 - a dataclass (a layer, a model, a config): its identity and its fields all the way down (numbers
   by value, arrays by identity, shape and dtype);
 - anything else (a function, a dict): its identity.
@@ -57,6 +57,7 @@ _MISSING = object()  # a name no longer bound
 # by identity, value, array, identity and items, identity and fields all the way down
 _SAME, _VALUE, _ARRAY, _ITEMS, _FIELDS = range(5)
 ITEMS_MAX = 256  # a dict or list of more items, nested ones' counted, is guarded by identity
+_CONTAINERS = (dict, list, tuple)  # guarded item by item
 _GLOBAL_READS = frozenset(("LOAD_GLOBAL", "LOAD_NAME"))
 _ATTRIBUTE_READS = frozenset(("LOAD_ATTR", "LOAD_METHOD"))
 
@@ -111,7 +112,7 @@ class Guards:
             return False
         self._seen.add((id(source), name))
         kind, key = _kind(value)
-        if kind == _SAME and type(value) in (dict, list):
+        if kind == _SAME and type(value) in _CONTAINERS:
             self.by_identity.append(label)
         self.entries.append((source, name, value, kind, key))
         self.names.append(label)
@@ -227,7 +228,7 @@ class _Collector:
             return
         if _is_generator(value):
             self.guards.random.append(label)
-        elif type(value) in (dict, list):
+        elif type(value) in _CONTAINERS:
             pairs = value.items() if type(value) is dict else enumerate(value)
             self.guards.random.extend(f"{label}[{k!r}]" for k, v in pairs if _is_generator(v))
         elif depth < DEPTH and callable(value) and not isinstance(value, type):
@@ -292,7 +293,7 @@ def _kind(value):
     key = _value_key(value)
     if key is not None:
         return _VALUE, key
-    if type(value) in (dict, list):
+    if type(value) in _CONTAINERS:  # a tuple of numbers is a value, above
         key = _items_key(value)
         return (_SAME, None) if key is None else (_ITEMS, key)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -337,7 +338,7 @@ def _items_within(items, budget, depth):
     for name, value in pairs:
         key = _value_key(value)
         if key is None:  # an array, a nested container, or another object (a function)
-            if type(value) in (dict, list):
+            if type(value) in _CONTAINERS:
                 key = (type(value), _items_within(value, budget, depth + 1))
             elif dataclasses.is_dataclass(value) and not isinstance(value, type):
                 key = (_Same(value), _fields_key(value))  # a config in a list: its fields
