@@ -7,6 +7,8 @@ outside the Array API standard (`x.sum()`, `x.numpy()`).
 True
 """
 
+import sys
+
 __all__ = [
     "numpy_function_error",
     "torch_function_error",
@@ -53,9 +55,8 @@ def torch_function_error(name, namespace):
         found = standard_equivalent(name.removeprefix("linalg_"), namespace)
     else:
         found = standard_equivalent(_TORCH_NAMES.get(name, name), namespace)
-    if found is None:
-        from . import nn  # the layers' functions and losses: loaded by now
-
+    if found is None:  # the layers' functions and losses (no import: nn builds on this)
+        nn = sys.modules.get(f"{__package__}.nn")
         in_nn = _TORCH_NN_NAMES.get(name, name)
         found = f"nn.{in_nn}" if callable(getattr(nn, in_nn, None)) else None
     return _function_error("PyTorch", name, found)
