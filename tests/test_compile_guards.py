@@ -540,6 +540,20 @@ def _with_default(x, config=_CONFIG):
     return tg.sum(x * config["scale"])
 
 
+@functools.cache
+def _cached_scale():
+    return _Settings.scale
+
+
+def _through_a_cache(x):
+    return tg.sum(x * _cached_scale())
+
+
+def _change_behind_a_cache():
+    _Settings.scale = 5.0
+    _cached_scale.cache_clear()  # as eagerly, which reads the cache too
+
+
 READ_ELSEWHERE = {  # f, and the change to what it reads
     "an inherited __call__'s self": (_NET, lambda: setattr(_NET, "k", 5.0)),
     "a method of a global": (
@@ -556,6 +570,7 @@ READ_ELSEWHERE = {  # f, and the change to what it reads
         functools.partial(lambda c, x: tg.sum(x * c["scale"]), _CONFIG),
         lambda: _CONFIG.update(scale=5.0),
     ),
+    "a decorated function (functools.cache)": (_through_a_cache, _change_behind_a_cache),
     "a dict holding a function": (
         lambda x: tg.sum(_HYPER["act"](x) * _HYPER["lr"]),
         lambda: _HYPER.update(lr=5.0),

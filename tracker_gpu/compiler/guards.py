@@ -399,9 +399,12 @@ def _reads(code):
 
 def _unwrapped(fn):
     """`(function, its self or None)` for a function, a bound method, an object with a
-    `__call__` of its own, a `functools.partial` of one; `(None, None)` for anything else."""
+    `__call__` of its own, a `functools.partial` of one, a decorator's wrapper that names what
+    it wraps (`__wrapped__`: `functools.lru_cache`); `(None, None)` for anything else."""
     if isinstance(fn, functools.partial):
         fn = fn.func
+    while not isinstance(fn, types.FunctionType) and callable(getattr(fn, "__wrapped__", None)):
+        fn = fn.__wrapped__  # a decorator's wrapper (`functools.lru_cache`)
     owner = None
     if isinstance(fn, types.MethodType):
         fn, owner = fn.__func__, fn.__self__
