@@ -473,3 +473,19 @@ def test_the_slope_of_expm1_keeps_its_digits_far_below_zero(name):
     (found,) = tg.gradient(lambda v: tg.sum(f(v)), x)
     np.testing.assert_allclose(found, expected, rtol=1e-14)
     assert np.all(found > 0)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("exponent", [2, 2.0])
+def test_the_squares_pullback_is_the_powers_formula_bit_for_bit(dtype, exponent):
+    """The pullback of `x ** 2` reads `x` where the formula reads `x ** 1`: the same bits over
+    the whole domain (and the same pattern the fused kernels follow)."""
+    from domain import domain, special_values
+
+    x = np.concatenate([special_values(dtype), domain(200, dtype, seed=3)])
+    g = domain(x.shape, dtype, seed=4)
+    with np.errstate(all="ignore"):  # the domain's overflows
+        (got,) = tg.forward(lambda v: v**exponent, x)[1](g)
+        expected = g * exponent * x ** (exponent - 1)
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got.view(f"u{x.itemsize}"), expected.view(f"u{x.itemsize}"))

@@ -218,7 +218,12 @@ def _pow_vjp_x(g, ans, x, y):
     second derivative, `1 / x` there): `x ** 1` stands for `x ** -1` where `x == 0` alone (a
     subnormal `x`, whose `x ** -1` overflows, gives nan there, PyTorch 0)."""
     if type(y) in SCALARS:
-        return zeros_like(g) if y == 0 else g * _conj(y) * _conj(x ** (y - 1))
+        if y == 0:
+            return zeros_like(g)
+        # a real `x ** 1` is `x` bit for bit: the square's pullback makes one array fewer
+        square = y == 2 and type(y) is not complex and not is_complex(x)
+        power = x if square else x ** (y - 1)
+        return g * _conj(y) * _conj(power)
     return g * _conj(y) * _conj(x ** where((y == 0) & (x == 0), 1.0, y - 1))
 
 
