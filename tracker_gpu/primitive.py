@@ -540,6 +540,8 @@ def _fused_first(fused, forward):
 
 def _namespace_of_plain(args):
     for a in args:
+        if type(a) is np.ndarray:  # the common case, without the general test
+            return backend.widened(np, args)
         if backend.is_array(a):
             xp = namespace_of(a)
             return backend.widened(xp, args) if xp is np else xp

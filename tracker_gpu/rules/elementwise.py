@@ -349,6 +349,8 @@ def is_complex(x):
     if type(x) is np.ndarray:  # the common case first
         return x.dtype.kind == "c"
     x = data(x)
+    if type(x) is np.ndarray:  # a tracked NumPy array's
+        return x.dtype.kind == "c"
     if type(x) in SCALARS:
         return type(x) is complex
     return is_complex_dtype(x.dtype)
@@ -372,7 +374,11 @@ def conjugate_derivative(x):
     kind = type(x)
     if kind is float or kind is int:  # the common cases first: nothing to test further
         return x
-    if kind is np.ndarray:
+    if kind is TrackedArray:  # a nested pass's saved value
+        kind = type(x.data)
+        if kind is np.ndarray:
+            return conj(x) if x.data.dtype.kind == "c" else x
+    elif kind is np.ndarray:
         return conj(x) if x.dtype.kind == "c" else x
     return conj(x) if is_complex(x) else x
 
