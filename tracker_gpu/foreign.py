@@ -44,8 +44,8 @@ def numpy_function_error(name, namespace):
 _TORCH_NAMES = {"cat": "concat", "concatenate": "concat", "clamp": "clip", "mm": "matmul",
                 "bmm": "matmul", "amax": "max", "amin": "min", "cumsum": "cumulative_sum",
                 "cumprod": "cumulative_prod", "absolute": "abs", "arcsin": "asin",
-                "arccos": "acos", "arctan": "atan", "arctan2": "atan2", "true_divide": "divide",
-                "logsumexp": "logsumexp"}  # fmt: skip
+                "arccos": "acos", "arctan": "atan", "arctan2": "atan2",
+                "true_divide": "divide"}  # fmt: skip
 
 
 def torch_function_error(name, namespace):

@@ -159,7 +159,7 @@ class TrackedArray:
             return func(*_untracked(args), **_untracked(kwargs))
         if args and backend.is_array(args[0]) and not isinstance(args[0], TrackedArray):
             return NotImplemented
-        xp = _first_tracked((args, kwargs))
+        xp = _library_of_first_tracked((args, kwargs))
         raise foreign.torch_function_error(func.__name__, _namespace_for(xp))
 
     # --- arithmetic: recorded (+ - * / ** are declared with the operator table at the end)
@@ -466,13 +466,13 @@ def holds_tracked(tree):
     return istracked(tree)
 
 
-def _first_tracked(tree):
+def _library_of_first_tracked(tree):
     """The library of the first array on the tape in a tree of lists, tuples and dicts."""
     leaves = tree.values() if isinstance(tree, dict) else tree
     for leaf in leaves if isinstance(tree, (list, tuple, dict)) else ():
         if istracked(leaf):
             return leaf._xp
-        found = _first_tracked(leaf)
+        found = _library_of_first_tracked(leaf)
         if found is not None:
             return found
     return None

@@ -287,9 +287,9 @@ class Compiled:
         self._warned_large = True
         warnings.warn(
             f"tg.compile of {getattr(self.f, '__name__', 'f')!r} reads {guards.by_identity[0]!r}, "
-            f"a dict or list of more than {ITEMS_MAX} items in all: a replay checks that it is "
-            "the same object, not its items, so a change to them is not seen. Pass what f "
-            "needs of it as arguments",
+            f"a dict, list or tuple of more than {ITEMS_MAX} items in all: a replay checks that "
+            "it is the same object, not its items, so a change to them is not seen. Pass what "
+            "f needs of it as arguments",
             RuntimeWarning,
             stacklevel=4,
         )

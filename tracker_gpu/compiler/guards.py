@@ -56,7 +56,7 @@ DEPTH = 3  # how deep functions read from globals and closures are looked into
 _MISSING = object()  # a name no longer bound
 # by identity, value, array, identity and items, identity and fields all the way down
 _SAME, _VALUE, _ARRAY, _ITEMS, _FIELDS = range(5)
-ITEMS_MAX = 256  # a dict or list of more items, nested ones' counted, is guarded by identity
+ITEMS_MAX = 256  # a container of more items, nested ones' counted, is guarded by identity
 _CONTAINERS = (dict, list, tuple)  # guarded item by item
 _GLOBAL_READS = frozenset(("LOAD_GLOBAL", "LOAD_NAME"))
 _ATTRIBUTE_READS = frozenset(("LOAD_ATTR", "LOAD_METHOD"))
@@ -66,7 +66,7 @@ class Guards:
     """The reads of one recording, and their values then: `holds()` while all are the same.
     `names` says what each guard reads (`scale`, `cfg.scale`); `random` names the NumPy
     generators (or `np.random`) the recorded code reads, whose draws a replay repeats;
-    `by_identity` the dicts and lists too large to compare item by item."""
+    `by_identity` the dicts, lists and tuples too large to compare item by item."""
 
     __slots__ = ("entries", "names", "random", "by_identity", "_seen")
 
@@ -316,9 +316,9 @@ def _fields_key(x):
 
 
 def _items_key(items):
-    """What decides a dict or list of numbers, strings, arrays, dataclasses and such dicts and
-    lists (`{"lr": 0.1}`, `{"optimiser": {"lr": 0.1}}`): its keys, and each item as `_kind`
-    guards it, nested dicts and lists item by item; None past `ITEMS_MAX` items in all."""
+    """What decides a dict, list or tuple of numbers, strings, arrays, dataclasses and such
+    containers (`{"lr": 0.1}`, `{"optimiser": {"lr": 0.1}}`): its keys, and each item as
+    `_kind` guards it, nested containers item by item; None past `ITEMS_MAX` items in all."""
     try:
         return _items_within(items, [ITEMS_MAX], 0)
     except _TooLarge:

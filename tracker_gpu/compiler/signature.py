@@ -103,7 +103,7 @@ def constant_key(x, depth=0):
     replay, another array is another program), short containers and dataclasses item by item,
     anything else by its hash (identity, by default) or, unhashable, its identity."""
     kind = type(x)
-    if kind in VALUES or kind is float or kind is complex:
+    if kind in VALUES:
         return _describe(x, {})
     if isinstance(x, TrackedArray):
         return _refuse_tracked(x, None)
