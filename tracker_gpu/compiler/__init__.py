@@ -282,30 +282,32 @@ class Compiled:
             )
 
     def _warn_by_identity(self, guards):
-        if not guards.by_identity or self._warned_large:
-            return
-        self._warned_large = True
-        warnings.warn(
-            f"tg.compile of {getattr(self.f, '__name__', 'f')!r} reads {guards.by_identity[0]!r}, "
-            f"a dict, list or tuple of more than {ITEMS_MAX} items in all: a replay checks that "
-            "it is the same object, not its items, so a change to them is not seen. Pass what "
-            "f needs of it as arguments",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+        if guards.by_identity:
+            self._warn_once(
+                "_warned_large",
+                f"reads {guards.by_identity[0]!r}, a dict, list or tuple of more than "
+                f"{ITEMS_MAX} items in all: a replay checks that it is the same object, not its "
+                "items, so a change to them is not seen. Pass what f needs of it as arguments",
+            )
 
     def _warn_random(self, guards):
-        if not guards.random or self._warned_random:
+        if guards.random:
+            self._warn_once(
+                "_warned_random",
+                f"reads the random generator {guards.random[0]!r} (NumPy's or Python's): what "
+                "f draws from it is drawn once, while recording, and every replay repeats those "
+                "numbers. Draw with tracker_gpu's layers (nn.Dropout draws anew at every "
+                "replay), or pass the draws in as an argument",
+            )
+
+    def _warn_once(self, flag, message):
+        """Warn of what the recording read, once per compiled function (`flag` says whether
+        it has been)."""
+        if getattr(self, flag):
             return
-        self._warned_random = True
-        warnings.warn(
-            f"tg.compile of {getattr(self.f, '__name__', 'f')!r} reads the random generator "
-            f"{guards.random[0]!r} (NumPy's or Python's): what f draws from it is drawn once, "
-            "while recording, and every replay repeats those numbers. Draw with tracker_gpu's "
-            "layers (nn.Dropout draws anew at every replay), or pass the draws in as an argument",
-            RuntimeWarning,
-            stacklevel=4,
-        )
+        setattr(self, flag, True)
+        name = getattr(self.f, "__name__", "f")
+        warnings.warn(f"tg.compile of {name!r} {message}", RuntimeWarning, stacklevel=5)
 
     def _warn_guard_churn(self, changed):
         if self._guard_churned:
