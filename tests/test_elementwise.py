@@ -475,11 +475,12 @@ def test_the_slope_of_expm1_keeps_its_digits_far_below_zero(name):
     assert np.all(found > 0)
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("exponent", [2, 2.0])
 def test_the_squares_pullback_is_the_powers_formula_bit_for_bit(dtype, exponent):
     """The pullback of `x ** 2` reads `x` where the formula reads `x ** 1`: the same bits over
-    the whole domain (and the same pattern the fused kernels follow)."""
+    the whole domain. (In half precision the fused kernels of the numpy-fused row compute in
+    float32 and round once, within the units in the last place that the fuzzer allows.)"""
     from domain import domain, special_values
 
     x = np.concatenate([special_values(dtype), domain(200, dtype, seed=3)])
