@@ -39,13 +39,10 @@ def numpy_function_error(name, namespace):
     return _function_error("NumPy", name, standard_equivalent(name, namespace))
 
 
-# PyTorch's names of the standard's functions and of tracker_gpu's, where they differ (its
-# `torch.linalg.det` is named `linalg_det`).
-_TORCH_NAMES = {"cat": "concat", "concatenate": "concat", "clamp": "clip", "mm": "matmul",
-                "bmm": "matmul", "amax": "max", "amin": "min", "cumsum": "cumulative_sum",
-                "cumprod": "cumulative_prod", "absolute": "abs", "arcsin": "asin",
-                "arccos": "acos", "arctan": "atan", "arctan2": "atan2",
-                "true_divide": "divide"}  # fmt: skip
+# PyTorch's own names of the standard's functions, where they differ from the standard's and
+# NumPy's (`_STANDARD_NAMES` maps the names PyTorch shares with NumPy: `cumsum`, `amax`...);
+# its `torch.linalg.det` is named `linalg_det`.
+_TORCH_NAMES = {"cat": "concat", "clamp": "clip", "mm": "matmul", "bmm": "matmul"}
 
 
 def torch_function_error(name, namespace):

@@ -72,7 +72,7 @@ CONTAINER_CHANGED = (
 )
 
 
-def containers(tree, where="argument"):
+def containers(tree, where):
     """`[(where, container, its items)]` for the lists, dicts and dataclass instances in `tree`
     (its copies while recording), to find those that `f` changes (`changed`)."""
     found, stack = [], [(where, tree)]

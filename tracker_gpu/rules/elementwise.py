@@ -374,12 +374,9 @@ def conjugate_derivative(x):
     kind = type(x)
     if kind is float or kind is int:  # the common cases first: nothing to test further
         return x
-    if kind is TrackedArray:  # a nested pass's saved value
-        kind = type(x.data)
-        if kind is np.ndarray:
-            return conj(x) if x.data.dtype.kind == "c" else x
-    elif kind is np.ndarray:
-        return conj(x) if x.dtype.kind == "c" else x
+    value = x.data if kind is TrackedArray else x  # a nested pass's saved value: its data's
+    if type(value) is np.ndarray:
+        return conj(x) if value.dtype.kind == "c" else x
     return conj(x) if is_complex(x) else x
 
 
