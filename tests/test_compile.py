@@ -1,6 +1,7 @@
 """tg.compile: a replay gives what `withgradient` gives, on every backend; new signatures record
 again; what cannot be replayed is refused (or run eagerly); a replay's memory stays flat."""
 
+import dataclasses
 import gc
 import threading
 import tracemalloc
@@ -593,3 +594,48 @@ def test_a_change_to_an_argument_given_as_a_copy_is_refused_or_run_eagerly():
     for _ in range(2):
         step(x, notes)
         np.testing.assert_array_equal(notes.pop("doubled"), np.full(2, 2.0))
+
+
+def _keeping_average(state, x):
+    state["ema"] = 0.9 * state["ema"] + 0.1 * x
+    return tg.sum(state["ema"])
+
+
+@dataclasses.dataclass
+class _Decaying:
+    w: np.ndarray
+
+    def __call__(self, h):
+        self.w = self.w * 0.9  # rebinds a field of the caller's model
+        return tg.sum(h * self.w)
+
+
+def _decaying(model, x):
+    return model(x)
+
+
+@pytest.mark.parametrize("f, make", [(_keeping_average, lambda: {"ema": np.zeros(2)}),
+                                     (_decaying, lambda: _Decaying(np.ones(2)))])  # fmt: skip
+def test_without_a_gradient_a_change_to_any_argument_is_refused_or_run_eagerly(f, make):
+    """With gradient=False f gets the caller's arguments eagerly, those it would differentiate
+    too: a running average kept in a dict (or a model's field rebound) stayed the first call's
+    in every replay, silently."""
+    x = np.ones(2)
+    with pytest.raises(tg.RecordingError, match="change to its argument at position 0"):
+        tg.compile(f, gradient=False)(make(), x)
+    step, eager_state, compiled_state = tg.compile(f, gradient=False, fallback=True), make(), make()
+    for _ in range(3):
+        assert float(step(compiled_state, x)) == float(f(eager_state, x))
+    assert repr(compiled_state) == repr(eager_state)
+
+
+def test_with_a_gradient_a_change_to_a_differentiated_argument_is_to_a_copy_as_eagerly():
+    """`withgradient` gives f a copy of the structure it differentiates, eagerly too: the
+    caller's dict is unchanged either way, and the recording stands."""
+    x, eager_state, compiled_state = np.ones(2), {"ema": np.zeros(2)}, {"ema": np.zeros(2)}
+    step = tg.compile(_keeping_average, gradient=True)
+    for _ in range(3):
+        got, expected = step(compiled_state, x), tg.withgradient(_keeping_average, eager_state, x)
+        assert float(got.val) == float(expected.val)
+    assert step.cache_info().hits == 2
+    np.testing.assert_array_equal(compiled_state["ema"], eager_state["ema"])

@@ -404,23 +404,24 @@ def _traced_run(f, args, recorder, wrt=None, gradient=True, kwargs=None):
     f = _with_keywords(f, data_kwargs)
     start, passes = len(recorder.steps), nesting.top_level_passes()
     copies = _data_copies(args, tracked_args, chosen, kwargs, data_kwargs)
+    # the differentiated arguments are copies eagerly too, unless f takes its own gradient
+    own_copies = _data_copies(args, tracked_args, ()) if gradient is not True else []
     if gradient:  # differentiated, as by withgradient: the passes f makes inside nest
         with nesting.inside():
             val = _called(f, tracked_args)
     else:
         val = _called(f, tracked_args)
-    found = changed(copies)
-    if found is not None:
-        raise RecordingError(CONTAINER_CHANGED.format(*found))
+    _refuse_changes(copies)
     inner = nesting.top_level_passes() > passes  # f ran a transform, unnested
     if gradient is False or (gradient is None and _own_gradient(f, val, recorder, start, inner)):
+        _refuse_changes(own_copies)
         return _Own(val)
     loss = val[0] if isinstance(val, tuple) else val
     found = backprop(loss, inputs.values(), nest=False)
     return WithGradient(val, gradients_in_place(args, inputs, found, nest=False, chosen=chosen))
 
 
-def _data_copies(args, tracked_args, chosen, kwargs, data_kwargs):
+def _data_copies(args, tracked_args, chosen, kwargs=None, data_kwargs=None):
     """`containers` of the arguments outside `chosen` (and keywords) that f is given as
     copies while recording (eagerly, the caller's own): a change to one cannot be replayed."""
     found = []
@@ -431,6 +432,13 @@ def _data_copies(args, tracked_args, chosen, kwargs, data_kwargs):
         if value is not kwargs[name]:
             found += containers(value, f"{name}=")
     return found
+
+
+def _refuse_changes(copies):
+    """Refuse the recording if f changed one of `_data_copies`' containers."""
+    found = changed(copies)
+    if found is not None:
+        raise RecordingError(CONTAINER_CHANGED.format(*found))
 
 
 def _chosen(args, wrt, gradient):
