@@ -213,8 +213,16 @@ def walk(root, seed, *, once=True, nested=False, stop=(), since=0):
     if not nested:
         recorder = recording.current()
         if recorder is not None:  # tg.compile records this pass, to replay it
-            return recorder.walk(root, seed, stop, once=once)
+            return recorder.walk(root, seed, _with_older(stop, root, since), once=once)
     return run(root, seed, once=once, nested=nested, stop=stop, since=since)
+
+
+def _with_older(stop, root, since):
+    """`stop` and the interior nodes older than `since` that `root` reaches: a recorded walk
+    stops at the values the pass closed over, as `run` does (leaves stop every walk)."""
+    if not since:
+        return stop
+    return [*stop, *(n for n in older_nodes(root, since, stop) if n.rule is not None)]
 
 
 def run(root, seed, *, once=True, nested=False, stop=(), since=0):

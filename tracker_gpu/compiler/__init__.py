@@ -67,13 +67,14 @@ from .fastpath import matcher
 from .guards import ITEMS_MAX, Guards, guards_of
 from .program import Program, shallow_copy
 from .recorder import Recorder, Walk
-from .signature import VALUES, arrays_of, signature_and_arrays
+from .signature import VALUES, TrackedArgument, arrays_of, signature_and_arrays
 
 __all__ = ["compile", "Compiled", "RecordingError"]
 
 CacheInfo = namedtuple("CacheInfo", "hits misses maxsize currsize eager")
 _EAGER = object()  # a signature that runs eagerly (fallback=True after a refusal)
 _KEYWORDS = object()  # marks the signature of a call with keyword arguments
+_TRACKED = object()  # a call with tracked arguments, which has no signature
 VARIANTS = 8  # recordings kept for one signature whose guards differ (guards.py)
 
 
@@ -141,12 +142,17 @@ class Compiled:
         original, warned = args, any(_top_level_number(args[i]) for i in chosen)
         args = tuple(_prepared(a, memo) for a in top_levels(args, chosen))
         kwargs_given = kwargs
-        if kwargs:  # by name: the order they are written in does not matter
-            kwargs = {k: _prepared(kwargs[k], memo) for k in sorted(kwargs)}
-            key, arrays = signature_and_arrays((args, kwargs))
-            key = (_KEYWORDS, key)
-        else:
-            key, arrays = signature_and_arrays(args)
+        try:
+            if kwargs:  # by name: the order they are written in does not matter
+                kwargs = {k: _prepared(kwargs[k], memo) for k in sorted(kwargs)}
+                key, arrays = signature_and_arrays((args, kwargs))
+                key = (_KEYWORDS, key)
+            else:
+                key, arrays = signature_and_arrays(args)
+        except TrackedArgument:
+            key = _TRACKED
+        if key is _TRACKED:
+            return self._inlined(original, kwargs_given)
         with self._lock:  # the cache, shared by the threads that call: replays run outside
             variants = self._programs.get(key)
             program = None if variants is None else _holding(variants)
@@ -259,6 +265,14 @@ class Compiled:
             if self._matcher is not None and self._matcher[0] == evicted:
                 self._matcher = None
             self._warn_churn()
+
+    def _inlined(self, args, kwargs):
+        """A call with tracked arguments (inside a gradient, or while another compiled
+        function records) is a call of `f` as eagerly, its result tracked: the pass or the
+        recording around it records what `f` computes, as `jax.jit` inside `jax.grad` or
+        another `jax.jit` traces through."""
+        result = self._eager(args, kwargs)
+        return result.val if isinstance(result, _Own) else result
 
     def _eager(self, args, kwargs):
         if self.gradient is False:

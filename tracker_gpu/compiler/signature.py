@@ -20,7 +20,7 @@ import numpy as np
 from .. import backend
 from ..tracked import TrackedArray
 
-__all__ = ["signature", "arrays_of", "signature_and_arrays", "non_fields"]
+__all__ = ["signature", "arrays_of", "signature_and_arrays", "non_fields", "TrackedArgument"]
 
 VALUES = frozenset((int, float, bool, str, type(None), complex))  # described by their value
 
@@ -119,10 +119,15 @@ def constant_key(x, depth=0):
     return _object(x, None)
 
 
+class TrackedArgument(TypeError):
+    """A call of a compiled function with a tracked array among its arguments (inside a
+    gradient, or while another compiled function records): no signature describes it, and
+    the call runs `f` as eagerly (`Compiled.__call__`)."""
+
+
 def _refuse_tracked(x, seen):
-    raise TypeError(
-        "tg.compile takes plain arrays: a tracked argument would tie every replay to the graph "
-        "it belongs to; pass tg.data(x), or call the compiled function outside another gradient"
+    raise TrackedArgument(
+        "a tracked argument has no signature: it would tie every replay to the graph it belongs to"
     )
 
 
