@@ -2,10 +2,12 @@
 hashable argument that `f` reads and that changes between calls makes a new recording, whose
 answers are eager's; keyword arguments are part of the signature, as positional ones are."""
 
+import argparse
 import copy
 import dataclasses
 import functools
 import random
+import types
 import warnings
 
 import numpy as np
@@ -816,3 +818,163 @@ def test_a_dict_too_large_to_compare_is_warned_of():
     with pytest.warns(RuntimeWarning, match="more than 256 items"):
         step(X)
     step(X)
+
+
+# --- state held where the reads were not looked into: each replayed the recording's value
+class _Scaler:
+    def __init__(self, s):
+        self.s = s
+
+    def __call__(self, v):
+        return v * self.s
+
+    def scaled(self, v):
+        return tg.sum(v * self.s)
+
+
+class _ByName:
+    def __init__(self):
+        self.w1, self.w2 = 2.0, 3.0
+
+    def __call__(self, x):
+        return sum(tg.sum(x * getattr(self, name)) for name in ("w1", "w2"))
+
+
+class _Layered:
+    def __init__(self, holder):
+        self.layers = holder([_Scaler(2.0), _Scaler(3.0)])
+
+    def __call__(self, x):
+        for layer in self.layers if isinstance(self.layers, list) else self.layers.values():
+            x = layer(x)
+        return tg.sum(x)
+
+
+@dataclasses.dataclass
+class _Tempered:
+    def __call__(self, h):
+        return h / _TEMPERATURE
+
+
+_TEMPERATURE = 2.0
+_GLOBAL_MODEL = None  # set by `_global_model_case`
+
+
+def _through_a_global_model(x):
+    return tg.sum(_GLOBAL_MODEL(x) ** 2)
+
+
+def _set_global(name, value):
+    globals()[name] = value
+
+
+def _global_model_case(layer):
+    _set_global("_TEMPERATURE", 2.0)
+    _set_global("_GLOBAL_MODEL", nn.Chain(nn.Dense(3, 2, rng=np.random.default_rng(0),
+                                                   dtype="float64"), layer))  # fmt: skip
+    return _through_a_global_model, (X,), lambda: _set_global("_TEMPERATURE", 4.0)
+
+
+def _argument_case(make, change):
+    held = make()
+    return (lambda x, h: tg.sum(x * h.scale)), (X, held), lambda: change(held)
+
+
+def _case_by_name():
+    model = _ByName()
+    return model, (X,), lambda: setattr(model, "w1", 10.0)
+
+
+class _Options:  # settings only: no method of its own reads them
+    def __init__(self, s):
+        self.s = s
+
+
+def _case_vars():
+    config = _Options(2.0)
+    return (lambda x: tg.sum(x * vars(config)["s"])), (X,), lambda: setattr(config, "s", 5.0)
+
+
+def _case_bound_method():
+    scaler = _Scaler(2.0)
+    return (lambda x, m: m(x)), (X, scaler.scaled), lambda: setattr(scaler, "s", 5.0)
+
+
+def _case_layers(holder):
+    model = _Layered(holder)
+    first = model.layers[0] if holder is list else model.layers["a"]
+    return model, (X,), lambda: setattr(first, "s", 7.0)
+
+
+HELD_ELSEWHERE = {  # a fresh (f, args, change) each
+    "an argparse.Namespace argument": lambda: _argument_case(
+        lambda: argparse.Namespace(scale=2.0), lambda h: setattr(h, "scale", 5.0)
+    ),
+    "a types.SimpleNamespace argument": lambda: _argument_case(
+        lambda: types.SimpleNamespace(scale=2.0), lambda h: setattr(h, "scale", 5.0)
+    ),
+    "a bound method argument": _case_bound_method,
+    "a lambda in a global model": lambda: _global_model_case(lambda h: h / _TEMPERATURE),
+    "a user's layer in a global model": lambda: _global_model_case(_Tempered()),
+    "attributes read by getattr": _case_by_name,
+    "attributes read by vars": _case_vars,
+    "layers in a list attribute": lambda: _case_layers(list),
+    "layers in a dict attribute": lambda: _case_layers(lambda ls: dict(zip("ab", ls))),
+}
+
+
+@pytest.mark.parametrize("case", HELD_ELSEWHERE)
+def test_state_held_inside_objects_and_models_records_anew_when_changed(case):
+    f, args, change = HELD_ELSEWHERE[case]()
+    step = tg.compile(f, wrt=(0,))
+    for _ in range(2):  # records, replays
+        assert float(step(*args).val) == float(tg.withgradient(f, *args, wrt=(0,)).val)
+    change()
+    assert float(step(*args).val) == float(tg.withgradient(f, *args, wrt=(0,)).val), case
+    assert step.cache_info().misses == 2
+
+
+def test_a_config_object_of_a_user_module_is_guarded(tmp_path, monkeypatch):
+    """`mycfg.opts.scale` rebound replayed the old value: a module's objects were skipped."""
+    (tmp_path / "guarded_options.py").write_text(
+        "import types\nopts = types.SimpleNamespace(scale=2.0)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import guarded_options as mycfg
+
+    def f(x):
+        return tg.sum(x * mycfg.opts.scale)
+
+    step = tg.compile(f)
+    _same(step, f, X)
+    mycfg.opts.scale = 5.0
+    _same(step, f, X)
+    assert step.cache_info().misses == 2
+
+
+@dataclasses.dataclass
+class _Noisy:
+    rng: np.random.Generator
+
+    def __call__(self, h):
+        return h + self.rng.standard_normal(h.shape)
+
+
+@pytest.mark.parametrize(
+    "held",
+    [lambda rng: (rng,), lambda rng: {"rng": rng}, lambda rng: nn.Chain(_Noisy(rng))],
+    ids=["a tuple", "a dict", "a user's layer in a model"],
+)
+def test_a_generator_inside_an_argument_warns(held):
+    """Only a generator passed as an argument itself warned."""
+    f = lambda x, h: tg.sum(x * (h(x) if callable(h) else 1.0))  # noqa: E731
+    with pytest.warns(RuntimeWarning, match="reads the random generator .*repeats"):
+        tg.compile(f, wrt=(0,))(X, held(np.random.default_rng(0)))
+
+
+def test_a_library_layers_generator_inside_an_argument_does_not_warn():
+    model = nn.Chain(nn.Dense(3, 3, rng=np.random.default_rng(0), dtype="float64"),
+                     nn.Dropout(0.5, rng=np.random.default_rng(1), active=True))  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tg.compile(lambda x, m: tg.sum(m(x)), wrt=(0,))(X, model)

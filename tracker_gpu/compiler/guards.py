@@ -5,9 +5,11 @@ multiplied in is a constant of the program. So, once a recording is made, `guard
 what the function's code reads from its globals and closure cells, its default arguments and
 a partial's, what the user functions it reads there read (to a depth of `DEPTH`), and the
 attributes that code reads from a bound method's `self`, from objects and user classes found
-there or passed as hashable arguments (keyed by identity in the signature), the methods and
-properties it names on them looked into as functions. Each is guarded by what decides the
-program:
+there or passed as arguments keyed by identity in the signature, the methods and properties it
+names on them looked into as functions, and what the user functions and objects inside the
+containers and dataclasses found read (`_Collector.look_into`). Where the code reads
+attributes by name (`getattr`, `vars`), its string constants count as names read. Each is
+guarded by what decides the program:
 
 - a Python number, string, `None`, NumPy scalar, or tuple of those: its value (by its bits: a
   float's `-0.0` is not `0.0`);
@@ -36,6 +38,7 @@ runs first; a failing guard makes the compiled function record anew (`__init__.p
 (False, 'scale')
 """
 
+import argparse
 import dataclasses
 import dis
 import functools
@@ -131,17 +134,7 @@ def guards_of(f, args=(), kwargs=None):
     objects among the arguments."""
     collector = _Collector()
     collector.function(f, 0)
-    for x in (*args, *(kwargs or {}).values()):  # (one inside a layer draws through it anew)
-        if _is_generator(x):  # its draws are made once too
-            collector.guards.random.append(f"an argument's generator ({type(x).__name__})")
-    objects, classes = _identity_keyed((args, kwargs or {}))
-    for cls in classes:  # first: the attribute names their methods read count below
-        collector.class_functions(cls)
-    for x in objects:
-        collector.function(x, 0)  # a function, or the `__call__` of an object's class
-    for x in objects:
-        if not isinstance(x, types.FunctionType):
-            collector.attributes(x, collector.attribute_names, type(x).__name__, 0)
+    collector.look_into((args, kwargs or {}), "an argument", 0)
     return collector.guards
 
 
@@ -206,6 +199,21 @@ class _Collector:
                 if isinstance(member, types.FunctionType):
                     self.function(member, 1)
 
+    def look_into(self, tree, label, depth):
+        """Guard what the user code inside `tree` reads (the arguments, or a container or a
+        dataclass read from outside them, a model whose layers are the user's): the functions
+        and objects there keyed by identity, and the classes of its dataclasses; note the
+        generators there, whose draws a replay repeats."""
+        objects, classes, generators = _identity_keyed(tree)
+        self.guards.random.extend(f"{label}'s generator ({type(g).__name__})" for g in generators)
+        for cls in classes:  # first: the attribute names their methods read count below
+            self.class_functions(cls)
+        for x in objects:
+            self.function(x, depth)  # a function, or the `__call__` of an object's class
+        for x in objects:
+            if _plain_object(x):
+                self.attributes(x, self.attribute_names, type(x).__name__, depth)
+
     def given(self, values, label, depth):
         """Guard the arguments a function is given besides the call's (defaults, a partial's):
         a dict of them, read as they were then (their items, where they are containers)."""
@@ -228,9 +236,8 @@ class _Collector:
             return
         if _is_generator(value):
             self.guards.random.append(label)
-        elif type(value) in _CONTAINERS:
-            pairs = value.items() if type(value) is dict else enumerate(value)
-            self.guards.random.extend(f"{label}[{k!r}]" for k, v in pairs if _is_generator(v))
+        elif _structure(value):
+            self.look_into(value, label, depth + 1)
         elif depth < DEPTH and callable(value) and not isinstance(value, type):
             self.function(value, depth + 1)
         elif depth < DEPTH and (_plain_object(value) or _users_class(value)):
@@ -248,14 +255,16 @@ class _Collector:
                 value = value.__func__
             if isinstance(value, types.FunctionType) and depth < DEPTH:
                 self.function(value, depth + 1)  # a module's or a class's function
-            if leaves_only and _kind(value)[0] == _SAME:
-                continue
+            if leaves_only and _kind(value)[0] == _SAME and not _settings(value):
+                continue  # a module's functions, classes and modules are guarded where read
             if not self.guards.add(found, name, value, f"{label}.{name}"):
                 continue
             if _is_generator(value):
                 self.guards.random.append(f"{label}.{name}")
-            elif not leaves_only and depth < DEPTH and _plain_object(value):
+            elif depth < DEPTH and _plain_object(value):
                 self.attributes(value, attributes, f"{label}.{name}", depth + 1)  # `self.cfg.lr`
+            elif depth < DEPTH and _structure(value):
+                self.look_into(value, f"{label}.{name}", depth + 1)  # `self.layers[0].s`
         if not leaves_only and depth < DEPTH and not isinstance(x, type):
             self.methods(x, attributes - found.keys(), depth)
 
@@ -383,8 +392,10 @@ def _value_key(x):
 
 @functools.lru_cache(maxsize=1024)
 def _reads(code):
-    """`(global names, attribute names)` that `code` (and the code nested in it) reads."""
-    names, attributes = set(), set()
+    """`(global names, attribute names)` that `code` (and the code nested in it) reads; where
+    it reads attributes by name (`getattr(self, "w1")`, `vars(cfg)["k"]`), the names among its
+    string constants count too."""
+    names, attributes, strings = set(), set(), set()
     stack = [code]
     while stack:
         top = stack.pop()
@@ -394,7 +405,23 @@ def _reads(code):
             elif instruction.opname in _ATTRIBUTE_READS:
                 attributes.add(instruction.argval)
         stack.extend(c for c in top.co_consts if isinstance(c, types.CodeType))
+        strings.update(_identifiers(top.co_consts))
+    if names & _BY_NAME or "__dict__" in attributes:
+        attributes |= strings
     return tuple(sorted(names)), frozenset(attributes)
+
+
+_BY_NAME = frozenset(("getattr", "vars", "hasattr", "attrgetter"))  # reads of attributes by name
+
+
+def _identifiers(constants):
+    """The strings among `constants` (and the tuples and frozensets there) that could name an
+    attribute."""
+    for c in constants:
+        if type(c) is str and c.isidentifier():
+            yield c
+        elif type(c) in (tuple, frozenset):
+            yield from _identifiers(c)
 
 
 def _unwrapped(fn):
@@ -432,6 +459,20 @@ def _users_class(x):
     return module is not None and not _in_library(getattr(module, "__file__", None))
 
 
+def _structure(x):
+    """A container or a dataclass instance: what `_Collector.look_into` looks into."""
+    return type(x) in _CONTAINERS or (dataclasses.is_dataclass(x) and not isinstance(x, type))
+
+
+def _settings(x):
+    """An object whose attributes are settings (a user class's instance, or a namespace:
+    `argparse.Namespace`, `types.SimpleNamespace`)."""
+    return _plain_object(x) and (_users_class(type(x)) or type(x) in _NAMESPACES)
+
+
+_NAMESPACES = (argparse.Namespace, types.SimpleNamespace)
+
+
 def _is_generator(x):
     """A NumPy generator or Python's, or one's bound method (`from numpy.random import
     normal`, `random.random`)."""
@@ -440,30 +481,36 @@ def _is_generator(x):
 
 
 def _identity_keyed(tree):
-    """`(objects, classes)`: the objects in the arguments that the signature keys by
-    themselves with the default, identity-based hash (plain objects, functions), guarded
-    through their attributes; and the classes of the dataclasses among them, whose functions
-    are looked into."""
-    found, classes, stack = [], {}, [tree]
+    """`(objects, classes, generators)`: the objects in `tree` that a signature keys by
+    identity (functions, bound methods, plain objects whose hash is the default one or none:
+    a namespace), guarded through what their code reads; the classes of the dataclasses
+    among them, whose functions are looked into; and the generators there, but those of the
+    library's layers (which draw anew)."""
+    found, classes, generators, stack = [], {}, [], [tree]
     while stack:
         x = stack.pop()
         kind = type(x)
         if kind in VALUES or backend.is_array(x) or isinstance(x, type):
             continue
-        if isinstance(x, dict):
+        if _is_generator(x):
+            generators.append(x)
+        elif isinstance(x, dict):
             stack.extend(x.values())
         elif isinstance(x, (tuple, list)):
             stack.extend(x)
         elif dataclasses.is_dataclass(x):
             classes[kind] = None
-            stack.extend(getattr(x, f.name) for f in dataclasses.fields(x))
+            fields = [getattr(x, f.name) for f in dataclasses.fields(x)]
             own = getattr(x, "__dict__", {}).items()  # attributes that are not fields too
-            stack.extend(v for k, v in own if k not in x.__dataclass_fields__)
-        elif kind.__hash__ is object.__hash__ and (
-            isinstance(x, types.FunctionType) or _plain_object(x)
+            fields += [v for k, v in own if k not in x.__dataclass_fields__]
+            users = _users_class(kind)
+            stack.extend(v for v in fields if users or not _is_generator(v))
+        elif isinstance(x, types.MethodType) or (
+            kind.__hash__ in (object.__hash__, None)
+            and (isinstance(x, types.FunctionType) or _plain_object(x))
         ):
             found.append(x)
-    return found, list(classes)
+    return found, list(classes), generators
 
 
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
