@@ -55,6 +55,41 @@ def test_an_array_in_two_places_is_two_variables(given):
     np.testing.assert_array_equal(hb, 2 * x)  # (2a) o
 
 
+T1, T2 = np.array([1.0, 0.0]), np.array([0.0, 1.0])
+X2 = np.array([1.0, 2.0])
+
+
+def _tied_jvp(x):
+    return tg.jvp(lambda a, b: a * b, (x, x), (T1, T2))[1]  # T1 * x + x * T2
+
+
+def _tied_hvps(x):
+    return tg.hvp(lambda a, b: tg.sum(a**2 * b), (x, x), (T1, T2))  # (2b T1 + 2a T2, 2a T1)
+
+
+@pytest.mark.parametrize("where", ["a parameter", "inside a gradient"])
+def test_a_tracked_array_in_two_places_is_two_variables(where):
+    """A tracked array given twice was one variable: its whole gradient in each place, and
+    the tangent the sum of both directions' (2x the answer, silently)."""
+    if where == "a parameter":
+        np.testing.assert_array_equal(tg.data(_tied_jvp(tg.param(X2))), T1 * X2 + X2 * T2)
+        ha, hb = _tied_hvps(tg.param(X2))
+        np.testing.assert_array_equal(tg.data(ha), 2 * X2 * T1 + 2 * X2 * T2)
+        np.testing.assert_array_equal(tg.data(hb), 2 * X2 * T1)
+    else:  # d/dx sum(T1 * x + x * T2) = T1 + T2
+        (g,) = tg.gradient(lambda x: tg.sum(_tied_jvp(x)), X2)
+        np.testing.assert_array_equal(g, T1 + T2)
+
+
+def test_hvp_of_one_structure_with_an_array_in_two_places_is_of_two_variables():
+    """The one-argument hvp never untied a structure: a dict of one array twice gave both
+    places the sum of both directions' product."""
+    f = lambda d: tg.sum(d["u"] ** 2 * d["w"])  # noqa: E731
+    h = tg.hvp(f, {"u": X2, "w": X2}, {"u": T1, "w": T2})
+    np.testing.assert_array_equal(h["u"], 2 * X2 * T1 + 2 * X2 * T2)  # (2w) T1 + (2u) T2
+    np.testing.assert_array_equal(h["w"], 2 * X2 * T1)  # (2u) T1
+
+
 @pytest.mark.parametrize("output", [lambda t: (t * 2, t * 3), lambda t: {"p": t * 2}])
 def test_jacobian_and_forward_refuse_a_structure(output):
     x = np.array([1.0, 2.0])

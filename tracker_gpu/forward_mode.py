@@ -23,7 +23,7 @@ from .api import (
     untracked,
 )
 from .pytree import tree_leaves, tree_map
-from .rules.elementwise import conj, is_complex, multiply, real
+from .rules.elementwise import conj, identity, is_complex, multiply, real
 from .rules.reductions import sum as _sum
 from .rules.shape import reshape, stack
 from .tracked import TrackedArray, data
@@ -89,9 +89,10 @@ def untied(primals):
     seen = set()
 
     def once(x):
-        if backend.is_array(x) and not isinstance(x, TrackedArray):
-            if id(x) in seen:
-                return backend.namespace_of(x).asarray(x, copy=True)
+        tracked = isinstance(x, TrackedArray)
+        if tracked or backend.is_array(x):
+            if id(x) in seen:  # a tracked one stays linked to what it was computed from
+                return identity(x) if tracked else backend.namespace_of(x).asarray(x, copy=True)
             seen.add(id(x))
         return x
 
