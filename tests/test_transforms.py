@@ -156,6 +156,62 @@ def test_jacfwd_equals_the_reverse_mode_jacobian(backend, name):
     np.testing.assert_allclose(forward, reverse, rtol=1e-12, atol=1e-14 * np.abs(reverse).max())
 
 
+def test_jacfwd_of_a_complex_input_is_the_reverse_mode_jacobian():
+    """`df/da + i df/db` per element of z = a + ib, as `jacobian` gives it (PyTorch's
+    convention); jacfwd took the real directions only, and dropped df/db silently. Checked
+    against central differences of the real pairs."""
+    z = np.array([1.0 + 2.0j, -0.5 + 0.3j])
+    f = lambda z: tg.real(z * tg.conj(z)) * tg.sin(tg.imag(z)) + 3.0 * tg.imag(z)  # noqa: E731
+
+    def plain(a, b):
+        return (a * a + b * b) * np.sin(b) + 3.0 * b
+
+    eps, columns = 1e-6, []
+    for j in range(2):
+        e = np.eye(2)[j] * eps
+        da = (plain(z.real + e, z.imag) - plain(z.real - e, z.imag)) / (2 * eps)
+        db = (plain(z.real, z.imag + e) - plain(z.real, z.imag - e)) / (2 * eps)
+        columns.append(da + 1j * db)
+    expected = np.stack(columns, axis=1)
+    np.testing.assert_allclose(tg.jacobian(f, z), expected, rtol=1e-8)
+    np.testing.assert_allclose(tg.jacfwd(f, z), expected, rtol=1e-8)
+
+
+def test_jacfwd_of_an_integer_input_differentiates_it_as_jacobian_does():
+    """jacfwd gave integer zeros where jacobian gives the derivative at the integers."""
+    x = np.array([1, 2])
+    forward = tg.jacfwd(lambda x: x**3, x)
+    assert forward.dtype == np.float64
+    np.testing.assert_array_equal(forward, np.diag(3.0 * x**2))
+    np.testing.assert_array_equal(forward, tg.jacobian(lambda x: x**3, x))
+
+
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd"])
+@pytest.mark.parametrize("tracked_by", ["a parameter given", "a parameter closed over"])
+def test_forward_mode_at_top_level_of_a_parameter_is_cut_off(transform, tracked_by):
+    """Its tangent was a plain array: differentiating it again dropped the dependence on the
+    parameter silently (d/dq sum(2q * q) came out 2q, not 4q). As a top-level gradient's, it
+    raises, naming the fix."""
+    q = tg.param(np.array([1.0, 2.0]))
+    if tracked_by == "a parameter given":
+        f, at = (lambda x: x**2), q
+    else:
+        f, at = (lambda x: q * x**2), np.array([1.0, 2.0])
+    if transform == "jvp":
+        derivative = tg.jvp(f, (at,), (np.ones(2),))[1]
+    else:
+        derivative = tg.jacfwd(f, at) @ np.ones(2)
+    np.testing.assert_array_equal(tg.data(derivative), [2.0, 4.0] if at is q else [2.0, 8.0])
+    with pytest.raises(tg.PullbackError, match="taken at top level"):
+        tg.back(tg.sum(derivative * q))
+
+
+def test_forward_mode_at_top_level_of_plain_arrays_stays_plain():
+    _, t = tg.jvp(lambda x: x**2, (np.array([1.0, 2.0]),), (np.ones(2),))
+    assert type(t) is np.ndarray
+    assert type(tg.jacfwd(lambda x: x**2, np.array([1.0, 2.0]))) is np.ndarray
+
+
 # --- wrt
 def test_wrt_differentiates_only_the_named_arguments(backend):
     seen = []

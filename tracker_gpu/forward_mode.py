@@ -16,6 +16,7 @@ import math
 from . import backend, nesting, recording
 from .api import (
     backprop,
+    cut_off,
     gradients_in_place,
     quiet_gradient,
     top_levels,
@@ -26,6 +27,7 @@ from .pytree import tree_leaves, tree_map
 from .rules.elementwise import conj, identity, is_complex, multiply, real
 from .rules.reductions import sum as _sum
 from .rules.shape import reshape, stack
+from .tape import older_nodes
 from .tracked import TrackedArray, data
 
 __all__ = ["jvp", "jacfwd"]
@@ -45,20 +47,35 @@ def jvp(f, primals, tangents):
     with nesting.inside():
         value = f(*tracked)
     outputs = [y for y in _leaves(value) if _is_floating(y)]
+    older = []  # the tracked values from before `since` that the tangents depend on
 
     def pulled_back(*cotangents):  # <J^T u, t>: linear in the cotangents u
         weighted = _total([_sum(multiply(y, u)) for y, u in zip(outputs, cotangents)])
         found = {}
         if isinstance(weighted, TrackedArray):
             found = backprop(weighted, inputs.values(), True, since=since, finite=False)
-        return directional(gradients_in_place(args, inputs, found, True), tangents)
+        along = directional(gradients_in_place(args, inputs, found, True), tangents)
+        if isinstance(along, TrackedArray) and along._node is not None:
+            older.extend(older_nodes(along._node, since))  # before the pass frees the graph
+        return along
 
     found = quiet_gradient(pulled_back, *[_zeros_like(y) for y in outputs])
     # nested, both stay linked to the outer pass; recorded, traced (a replay computes them)
     if not nesting.active() and recording.current() is None:
-        value, found = untracked(value), untracked(found)
+        value, found = untracked(value), [_cut_off_at_top(t, older) for t in found]
     found = iter(found)
     return value, tree_map(lambda v: _tangent(v, found) if _is_array(v) else _still(v), value)
+
+
+def _cut_off_at_top(tangent, older):
+    """A tangent taken at top level, plain; where the tangents depend on tracked values from
+    before the transform (`older`: a parameter given, or one `f` closes over), linked to one by
+    `cut_off`, so that differentiating it raises, as a gradient taken at top level does (it
+    was plain: the dependence dropped silently)."""
+    if tangent is None:
+        return None
+    plain = data(tangent)
+    return cut_off(plain, older[0], backend.namespace_of(plain)) if older else plain
 
 
 def _tangent(y, found):
@@ -123,19 +140,40 @@ def jacfwd(f, x):
     array([[5., 2.],
            [3., 0.]])
     """
+    x = _as_float(x)  # integers are differentiated as floats, as by `jacobian`
     value = data(x)
     xp = backend.namespace_of(value)
     n = math.prod(value.shape)
-    eye = xp.eye(n, dtype=value.dtype, device=backend.device_of(value))
     if n == 0:  # no column: f's output shape from one jvp along the empty tangent
         _, t = jvp(f, (x,), (xp.zeros_like(value),))
         return xp.zeros(tuple(t.shape) + tuple(value.shape), dtype=t.dtype, device=t.device)
+    complex_x = backend.is_complex_dtype(value.dtype)
+    real_dtype = _real_dtype(xp, value.dtype) if complex_x else value.dtype
+    eye = xp.eye(n, dtype=real_dtype, device=backend.device_of(value))
     columns, out_shape = [], ()
     for j in range(n):
-        _, t = jvp(f, (x,), (xp.reshape(eye[j, :], tuple(value.shape)),))
+        direction = xp.reshape(eye[j, :], tuple(value.shape))
+        _, t = jvp(f, (x,), (xp.astype(direction, value.dtype),))
+        if complex_x:  # df/da + i df/db along z = a + ib, `jacobian`'s convention
+            _, t_imaginary = jvp(f, (x,), (1j * xp.astype(direction, value.dtype),))
+            t = t + 1j * t_imaginary
         out_shape = tuple(t.shape)
         columns.append(reshape(t, (-1,)))
     return reshape(stack(columns, axis=1), out_shape + tuple(value.shape))
+
+
+def _as_float(x):
+    """An integer or boolean array as a float64 one (a tracked one as it is)."""
+    if isinstance(x, TrackedArray) or not backend.is_array(x):
+        return x
+    xp = backend.namespace_of(x)
+    if backend.isdtype(xp, x.dtype, ("real floating", "complex floating")):
+        return x
+    return xp.astype(x, xp.float64)
+
+
+def _real_dtype(xp, dtype):
+    return xp.float32 if dtype == xp.complex64 else xp.float64
 
 
 def _leaves(value):
