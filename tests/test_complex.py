@@ -309,3 +309,22 @@ def test_a_replay_by_tg_compile_takes_the_complex_vjps(backend):
     replayed = step(z, x).grad
     for g, expected in zip(replayed, tg.gradient(loss, z, x)):
         np.testing.assert_allclose(numpy_of(backend, g), numpy_of(backend, expected), rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "operation",
+    [lambda c, t: c + t, lambda c, t: c - t, lambda c, t: c * t, lambda c, t: c / t,
+     lambda c, t: c**t],
+    ids=["add", "subtract", "multiply", "divide", "power"],
+)  # fmt: skip
+def test_a_python_complex_on_the_left_of_a_0d_real_value(operation):
+    """`1j * x[1]`: NumPy's float scalar times Python's complex is Python's complex, which the
+    tape took for an array (AttributeError); checked against central differences."""
+    x = np.array([0.3, -0.7])
+    f = lambda x: tg.abs(operation(1.0 + 2.0j, x[1]) + x[0])  # noqa: E731
+    (g,) = tg.gradient(f, x)
+    plain = lambda x: abs(operation(1.0 + 2.0j, x[1]) + x[0])  # noqa: E731
+    eps = 1e-6
+    expected = [(plain(x + e) - plain(x - e)) / (2 * eps) for e in np.eye(2) * eps]
+    np.testing.assert_allclose(g, expected, rtol=1e-7)
+    assert float(tg.data(f(tg.param(x)))) == plain(x)  # the plain expression's value

@@ -78,6 +78,8 @@ def _operators(prim, plain=None):
         ):
             x = self.data
             value = plain(other, x) if direct else prim.forward(self._xp, other, x)
+            if type(value) is complex:  # `1j * x` of a NumPy float scalar: Python's complex
+                value = np.complex128(value)
             args = (other, node)
             saved = saved_values(right, value, (other, x), args) if right else None
             return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
