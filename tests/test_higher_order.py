@@ -183,6 +183,28 @@ def test_hook_flips_the_gradient():
     assert float(tg.gradient(lambda x: tg.hook(lambda d: -d, x), 2.0)[0]) == -1.0
 
 
+def test_a_hook_reading_a_tracked_value_gives_plain_gradients_at_top_level():
+    """A hook `g * W` of a parameter W, or of the outer variable inside a nested gradient:
+    the values were right, but top-level gradients came back tracked (on the tape). Against
+    PyTorch's register_hook, to second order."""
+    torch = pytest.importorskip("torch")
+    W, x0 = np.array([2.0, 3.0]), np.array([1.2, 0.7])
+    w = tg.param(W)
+    (g,) = tg.gradient(lambda y: tg.sum(tg.hook(lambda d: d * w, y) ** 2), np.ones(2))
+    assert type(g) is np.ndarray
+    np.testing.assert_array_equal(g, 2.0 * W)
+
+    inner = lambda x: tg.gradient(lambda y: tg.sum(tg.hook(lambda d: d * x, y) ** 2), x)[0]  # noqa: E731
+    (g,) = tg.gradient(lambda x: tg.sum(inner(x)), x0)
+    assert type(g) is np.ndarray
+    t = torch.tensor(x0, requires_grad=True)
+    y = t * 1.0  # the inner variable at the outer point, as tg.gradient's inner input is
+    y.register_hook(lambda d: d * t)
+    (gy,) = torch.autograd.grad(torch.sum(y**2), y, create_graph=True)
+    (expected,) = torch.autograd.grad(gy.sum(), t)
+    np.testing.assert_allclose(g, expected.numpy(), rtol=1e-12)
+
+
 def test_checkpoint_runs_f_again_in_the_backward_pass():
     count = []
 

@@ -275,7 +275,11 @@ def _size(shape):
 # --- hook and checkpoint
 def _hook_vjp(g, ans, x, fn):
     changed = fn(g)
-    return g if changed is None else changed  # a hook that only looks (prints) keeps g
+    if changed is None:  # a hook that only looks (prints) keeps g
+        return g
+    if type(changed) is TrackedArray and type(g) is not TrackedArray:
+        return changed.data  # a first-order pass, whose gradients are plain: `g * W` of a param
+    return changed
 
 
 _hook = Primitive("hook", lambda xp, x, fn: x, (_hook_vjp, None), saves="")
