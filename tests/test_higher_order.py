@@ -114,6 +114,24 @@ def test_hessian_of_prod_is_exact_at_zeros():
     assert np.allclose(H, expected)
 
 
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x: tg.sum(tg.floor(x)),
+        lambda x: tg.sum(tg.sign(x) * 2.0),
+        lambda x: tg.max(tg.round(x)),
+    ],
+    ids=["floor", "sign", "round"],
+)
+def test_the_hessian_of_a_piecewise_constant_function_is_zeros(f):
+    """Its nested gradient is None (no tracked path to x): the Hessian raised that f must
+    return one array, naming a NoneType the user's f never returned. Away from the steps
+    (as here) the second derivative is zero."""
+    x = np.array([1.5, 2.25, -0.75])
+    np.testing.assert_array_equal(tg.hessian(f, x), np.zeros((3, 3)))
+    np.testing.assert_array_equal(tg.hessian(f, tg.param(x)), np.zeros((3, 3)))
+
+
 def test_hessian_of_a_100_parameter_mlp(backend):
     rng = np.random.default_rng(0)
     inputs = rng.standard_normal((8, 6))

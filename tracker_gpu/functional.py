@@ -192,7 +192,14 @@ def hessian(f, *args, wrt=0):
     if not isinstance(wrt, int) or isinstance(wrt, bool):
         raise TypeError(f"hessian takes one argument's position as wrt, got {wrt!r}")
     along, x = _along(f, args, wrt)
-    return _jacobian(lambda x: gradient(along, x, nest=True)[0], x)
+    return _jacobian(lambda x: _gradient_or_zeros(along, x), x)
+
+
+def _gradient_or_zeros(f, x):
+    """The nested gradient of `f` at `x`; zeros where it is None (`f` constant in `x`, or
+    piecewise so: `sum(floor(x))`), whose Jacobian is zeros."""
+    g = gradient(f, x, nest=True)[0]
+    return g if g is not None else namespace_of(data(x)).zeros_like(data(x))
 
 
 @nesting.transform
