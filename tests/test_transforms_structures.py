@@ -19,6 +19,16 @@ def test_a_float_primal_has_the_derivative_as_its_tangent():
     assert float(value) == np.sin(1.0) and float(tangent) == np.cos(1.0)
 
 
+@pytest.mark.parametrize("point", [2.0, 2], ids=["float", "int"])
+def test_jacobians_and_the_hessian_take_a_python_number_as_gradient_does(point):
+    """They refused one (gradient, jvp and hvp take it as a 0-d array)."""
+    f = lambda x: tg.stack([x * x, x * 3.0])  # noqa: E731
+    for transform in (tg.jacobian, tg.jacfwd):
+        np.testing.assert_array_equal(transform(f, point), [4.0, 3.0])
+    assert float(tg.hessian(lambda x: x**3, point)) == 12.0
+    assert float(tg.gradient(lambda x: x**3, float(point))[0]) == 12.0
+
+
 def test_a_number_in_the_output_has_a_zero_tangent():
     value, tangent = tg.jvp(lambda y: {"a": y * y, "b": 2.0}, (np.array(3.0),), (np.array(1.0),))
     assert value["b"] == 2.0 and tangent["b"] == 0.0 and float(tangent["a"]) == 6.0

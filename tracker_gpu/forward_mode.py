@@ -13,6 +13,8 @@ at the cost of about three passes.
 
 import math
 
+import numpy as np
+
 from . import backend, nesting, recording
 from .api import (
     backprop,
@@ -163,7 +165,10 @@ def jacfwd(f, x):
 
 
 def _as_float(x):
-    """An integer or boolean array as a float64 one (a tracked one as it is)."""
+    """An integer or boolean array, or a Python number, as a float64 (complex128) array; a
+    tracked one as it is."""
+    if type(x) in (int, float, complex):
+        return np.asarray(x, dtype=np.complex128 if type(x) is complex else np.float64)
     if isinstance(x, TrackedArray) or not backend.is_array(x):
         return x
     xp = backend.namespace_of(x)

@@ -10,6 +10,8 @@ checkpoint, and ways to stop tracking (stop_gradient, notrack).
 import contextlib
 import threading
 
+import numpy as np
+
 from . import draws, nesting, primitive, recording, tracked
 from .api import (
     captured,
@@ -129,6 +131,8 @@ def _along(f, args, wrt):
 def _jacobian(f, x):
     """One reverse pass per element of `f(x)`. Inside another transform's function the passes
     are recorded (a Jacobian of a Jacobian, a penalty on a Jacobian's norm)."""
+    if type(x) in (int, float, complex):  # a Python number: a 0-d array, as `gradient` takes it
+        x = np.asarray(x)
     nest, since = nesting.begin()
     outer = None if nest or not istracked(x) else x._node  # a tracked x at top level is cut
     if istracked(x):
