@@ -223,7 +223,8 @@ def hvp(f, x, v):
     """
     if isinstance(x, tuple) or isinstance(v, tuple):
         return _hvp(f, *_tuple_form(x, v))
-    x = untied(x)  # an array in two places of a structure: two variables, as in the tuple form
+    if type(x) is not np.ndarray:  # an array in two places of a structure: two variables
+        x = untied(x)
     if callable(f) and not nesting.active() and recording.current() is None:
         return _hvp_one(f, x, v)
 
