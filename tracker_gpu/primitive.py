@@ -163,8 +163,15 @@ class Primitive:
         vjp, a = self._first_vjp, args[0]
         if vjp is None or type(a) is not Node:
             return (None,)
-        if nested:
-            ans, (x,) = tracked_values(node, args, saved, g)
+        if nested:  # `tracked_values`, written out for one argument
+            if saved is None:
+                ans, x = node, a
+            else:
+                xp = g._xp if type(g) is TrackedArray else namespace_of(g)
+                ans, x = saved
+                ans = node if ans is None else _linked(ans, xp, node)
+                if x is not a:
+                    x = _linked(x, xp, a)
         elif saved is None:
             ans, x = node, a
         else:
@@ -185,8 +192,17 @@ class Primitive:
         if fused or len(args) != 2:
             return Primitive.pullback(self, node, args, kw, saved, g, nested, pending)
         a, b = args
-        if nested:
-            ans, (x, y) = tracked_values(node, args, saved, g)
+        if nested:  # `tracked_values`, written out for two arguments
+            if saved is None:
+                ans, x, y = node, a, b
+            else:
+                xp = g._xp if type(g) is TrackedArray else namespace_of(g)
+                ans, x, y = saved
+                ans = node if ans is None else _linked(ans, xp, node)
+                if type(a) is Node and x is not a:
+                    x = _linked(x, xp, a)
+                if type(b) is Node and y is not b:
+                    y = _linked(y, xp, b)
         elif saved is None:
             ans, x, y = node, a, b
         else:
