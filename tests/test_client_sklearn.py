@@ -19,6 +19,7 @@ decomposition = pytest.importorskip("sklearn.decomposition")
 discriminant = pytest.importorskip("sklearn.discriminant_analysis")
 linear_model = pytest.importorskip("sklearn.linear_model")
 metrics = pytest.importorskip("sklearn.metrics")
+mixture = pytest.importorskip("sklearn.mixture")
 pairwise = pytest.importorskip("sklearn.metrics.pairwise")
 preprocessing = pytest.importorskip("sklearn.preprocessing")
 
@@ -52,6 +53,14 @@ def lda(a):
     return discriminant.LinearDiscriminantAnalysis().fit(a, ns(a).asarray(LABELS))
 
 
+def gaussian_mixture(a):
+    """Its full covariances are regularised through a slice, `covariances[k, :, :]`, written
+    in place: a write that a tracked slice, a copy, once kept to itself."""
+    return mixture.GaussianMixture(
+        2, covariance_type="full", init_params="random", random_state=0, reg_covar=0.5, max_iter=3
+    ).fit(a)
+
+
 def ridge(a, t):
     return linear_model.Ridge(alpha=0.5, solver="svd").fit(a, t)
 
@@ -76,6 +85,13 @@ CASES = {
         (X,),
         NO_TORCH,
     ),
+    "PCA-get_covariance": (lambda a: pca(a, svd_solver="full").get_covariance(), (X,), NO_TORCH),
+    "GaussianMixture-full-covariances": (
+        lambda a: gaussian_mixture(a).covariances_,
+        (X,),
+        NO_TORCH,
+    ),
+    "GaussianMixture-full-means": (lambda a: gaussian_mixture(a).means_, (X,), NO_TORCH),
     "StandardScaler-mean": (
         lambda a, b: preprocessing.StandardScaler(with_std=False).fit(a).transform(b),
         (X, Z),

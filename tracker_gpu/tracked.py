@@ -68,7 +68,10 @@ class TrackedArray:
     5.0
     """
 
-    __slots__ = ("data", "_node", "_xp", "__weakref__")
+    # set where used, read with getattr: `_base`, `(array, key, version)` of a slice
+    # `array[key]`, which a write into the slice reaches, and `_version`, the count of the
+    # last write into an array (`rules/indexed.py`)
+    __slots__ = ("data", "_node", "_xp", "_base", "_version", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, value, xp, node=None):
@@ -191,7 +194,10 @@ class TrackedArray:
         return abs(self)
 
     def __getitem__(self, key):
-        return getitem(self, key)
+        out = getitem(self, key)
+        if type(out) is TrackedArray and _basic(key) and _makes_views(self.data):
+            out._base = (self, key, getattr(self, "_version", 0))  # a write into it reaches self
+        return out
 
     def __setitem__(self, key, value):
         """`x[key] = value`, recorded: `x` then stands for the written value, whose gradient
@@ -669,6 +675,20 @@ from .rules.elementwise import (  # noqa: E402
 from .rules.indexed import write  # noqa: E402
 from .rules.linalg_base import matmul, matrix_transpose  # noqa: E402
 from .rules.shape import getitem, permute_dims, to_device  # noqa: E402
+
+_BASIC = frozenset((int, slice, type(None), type(Ellipsis)))
+
+
+def _makes_views(value):
+    """Whether the library of `value` answers basic indexing with a view, whose writes reach
+    the array (NumPy, CuPy, PyTorch, array-api-strict; not Dask, whose slices are new arrays)."""
+    return type(value) is np.ndarray or not backend.is_lazy(value)
+
+
+def _basic(key):
+    """Whether `key` is basic indexing (integers, slices, None, ...), which NumPy answers with a
+    view of the array."""
+    return all(type(k) in _BASIC for k in key) if type(key) is tuple else type(key) in _BASIC
 
 _OPERATOR_UFUNCS = {
     "add": add, "subtract": subtract, "multiply": multiply, "divide": divide, "power": pow,

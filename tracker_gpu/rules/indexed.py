@@ -36,6 +36,7 @@ array([0., 0., 0., 0.])
 (array([ 2., 18., 18.,  2.]), array(12.))
 """
 
+import itertools
 import sys
 
 import numpy as np
@@ -210,15 +211,59 @@ def write(x, key, value):
     if recorder is not None:  # into an argument plain eagerly: as NumPy's write (`written`)
         value = recorder.written(x, key, value)
     _rebind(x, setitem(x, key, value, in_place=_alone(x)))
+    _write_through(x, key)
 
 
 def _rebind(x, written):
     """`x` now stands for `written` (its value and its place on the tape); while tg.compile
-    records, the recorder is told (a write into an argument is the caller's: `rebound`)."""
+    records, the recorder is told (a write into an argument is the caller's: `rebound`). A
+    slice of another tracked array passes the write on to it (`_write_through`)."""
     recorder = recording.current()
     if recorder is not None:
         recorder.rebound(x, written)
     x.data, x._node = written.data, written._node
+    x._version = next(_WRITES)
+
+
+_WRITES = itertools.count(1)
+
+
+def _write_through(part, written=None):
+    """A write into `part`, a slice `array[key]` (basic indexing, where NumPy makes a view),
+    made in `array` too, as a write into NumPy's view changes its array (scikit-learn adds to
+    a covariance's diagonal through `covariances[k, :, :]`). The slice is a copy, which does
+    not show what was written into `array` since it was read: so only the elements written
+    (at `written`, a key into `part`) are written into `array`, and a write of the whole
+    slice computed from it (`part += 1`, `written` None) is refused once `array` has changed."""
+    base = getattr(part, "_base", None)
+    if base is None:
+        return
+    array, key, version = base
+    fresh = getattr(array, "_version", 0) == version
+    if written is not None:
+        write(array, key, where(_written_mask(part, written), part, getitem(array, key)))
+    elif fresh:
+        write(array, key, part)
+    else:
+        raise ValueError(STALE_SLICE)
+    if fresh:  # it still holds all of `array[key]`
+        part._base = (array, key, array._version)
+
+
+STALE_SLICE = (
+    "x op= y into a slice of a tracked array that was written after the slice was read: NumPy's "
+    "slice would show that write, but a tracked slice is a copy, and its new value would undo "
+    "it. Read the slice again after writing the array, or write into the array itself"
+)
+
+
+def _written_mask(part, key):
+    """A boolean array of `part`'s shape, true at `key`."""
+    xp = namespace_of(part.data)
+    mask = xp.zeros(tuple(part.shape), dtype=xp.bool, device=device_of(part.data))
+    parts = key if type(key) is tuple else (key,)
+    mask[tuple(data(k) for k in parts) if type(key) is tuple else data(key)] = True
+    return mask
 
 
 def in_place_operator(name, function):
@@ -240,6 +285,7 @@ def in_place_operator(name, function):
         if result.dtype != self.dtype:
             result = _cast_back(result, self, name)
         _rebind(self, result)
+        _write_through(self)
         return self
 
     return operator
