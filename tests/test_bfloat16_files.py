@@ -130,3 +130,27 @@ def test_raw_bfloat16_written_by_numpy_is_refused_with_the_fix(tmp_path):
     np.savez(path, w=np.ones(3, BF16))
     with pytest.raises(BadFileError, match=r"raw\.npz: 'w' has dtype \|V2.*save it with nn\.save"):
         nn.load(path)
+
+
+FLOATS = ("float64", "float32", "float16", "bfloat16")
+
+
+def dense(dtype, seed=0):
+    return nn.Dense(3, 4, rng=np.random.default_rng(seed), dtype=dtype)
+
+
+@pytest.mark.parametrize("into", FLOATS)
+@pytest.mark.parametrize("saved", FLOATS)
+def test_a_file_of_every_float_dtype_loads_into_a_model_of_every_other(tmp_path, saved, into):
+    """Into a bfloat16 model, a file of another dtype raised an AttributeError (from nn.load)
+    or was called malformed (from load_checkpoint). Each load is NumPy's own cast of the saved
+    values (ml_dtypes' for bfloat16), by `nn.load` and by `load_checkpoint`."""
+    source = dense(saved)
+    expected = np.asarray(source.weight).astype(np.dtype(ml_dtypes.bfloat16) if into == "bfloat16"
+                                                else np.dtype(into))  # fmt: skip
+    nn.save(tmp_path / "m.npz", source)
+    loaded = nn.load(tmp_path / "m.npz", dense(into, seed=1))
+    np.testing.assert_array_equal(bits(np.asarray(loaded.weight)), bits(expected))
+    optim.save_checkpoint(tmp_path / "c.npz", source, optim.setup(optim.Adam(), source))
+    loaded, _, _ = optim.load_checkpoint(tmp_path / "c.npz", dense(into, seed=1))
+    np.testing.assert_array_equal(bits(np.asarray(loaded.weight)), bits(expected))

@@ -114,7 +114,7 @@ def lossy_cast(values, dtype):
     real drops the imaginary parts, a finite value too large becomes inf, an integer changes.
     None where the cast keeps them."""
     values, name = np.asarray(values), _dtype_name(dtype)
-    into = half_dtype("bfloat16", np) if name == "bfloat16" else np.dtype(name)
+    into = np.dtype(half_dtype("bfloat16", np) if name == "bfloat16" else name)
     if values.dtype == into or values.size == 0:
         return None
     if values.dtype.kind == "c" and into.kind != "c":
