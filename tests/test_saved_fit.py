@@ -98,6 +98,17 @@ def test_a_cast_that_changes_the_values_is_refused(kind, case, tmp_path):
         _save_and_load(kind, tmp_path, {"w": saved}, {"w": template})
 
 
+def test_an_optimiser_state_that_a_narrower_float_cannot_hold_is_refused(tmp_path):
+    """Adam's second moment of a gradient of 1e30 is 1e60: into a float32 model it became inf
+    (the model's own arrays were checked, the state's were not), with a NumPy warning at most."""
+    model = {"w": np.array([1e20, 1.0])}
+    state, model = optim.update(optim.setup(optim.Adam(0.1), model), model,
+                                {"w": np.array([1e30, 1.0])})  # fmt: skip
+    optim.save_checkpoint(tmp_path / "c.npz", model, state)
+    with pytest.raises(BadFileError, match="optimiser state of w .*would become inf"):
+        optim.load_checkpoint(tmp_path / "c.npz", {"w": np.zeros(2, np.float32)})
+
+
 @pytest.mark.parametrize("kind", ["nn.save", "checkpoint"])
 def test_rounding_into_a_narrower_float_still_loads(kind, tmp_path):
     saved = np.array([0.1, 1e-30, -2.0])

@@ -227,7 +227,7 @@ def load_checkpoint(path, model):
             new_model = _fill_generators(new_model, meta.get("generators", {}))
             saved_dtypes = {k: arrays[e["array"]].dtype for k, e in meta["model"].items()
                             if "array" in e}  # fmt: skip
-            state = _fill_state(path, new_model, meta["state"], arrays, saved_dtypes)
+            state = _fill_state(archive, new_model, meta["state"], arrays, saved_dtypes)
         except BadFileError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as error:
@@ -351,7 +351,7 @@ def _fill_model(archive, model, entries, arrays):
     return tree_map_with_path(fill, model)
 
 
-def _fill_state(path, model, entries, arrays, saved_dtypes):
+def _fill_state(archive, model, entries, arrays, saved_dtypes):
     leaves = {}
 
     def make(p, x):
@@ -362,7 +362,7 @@ def _fill_state(path, model, entries, arrays, saved_dtypes):
         if "same_as" not in entry:
             rule, state = (_decode(entry[k], arrays, x) for k in ("rule", "state"))
             kept = _check_leaf(key, rule, state, entry["frozen"], data(x))
-            state = _following(state, kept, saved_dtypes.get(key))
+            state = _following(state, kept, saved_dtypes.get(key), archive, key)
             leaves[key] = Leaf(rule, state, entry["frozen"])
         return leaves[entry.get("same_as", key)]
 
@@ -406,16 +406,22 @@ def _check_leaf(key, rule, state, frozen, template):
     return kept
 
 
-def _following(state, kept, saved):
+def _following(state, kept, saved, archive, key):
     """The state's arrays of the saved parameter's dtype `saved` in the dtypes of `kept`, the
     rule's fresh state for the model's parameter: a float64 run loaded into a float32 model
     keeps its moments in float32, as its parameters (a float64 step count, or float32 moments
-    of half-precision parameters, stay as saved)."""
+    of half-precision parameters, stay as saved). A cast that would change more than the
+    rounding (a moment beyond float32's range become inf) is refused, as the model's is."""
+    from ..nn.placement import lossy_cast, to_numpy
+
     if isinstance(state, tuple):
-        return tuple(_following(v, k, saved) for v, k in zip(state, kept))
+        return tuple(_following(v, k, saved, archive, key) for v, k in zip(state, kept))
     if is_array(state) and is_array(kept):  # dtypes by name: `saved` is NumPy's
         name = dtype_name(state.dtype)
         if name == dtype_name(saved) != dtype_name(kept.dtype):
+            why = lossy_cast(to_numpy(state), kept.dtype)
+            if why is not None:
+                raise archive.error(f"the optimiser state of {key} does not fit the model: {why}")
             return namespace_of(state).astype(state, kept.dtype)
     return state
 
