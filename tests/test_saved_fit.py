@@ -47,6 +47,18 @@ def test_a_tie_the_checkpoint_has_not_is_refused(tmp_path):
         optim.load_checkpoint(path, {"t1": b, "t2": b})
 
 
+def test_nn_load_refuses_untied_values_for_a_tied_model(tmp_path):
+    """A file of two different arrays loaded into a model that ties them kept the first and
+    dropped the second without a word; equal ones load, tied."""
+    path, tied = tmp_path / "m.npz", np.zeros(3)
+    nn.save(path, {"t1": np.ones(3), "t2": np.full(3, 7.0)})
+    with pytest.raises(BadFileError, match="arrays t1 and t2 differ"):
+        nn.load(path, {"t1": tied, "t2": tied})
+    nn.save(path, {"t1": np.ones(3), "t2": np.ones(3)})
+    loaded = nn.load(path, {"t1": tied, "t2": tied})
+    assert loaded["t1"] is loaded["t2"] and np.array_equal(loaded["t1"], np.ones(3))
+
+
 @pytest.mark.parametrize("kind", ["nn.save", "checkpoint"])
 @pytest.mark.parametrize(
     "model",

@@ -52,7 +52,9 @@ def load(path, model=None, *, xp=None, device=None, dtype=None):
 
     Each array goes where the model's array is (same library, device and dtype), unless `xp`,
     `device` or `dtype` is given; an array the model holds in several places (tied weights) is
-    loaded once, from its first place. Without a model, returns `{key: NumPy array}`.
+    loaded once, from its first place, and the file's arrays for the others must equal it (a
+    file of untied weights is refused, not loaded in part). Without a model, returns
+    `{key: NumPy array}`.
     A file that does not fit the model or is damaged raises `BadFileError` before any array
     is read.
     """
@@ -70,9 +72,16 @@ def load(path, model=None, *, xp=None, device=None, dtype=None):
         key = key or "_"
         if key not in expected:
             return x
-        if id(expected[key]) not in loaded:
-            loaded[id(expected[key])] = (expected[key], placed(key))
-        return loaded[id(expected[key])][1]
+        tied = loaded.get(id(expected[key]))
+        if tied is None:
+            loaded[id(expected[key])] = (expected[key], placed(key), key)
+            return loaded[id(expected[key])][1]
+        if not _same_values(saved[tied[2]], saved[key]):
+            raise BadFileError(
+                f"load: {path}: its arrays {tied[2]} and {key} differ, where the model holds one "
+                "array (tied weights); load it into a model that does not tie them"
+            )
+        return tied[1]
 
     def placed(key):
         values, template = saved[key], expected[key]
@@ -85,6 +94,11 @@ def load(path, model=None, *, xp=None, device=None, dtype=None):
         return asarray(values, xp=namespace_of(template), device=device_of(template), dtype=into)
 
     return tree_map_with_path(fill, model)
+
+
+def _same_values(a, b):
+    """Whether two saved arrays hold the same values (bit for bit: a nan equals itself)."""
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
 def _check(archive, expected):
