@@ -274,6 +274,26 @@ def test_a_resume_with_another_setting_is_refused(tmp_path, capsys):
     assert "saved with --width 16" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "changed, said",
+    [(["--compile"], "saved with step eager, going on with compiled"),
+     (["--backend", "torch"], "saved with backend numpy, going on with torch")],
+    ids=["compiled", "backend"],
+)  # fmt: skip
+def test_a_resume_that_runs_otherwise_says_so(tmp_path, capsys, changed, said):
+    """The text job went on with another backend or step without a word (the digits job said
+    it), and its losses differ from the straight run's by rounding."""
+    if "torch" in changed:
+        pytest.importorskip("torch")
+    args = [*TINY_ARGS, "--steps", "4", "--sample-length", "0"]
+    stop = lambda: signal.SIGINT  # noqa: E731  (after the first step)
+    with pytest.raises(Interrupted):
+        text_cli.run([*args, "--backend", "numpy", "--save", str(tmp_path)], stop=stop)
+    capsys.readouterr()
+    text_cli.run([*TINY_ARGS, "--sample-length", "0", "--resume", str(tmp_path), *changed])
+    assert said in capsys.readouterr().out
+
+
 def test_a_resumed_run_keeps_its_eval_every_and_a_fresh_one_refuses_an_earlier_checkpoint(
     tmp_path, capsys
 ):

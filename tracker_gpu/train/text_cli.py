@@ -155,8 +155,18 @@ def _check_attention_memory(p, values, args):
 
 
 def _precision(p, args, saved):
-    """`args.precision`: the one given, else the checkpoint's, else 32."""
+    """`args.precision`: the one given, else the checkpoint's, else 32; and the settings a
+    resumed run may change, said (`args.notes`): where it runs, how it steps, the library's
+    version (the same run up to rounding), and its precision."""
+    import tracker_gpu
+
     args.notes = []
+    here = dict(backend=args.where[0], step="compiled" if args.compile else "eager",
+                version=tracker_gpu.__version__)  # fmt: skip
+    for key, value in here.items():
+        if key in saved and saved[key] != value:
+            args.notes.append(f"saved with {key} {saved[key]}, going on with {value} (the same "
+                              "run up to rounding)")  # fmt: skip
     if "precision" in saved and args.precision and args.precision != saved["precision"]:
         args.notes.append(f"saved with precision {saved['precision']}, going on with "
                           f"{args.precision}")  # fmt: skip
