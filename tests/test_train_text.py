@@ -266,6 +266,13 @@ def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
     assert stopped.value.code == 2 and out == "" and message in err
 
 
+def test_a_resume_from_a_folder_in_the_checkpoints_place_says_so(tmp_path, capsys):
+    (tmp_path / "text.npz").mkdir()
+    with pytest.raises(SystemExit):
+        text_cli.main([*TINY_ARGS, "--resume", str(tmp_path)])
+    assert "is a folder, not a checkpoint" in capsys.readouterr().err  # it said "no checkpoint"
+
+
 def test_a_resume_with_another_setting_is_refused(tmp_path, capsys):
     text_cli.run([*TINY_ARGS, "--steps", "10", "--sample-length", "0", "--save", str(tmp_path)])
     capsys.readouterr()

@@ -177,6 +177,8 @@ def _saved_settings(p, args):
     from tracker_gpu import optim
 
     path = _path(args.resume)
+    if os.path.isdir(path):
+        p.error(f"--resume: {path!r} is a folder, not a checkpoint")
     if not os.path.isfile(path):
         p.error(f"--resume: no checkpoint {path!r}; train with --save {args.resume} first")
     try:
