@@ -355,3 +355,29 @@ def _floating(tree):
 
     return [x for x in tree_leaves(tree) if getattr(x, "dtype", None) is not None
             and np.issubdtype(np.asarray(x).dtype, np.floating)]  # fmt: skip
+
+
+@pytest.mark.parametrize("job", ["text", "digits"])
+def test_a_save_that_fails_mid_run_is_one_line_and_exit_1(job, tmp_path, capsys, monkeypatch):
+    """A full disk at a checkpoint ended the run with a traceback; the error names the file
+    and says the one there before is unchanged."""
+    from tracker_gpu import optim
+    from tracker_gpu.files import SaveError
+    from tracker_gpu.train import cli
+
+    def full(path, *args, **kwargs):
+        raise SaveError(path, OSError(28, "No space left on device"))
+
+    monkeypatch.setattr(optim, "save_checkpoint", full)
+    if job == "text":
+        argv = [*TINY_ARGS, "--steps", "2", "--sample-length", "0", "--save", str(tmp_path)]
+        main = text_cli.main
+    else:
+        argv = ["--backend", "numpy", "--models", "mlp", "--epochs", "1", "--plot", "",
+                "--no-progress", "--save", str(tmp_path)]  # fmt: skip
+        main = cli.main
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1 and "Traceback" not in err
+    assert "No space left on device" in err and "unchanged" in err

@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 
 from tracker_gpu.distributed import STEP_TIMEOUT, StalledWorkers, StalledWorkerWarning
+from tracker_gpu.files import SaveError
 
 from .arguments import (
     LEARNING_RATE,
@@ -318,9 +319,9 @@ def _refuse(p, args, name, option, saved, given):
 
 def main(argv=None):
     """The console script: train, print the test accuracies, write the plot. A loss that is
-    not finite, an unreachable scheduler, a step that no worker answers within --step-timeout
-    and a stop by SIGINT or SIGTERM are one line each, no traceback (exit 1, 1, 1, 130 or
-    143)."""
+    not finite, an unreachable scheduler, a step that no worker answers within --step-timeout,
+    a checkpoint that cannot be written (the one before is kept) and a stop by SIGINT or
+    SIGTERM are one line each, no traceback (exit 1, 1, 1, 1, 130 or 143)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["text"]:  # the text job: a character-level transformer (it keeps memory)
         from .text_cli import main as text_main
@@ -333,7 +334,7 @@ def main(argv=None):
         except Interrupted as stopped:
             print(_stopped_line(stopped, argv), file=sys.stderr, flush=True)
             sys.exit(128 + stopped.signum)
-        except (FloatingPointError, ConnectionError) as error:
+        except (FloatingPointError, ConnectionError, SaveError) as error:
             print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
             sys.exit(1)
         except StalledWorkers as error:

@@ -13,6 +13,8 @@ import sys
 
 import numpy as np
 
+from tracker_gpu.files import SaveError
+
 from .arguments import (
     LEARNING_RATE,
     check_folders,
@@ -207,8 +209,9 @@ def _path(folder):
 
 def main(argv=None):
     """The console script: train, print the validation loss beside the baselines and a sample,
-    write the plot. A loss that is not finite and a stop by SIGINT or SIGTERM are one line
-    each, no traceback (exit 1, 130 or 143)."""
+    write the plot. A loss that is not finite, a checkpoint that cannot be written (the one
+    before is kept) and a stop by SIGINT or SIGTERM are one line each, no traceback (exit 1,
+    1, 130 or 143)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     keep_freed_memory()
     with signals() as stop:
@@ -217,7 +220,7 @@ def main(argv=None):
         except Interrupted as stopped:
             print(_stopped_line(stopped, argv), file=sys.stderr, flush=True)
             sys.exit(128 + stopped.signum)
-        except FloatingPointError as error:
+        except (FloatingPointError, SaveError) as error:  # a save's: the one before is kept
             print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
             sys.exit(1)
 
