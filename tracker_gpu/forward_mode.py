@@ -49,7 +49,9 @@ def jvp(f, primals, tangents):
     with nesting.inside():
         value = f(*tracked)
     outputs = [y for y in _leaves(value) if _is_floating(y)]
-    older = []  # the tracked values from before `since` that the tangents depend on
+    # nested, both stay linked to the outer pass; recorded, traced (a replay computes them)
+    at_top = not nesting.active() and recording.current() is None
+    older = []  # at top level, the tracked values from before `since` the tangents depend on
 
     def pulled_back(*cotangents):  # <J^T u, t>: linear in the cotangents u
         weighted = _total([_sum(multiply(y, u)) for y, u in zip(outputs, cotangents)])
@@ -57,13 +59,12 @@ def jvp(f, primals, tangents):
         if isinstance(weighted, TrackedArray):
             found = backprop(weighted, inputs.values(), True, since=since, finite=False)
         along = directional(gradients_in_place(args, inputs, found, True), tangents)
-        if isinstance(along, TrackedArray) and along._node is not None:
+        if at_top and isinstance(along, TrackedArray) and along._node is not None:
             older.extend(older_nodes(along._node, since))  # before the pass frees the graph
         return along
 
     found = quiet_gradient(pulled_back, *[_zeros_like(y) for y in outputs])
-    # nested, both stay linked to the outer pass; recorded, traced (a replay computes them)
-    if not nesting.active() and recording.current() is None:
+    if at_top:
         value, found = untracked(value), [_cut_off_at_top(t, older) for t in found]
     found = iter(found)
     return value, tree_map(lambda v: _tangent(v, found) if _is_array(v) else _still(v), value)
