@@ -690,6 +690,7 @@ def _basic(key):
     view of the array."""
     return all(type(k) in _BASIC for k in key) if type(key) is tuple else type(key) in _BASIC
 
+
 _OPERATOR_UFUNCS = {
     "add": add, "subtract": subtract, "multiply": multiply, "divide": divide, "power": pow,
     "matmul": matmul, "floor_divide": floor_divide, "remainder": remainder,

@@ -261,8 +261,7 @@ def _written_mask(part, key):
     """A boolean array of `part`'s shape, true at `key`."""
     xp = namespace_of(part.data)
     mask = xp.zeros(tuple(part.shape), dtype=xp.bool, device=device_of(part.data))
-    parts = key if type(key) is tuple else (key,)
-    mask[tuple(data(k) for k in parts) if type(key) is tuple else data(key)] = True
+    mask[tuple(data(k) for k in key) if type(key) is tuple else data(key)] = True
     return mask
 
 
