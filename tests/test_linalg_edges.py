@@ -4,6 +4,8 @@ differentiates at zero), `svd` where a singular value is exactly 0, the 2-norm's
 derivative where the norm is 0, and the Cholesky factor on every backend (Dask's own factor is
 the upper one)."""
 
+import math
+
 import numpy as np
 import pytest
 from helpers import numpy_of
@@ -190,3 +192,42 @@ def test_cholesky_value_and_gradient_match_torch(backend, upper, complex_):
     torch.sum(torch.real(torch.linalg.cholesky(t, upper=upper) * torch_of(c))).backward()
     hermitian = (t.grad + t.grad.mT.conj()).numpy() / 2  # the input is read as Hermitian
     np.testing.assert_allclose(numpy_of(backend, got), hermitian, atol=1e-12)
+
+
+_VECTOR_ORDS = [2, 1, 0, math.inf, -math.inf, 3, -1]
+_MATRIX_ORDS = ["fro", "nuc", 2, -2, 1, -1, math.inf, -math.inf]
+
+
+def _same_as_plain(norm, x, **kw):
+    """The tracked norm's value and dtype are the plain library's, or both raise."""
+    import array_api_compat.numpy as plain
+
+    try:
+        expected = getattr(plain.linalg, norm)(x, **kw)
+    except ValueError:
+        with pytest.raises(ValueError):
+            getattr(tg.linalg, norm)(tg.param(x) if x.dtype.kind == "f" else tg.asarray(x), **kw)
+        return
+    got = getattr(tg.linalg, norm)(tg.param(x) if x.dtype.kind == "f" else tg.asarray(x), **kw)
+    assert tg.data(got).dtype == np.asarray(expected).dtype, (norm, kw)
+    np.testing.assert_array_equal(tg.data(got), expected)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+@pytest.mark.parametrize("shape, axis", [((0,), None), ((0, 3), 0), ((2, 0), None)])
+@pytest.mark.parametrize("ord", _VECTOR_ORDS)
+def test_the_vector_norm_of_an_empty_array_is_numpys(shape, axis, ord):
+    """The largest |x| of no element raised NumPy's reduction error; NumPy's norm is 0."""
+    _same_as_plain("vector_norm", np.zeros(shape), ord=ord, axis=axis)
+
+
+@pytest.mark.parametrize("shape", [(2, 0), (0, 3), (0, 0)])
+@pytest.mark.parametrize("ord", _MATRIX_ORDS)
+def test_the_matrix_norm_of_an_empty_matrix_is_numpys(shape, ord):
+    _same_as_plain("matrix_norm", np.zeros(shape), ord=ord)
+
+
+@pytest.mark.parametrize("ord", _VECTOR_ORDS)
+def test_the_vector_norm_of_integers_is_a_float_as_numpys(ord):
+    """ord 1, 0 and inf gave integers (2 gave a float)."""
+    _same_as_plain("vector_norm", np.array([1, -2, 3]), ord=ord)

@@ -94,9 +94,14 @@ CASES = {
             ("mm", [X34, rand(4, 2)], lambda f, x, y: f(x, y), False),
             ("nd-v", [X234, rand(4)], lambda f, x, y: f(x, y), False),
             ("nd-nd", [X234, rand(2, 4, 3)], lambda f, x, y: f(x, y), False),
-            ("scalar", [rand(), X5], lambda f, x, y: f(x, y), True)],
+            ("scalar", [rand(), X5], lambda f, x, y: f(x, y), True),
+            ("python-number", [X5], lambda f, x: f(x, 2.5), True)],
     "inner": [("vv", [X5, rand(5, seed=2)], lambda f, x, y: f(x, y), False),
-              ("nd", [X234, rand(2, 4)], lambda f, x, y: f(x, y), False)],
+              ("nd", [X234, rand(2, 4)], lambda f, x, y: f(x, y), False),
+              ("python-number", [X34], lambda f, x: f(-1.5, x), True)],
+    "trace": [("2d", [X34], lambda f, x: f(x), False),
+              ("3d-first-axes", [X234], lambda f, x: f(x), False),
+              ("offset-axes", [X234], lambda f, x: f(x, 1, 2, 0), False)],
     "partition": [("1d", [distinct(7)], lambda f, x: np.sort(f(x, 3)) if f is np.partition
                    else f(x, 3), True),
                   ("axis0", [distinct(4, 3)], lambda f, x: np.sort(f(x, [1, 2], axis=0), axis=0)
@@ -219,6 +224,18 @@ def test_second_derivative_matches_finite_differences(library, name, case_id):
 
 
 # --- what the table cannot say
+def test_identity_and_trace_of_the_namespace_are_numpys():
+    """The namespace's `identity` was Tracker's (`identity(3)` gave 3) and its `trace` the
+    standard's `linalg.trace`, over the last two axes, where NumPy's takes the first two."""
+    xp = array_api_compat.array_namespace(tg.param(np.ones(1)))
+    for args in ((3,), (2, np.float32)):
+        got = xp.identity(*args)
+        assert tg.data(got).dtype == np.identity(*args).dtype
+        np.testing.assert_array_equal(tg.data(got), np.identity(*args))
+    np.testing.assert_array_equal(tg.data(xp.trace(tg.param(X234))), np.trace(X234))
+    np.testing.assert_array_equal(tg.linalg.trace(X234), np.linalg.trace(X234))
+
+
 def test_partition_puts_the_kth_element_where_numpy_does(library):
     x = distinct(3, 6, seed=11)
     got = library.to_numpy(tg.data(tg.partition(tg.param(library.asarray(x)), [1, 4])))

@@ -61,6 +61,9 @@ def bound_functions(default):
         xp, dt = target(device, dtype)
         return constant(xp.eye(n_rows, n_cols, k=k, dtype=dt, device=device), xp)
 
+    def identity(n, dtype=None, *, device=None):  # NumPy's: the n x n identity matrix
+        return eye(n, dtype=dtype, device=device)
+
     def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True):
         if _on_tape(start) or _on_tape(stop):
             return _tracked_linspace(start, stop, num, dtype, device, endpoint)
@@ -97,7 +100,8 @@ def bound_functions(default):
         return constant(default.from_dlpack(x, device=device, copy=copy), default)
 
     functions = {name: sized(name) for name in ("zeros", "ones", "empty")}
-    functions.update(full=full, arange=arange, eye=eye, linspace=linspace, asarray=asarray)
+    functions.update(full=full, arange=arange, eye=eye, identity=identity, linspace=linspace,
+                     asarray=asarray)  # fmt: skip
     functions.update(from_dlpack=from_dlpack)
     functions.update({name: _like(name) for name in ("zeros_like", "ones_like", "empty_like")})
     functions["full_like"] = _full_like

@@ -63,7 +63,7 @@ _SHARED.update(
 _SHARED["astype"] = _shape.astype_to  # astype(x, dtype, device=d): the gradient back to x's
 # The standard's linalg functions that also live at the top, and Tracker's extras.
 _SHARED.update(
-    _names(_linalg_rules, "matmul matrix_transpose tensordot vecdot kron diagm logdet outer trace")
+    _names(_linalg_rules, "matmul matrix_transpose tensordot vecdot kron diagm logdet outer")
 )
 _SHARED.update(tril=_creation.tril, triu=_creation.triu, einsum=_einsum.einsum)
 _CONSTANTS = dict(e=_math.e, pi=_math.pi, inf=_math.inf, nan=_math.nan, newaxis=None)

@@ -55,7 +55,7 @@ from . import decompositions
 from .decompositions import *  # noqa: F403 (re-exported: part of the extension)
 from .decompositions import svdvals
 from .elementwise import abs as _abs
-from .elementwise import conj, is_complex, mask, multiply, real, real_dtype, subtract, where
+from .elementwise import astype, conj, is_complex, mask, multiply, real, real_dtype, subtract, where
 from .elementwise import conjugate_derivative as _conj
 from .elementwise import sign as _sign
 from .linalg_base import _H, _eye, _tracked, _xp, inv, matmul, matrix_transpose, solve
@@ -375,6 +375,7 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     nonzeros, no gradient) or any other real `p`. The 2-norm's gradient at 0 is 0."""
     if not _tracked(x) and _native(_xp(x), "vector_norm"):
         return _xp(x).linalg.vector_norm(x, axis=axis, keepdims=keepdims, ord=ord)
+    x = _as_floating(x)  # a norm of integers is a float, as NumPy's
     kw = {"axis": axis, "keepdims": keepdims}
     if ord == 2:
         return _norm2(x, **kw)
@@ -383,10 +384,29 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     if ord == 1:
         return _sum(_abs(x), **kw)
     if ord == math.inf:
-        return _max(_abs(x), **kw)
+        return _largest(_abs(x), **kw)
     if ord == -math.inf:
         return _min(_abs(x), **kw)
     return _normp(x, ord=ord, **kw)
+
+
+def _as_floating(x):
+    """`x`, or its values as float64 where they are integers or booleans."""
+    dtype = data(x).dtype
+    xp = _xp(x)
+    if xp.isdtype(dtype, ("real floating", "complex floating")):
+        return x
+    return astype(x, xp.float64)
+
+
+def _largest(values, axis=None, keepdims=False):
+    """The largest of the non-negative `values` over `axis`; 0 over none (NumPy's norms of an
+    empty array: a maximum over no element has no value of its own)."""
+    shape = tuple(values.shape)
+    axes = range(len(shape)) if axis is None else (axis,) if isinstance(axis, int) else axis
+    if math.prod(shape[a] for a in axes) == 0:
+        return _sum(values, axis=axis, keepdims=keepdims)  # zeros, of the reduced shape
+    return _max(values, axis=axis, keepdims=keepdims)
 
 
 def _normp_forward(xp, x, ord, axis=None, keepdims=False):
@@ -419,10 +439,10 @@ def matrix_norm(x, /, *, keepdims=False, ord="fro"):
     if ord == "nuc":
         out = _sum(svdvals(x), axis=-1)
     elif ord in (2, -2):
-        out = (_max if ord == 2 else _min)(svdvals(x), axis=-1)
+        out = (_largest if ord == 2 else _min)(svdvals(x), axis=-1)
     elif ord in (1, -1, math.inf, -math.inf):
         sums = _sum(_abs(x), axis=-2 if ord in (1, -1) else -1)
-        out = (_max if ord > 0 else _min)(sums, axis=-1)
+        out = (_largest if ord > 0 else _min)(sums, axis=-1)
     else:
         raise ValueError(
             f"matrix_norm ord must be 'fro', 'nuc', 1, -1, 2, -2, inf or -inf, got {ord!r}"

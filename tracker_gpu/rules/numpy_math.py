@@ -38,8 +38,9 @@ from .elementwise import (
     zeros_like,
 )
 from .linalg import tensordot
+from .linalg import trace as linalg_trace
 from .linalg_base import matmul
-from .manipulation import argsort, take_along_axis
+from .manipulation import argsort, moveaxis, take_along_axis
 from .numpy_arrays import as_arrays
 from .shape import concat, getitem, reshape
 
@@ -52,6 +53,7 @@ __all__ = [
     "select",
     "dot",
     "inner",
+    "trace",
     "partition",
     "numerical_gradient",
 ]
@@ -182,6 +184,22 @@ def select(condlist, choicelist, default=0):
 
 
 # --- products
+def _scalar(x):
+    """A Python number or a 0-d array: `dot` and `inner` multiply by it."""
+    return isinstance(x, (int, float, complex)) or x.ndim == 0
+
+
+def trace(x, /, offset=0, axis1=0, axis2=1, dtype=None):
+    """NumPy's trace: the sums along the diagonal `offset` of the axes `axis1` and `axis2`, the
+    first two by default (`linalg.trace`, the standard's, takes the last two).
+
+    >>> import numpy as np, tracker_gpu as tg
+    >>> tg.trace(np.arange(24.0).reshape(2, 3, 4))
+    array([16., 18., 20., 22.])
+    """
+    return linalg_trace(moveaxis(x, (axis1, axis2), (-2, -1)), offset=offset, dtype=dtype)
+
+
 def dot(a, b, /):
     """NumPy's dot product: a product with a 0-d operand, the inner product of vectors, the
     matrix product of matrices, and otherwise the sum over the last axis of `a` and the
@@ -191,7 +209,7 @@ def dot(a, b, /):
     >>> float(tg.dot(np.array([1.0, 2.0]), np.array([3.0, 4.0])))
     11.0
     """
-    if a.ndim == 0 or b.ndim == 0:
+    if _scalar(a) or _scalar(b):
         return multiply(a, b)
     if b.ndim == 1 or a.ndim == 1 or (a.ndim == 2 and b.ndim == 2):
         return matmul(a, b)
@@ -201,7 +219,7 @@ def dot(a, b, /):
 def inner(a, b, /):
     """The sum of products over the last axes of `a` and `b` (a product with a 0-d operand);
     the result's shape is `a.shape[:-1] + b.shape[:-1]`. Nothing is conjugated."""
-    if a.ndim == 0 or b.ndim == 0:
+    if _scalar(a) or _scalar(b):
         return multiply(a, b)
     if a.ndim == 1 and b.ndim == 1:
         return matmul(a, b)
