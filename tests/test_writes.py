@@ -531,3 +531,25 @@ def test_a_compiled_write_through_a_slice_replays_as_eagerly(name):
         for g, e in zip(got.grad, expected.grad):
             np.testing.assert_array_equal(g, e)
     assert step.cache_info().hits == 2
+
+
+_IN_PLACE_DTYPES = ["uint8", "int8", "int32", "float32", "float64"]
+
+
+@pytest.mark.parametrize("value", _IN_PLACE_DTYPES)
+@pytest.mark.parametrize("into", _IN_PLACE_DTYPES)
+def test_an_in_place_operator_stores_or_refuses_as_numpys(into, value):
+    """Each pair of dtypes against NumPy's own `x += y` (same-kind casting): a signed result
+    stored into unsigned integers wrapped (-2 became 254), where NumPy refuses."""
+    x, y = np.array([1, 2], dtype=into), np.array([-2, 3]).astype(value)
+    tracked = tg.asarray(x.copy())
+    try:
+        expected = x.copy()
+        expected += y
+    except TypeError:
+        with pytest.raises(TypeError, match="cannot store a result of dtype"):
+            tracked += tg.asarray(y)
+        return
+    tracked += tg.asarray(y)
+    assert tracked.dtype == expected.dtype
+    np.testing.assert_array_equal(tg.data(tracked), expected)

@@ -42,7 +42,7 @@ import sys
 import numpy as np
 
 from .. import backend, recording
-from ..backend import SCALARS, device_of, namespace_of
+from ..backend import SCALARS, device_of, isdtype, namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray, constant, data, istracked
 from .elementwise import (
@@ -305,6 +305,8 @@ def _higher_kind(result, x):
     """Whether `result` is of a higher kind than `x` (bool, integral, real, complex): what
     NumPy's `same_kind` casting refuses to store back in `x`."""
     xp = namespace_of(data(x))
+    if isdtype(xp, x.dtype, "unsigned integer") and isdtype(xp, result.dtype, "signed integer"):
+        return True  # NumPy's kinds order unsigned before signed: -2 would wrap to 254
     return _kind_rank(xp, result.dtype) > _kind_rank(xp, x.dtype)
 
 
