@@ -738,6 +738,33 @@ def test_main_job_numbers_that_are_not_positive(capsys, monkeypatch):
         assert f"argument {option}: must be more than 0" in err and err.strip().endswith("got 0")
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["--models", "mlp,cnn,mlp"], "--models: mlp named twice"),
+     (["--models", ","], "--models: no model named"),
+     (["--epochs", str(10**23)], "--epochs: must be more than 0 and less than")],
+    ids=["a model twice", "no model", "epochs beyond any run"],
+)  # fmt: skip
+def test_main_job_model_lists_and_epochs_refused_before_work(argv, message, capsys, monkeypatch):
+    """A model named twice trained twice and saved over itself; 10**23 epochs ended in an
+    OverflowError traceback after the data loaded."""
+    train = pytest.importorskip("tracker_gpu.train")
+    monkeypatch.setattr(train.cli, "train", lambda *a, **k: pytest.fail("work started"))
+    assert message in _main_job(["--backend", "numpy", *argv], capsys)
+
+
+def test_main_job_whose_weights_become_not_finite_is_one_line(capsys):
+    """The last updates left NaN weights after a finite loss: the job printed a test accuracy
+    of 0.100 and exited 0."""
+    train = pytest.importorskip("tracker_gpu.train")
+    with pytest.raises(SystemExit) as stopped:
+        train.main(["--backend", "numpy", "--models", "mlp", "--epochs", "1", "--batch-size",
+                    "2000", "--lr", "3e38", "--no-progress", "--plot", ""])  # fmt: skip
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1 and "Traceback" not in err
+    assert "outputs became not finite in epoch 1; lower the learning rate" in err
+
+
 def test_main_job_plot_into_a_missing_folder(capsys, tmp_path):
     err = _main_job(["--plot", str(tmp_path / "missing" / "curves.png")], capsys)
     assert "--plot: the folder" in err and "does not exist; create it, or pass --plot ''" in err

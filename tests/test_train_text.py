@@ -257,6 +257,8 @@ def test_the_digits_job_stays_the_default(capsys):
         (["--prompt", "\u2211"], "not in the text"),
         (["--temperature", "0"], "must be more than 0"),
         (["--resume", "nowhere"], "no checkpoint"),
+        (["--width", "200000", "--heads", "1"], "the parameters, their gradients"),
+        (["--layers", "10000000", "--width", "64"], "the parameters, their gradients"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
@@ -264,6 +266,30 @@ def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
         text_cli.main([*TINY_ARGS, *argv])
     out, err = capsys.readouterr()
     assert stopped.value.code == 2 and out == "" and message in err
+
+
+def test_a_stop_before_the_first_checkpoint_says_to_start_again(tmp_path):
+    """With --save given, the line said that nothing was saved for want of --save."""
+    argv = [*TINY_ARGS, "--save", str(tmp_path)]
+    line = text_cli._stopped_line(Interrupted(signal.SIGTERM, "text", 0, 0, None), argv)
+    assert "before any checkpoint was written; start again with:" in line
+    assert "no --save" not in line and "--resume" not in line
+
+
+def test_an_argument_error_leaves_no_save_folder_behind(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        text_cli.main([*TINY_ARGS, "--prompt", "\u2211", "--save", str(tmp_path / "run")])
+    assert "not in the text" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_a_run_whose_weights_become_not_finite_is_one_line(capsys):
+    """The last update left NaN weights after a finite training loss: the validation loss was
+    nan, and the sample raised a traceback."""
+    with pytest.raises(SystemExit) as stopped:
+        text_cli.main([*TINY_ARGS, "--steps", "1", "--lr", "1e30", "--sample-length", "20"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 1 and "Traceback" not in err
+    assert "validation loss became nan after step 1; lower the learning rate" in err
 
 
 def test_a_resume_from_a_folder_in_the_checkpoints_place_says_so(tmp_path, capsys):

@@ -78,6 +78,9 @@ def check_plot(p, args):
     if not path.parent.is_dir():
         p.error(f"--plot: the folder {str(path.parent)!r} does not exist; create it, or pass "
                 "--plot ''")  # fmt: skip
+    if not os.access(path.parent, os.W_OK):  # said before the training, not after it
+        p.error(f"--plot: the folder {str(path.parent)!r} cannot be written; choose another, "
+                "or pass --plot ''")  # fmt: skip
     args.plot = str(path)
 
 

@@ -60,7 +60,7 @@ def parser():
     p.add_argument("--device", default="auto", help="auto (default), cpu, gpu or gpu:N")
     p.add_argument("--models", default="mlp,cnn,lstm",
                    help=f"comma-separated, from {', '.join(RECIPES)} (default: all)")  # fmt: skip
-    p.add_argument("--epochs", type=number(int, 0),
+    p.add_argument("--epochs", type=number(int, 0, high=2**31),
                    help="the total number of epochs per model, a resumed run included "
                         "(default: 20 mlp, 15 cnn, 15 lstm, or the checkpoint's)")  # fmt: skip
     p.add_argument("--batch-size", type=number(int, 0),
@@ -125,7 +125,11 @@ def _checked(p, argv):
     args.names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.names if m not in RECIPES]
     if unknown or not args.names:
-        p.error(f"--models: unknown {unknown}; choose from {', '.join(RECIPES)}")
+        given = f"unknown {unknown}" if unknown else "no model named"
+        p.error(f"--models: {given}; choose from {', '.join(RECIPES)}")
+    twice = sorted({m for m in args.names if args.names.count(m) > 1})
+    if twice:  # each would train again, and save over the other's checkpoint
+        p.error(f"--models: {', '.join(twice)} named twice; name each model once")
     check_modules(p, args, [("sklearn.datasets", SKLEARN_MISSING)])
     check_plot(p, args)
     try:

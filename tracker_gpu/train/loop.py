@@ -382,7 +382,7 @@ def _epoch(run, model, state, history, epoch, bar, within=None):
     _check_finite(run.name, epoch, total_loss)
     history["loss"].append(total_loss / n)
     history["train_accuracy"].append(correct / n)
-    history["test_accuracy"].append(accuracy(model, data.test_x, data.test_y))
+    history["test_accuracy"].append(_tested(run.name, epoch, model, data))
     bar.set_postfix(loss=f"{history['loss'][-1]:.4f}", acc=f"{history['train_accuracy'][-1]:.3f}",
                     test=f"{history['test_accuracy'][-1]:.3f}")  # fmt: skip
     return model, state
@@ -399,6 +399,19 @@ def _guarded(run, epoch, model, state, x, y):
         raise FloatingPointError(
             f"{run.name}: the loss became {value} in epoch {epoch}; lower the learning rate"
         ) from None
+
+
+def _tested(name, epoch, model, data):
+    """The test accuracy after an epoch; outputs that are not finite (the last updates left
+    weights that are not, after finite training losses) are the loop's FloatingPointError."""
+    logits = model(data.test_x)
+    xp = namespace_of(logits)
+    if not bool(xp.all(xp.isfinite(logits))):
+        raise FloatingPointError(
+            f"{name}: the model's outputs became not finite in epoch {epoch}; lower the "
+            "learning rate"
+        )
+    return int(_hits(logits, data.test_y)) / data.test_x.shape[0]
 
 
 def _check_finite(name, epoch, total_loss):

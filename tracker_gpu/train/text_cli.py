@@ -109,9 +109,9 @@ def _checked(p, argv):
         p.error(str(error))
     args.text = Text.of(corpus())
     args.config = _config(p, args)
-    check_folders(p, args, ["text.npz"], [_path(args.resume)] if args.resume else [])
     _check_sample(p, args)
-    return args
+    check_folders(p, args, ["text.npz"], [_path(args.resume)] if args.resume else [])  # last:
+    return args  # it makes the --save folder
 
 
 def _config(p, args):
@@ -143,12 +143,20 @@ def _config(p, args):
 
 
 def _check_attention_memory(p, values, args):
-    """Refuse a run whose attention weights alone, `(batch, heads, context, context)` kept by
-    every layer for the backward pass, would not fit in the memory it computes in."""
+    """Refuse a run whose parameters with their gradients and AdamW's two moments, or whose
+    attention weights alone, `(batch, heads, context, context)` kept by every layer for the
+    backward pass, would not fit in the memory it computes in."""
+    memory = memory_of(args.where)
+    width, layers = values["width"], values["layers"]
+    parameters = layers * 12 * width**2 + (len(args.text.vocab) + values["context"]) * width
+    if memory is not None and 4 * 4 * parameters > memory:  # float32, four copies
+        p.error(f"--width {width}, --layers {layers}: the parameters, their gradients and "
+                f"AdamW's moments would take {16 * parameters / 2**30:,.1f} GiB, more than the "
+                f"{memory / 2**30:,.1f} GiB of memory here; choose a smaller --width or fewer "
+                "--layers")  # fmt: skip
     itemsize = 4 if args.precision == DEFAULT else 2
     weights = (values["layers"] * values["batch_size"] * values["heads"] * values["context"] ** 2
                * itemsize)  # fmt: skip
-    memory = memory_of(args.where)
     if memory is not None and weights > memory:
         p.error(f"--context {values['context']}: the attention weights alone would take "
                 f"{weights / 2**30:,.1f} GiB, more than the {memory / 2**30:,.1f} GiB of "
@@ -298,8 +306,12 @@ def _sample(result, args):
 def _stopped_line(stopped, argv):
     name = signal.Signals(stopped.signum).name
     folder = option(argv, "--save")
-    if folder is None or stopped.saved is None:
+    if folder is None:
         return (f"stopped by {name} after {stopped.step} steps; nothing was saved (no --save): "
                 "rerun with --save DIR to be able to resume")  # fmt: skip
+    if stopped.saved is None:  # stopped before the run's first checkpoint
+        command = shlex.join([*PROG.split(), *argv])
+        return (f"stopped by {name} after {stopped.step} steps, before any checkpoint was "
+                f"written; start again with: {command}")  # fmt: skip
     command = shlex.join([*PROG.split(), *without(argv, "--resume"), "--resume", folder])
     return f"stopped by {name} (saved after {stopped.step} steps); resume with: {command}"

@@ -230,6 +230,7 @@ def train_text(config, text, *, xp=None, device=None, step=text_step, progress=F
         model, state, rate = _fit(run, model, state, history, (done, partial), progress)
         valid = evaluate(model, text.valid, config.context, config.batch_size,
                          mixed=_mixed_of(step), **run.place)  # fmt: skip
+    _check_valid(valid, config.steps)
     if config.steps not in history["valid_step"]:  # the whole validation text, at the end
         history["valid_step"].append(config.steps)
         history["valid_loss"].append(valid)
@@ -330,11 +331,20 @@ def _log(history, i, window):
     return mean
 
 
+def _check_valid(loss, i):
+    """A validation loss that is not finite: the last updates left weights that are not (the
+    training losses, taken before each update, were finite)."""
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"text: the validation loss became {loss} after step {i}; "
+                                 "lower the learning rate")  # fmt: skip
+
+
 def _evaluated(run, trained, history, i, bar):
     """The validation loss after step `i`, on part of the validation text; then a
     checkpoint."""
     model, state, window = trained
     loss = run.valid_loss(model)
+    _check_valid(loss, i)
     history["valid_step"].append(i)
     history["valid_loss"].append(loss)
     bar.write(f"step {i}: validation loss {loss:.3f} nats/char")
