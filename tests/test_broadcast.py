@@ -185,6 +185,18 @@ def test_generated_kernels_agree_with_the_generic_path_everywhere(name, dtype):
 
 
 @pytest.mark.skipif(not host.available(), reason="no C++ compiler for the host build")
+def test_a_field_of_a_structured_array_is_read_as_the_generic_path_reads_it():
+    records = np.zeros(5, dtype=[("x", "f8"), ("y", "f4")])  # x's stride, 12 bytes, is no element
+    records["x"], records["y"] = np.linspace(-2.0, 2.0, 5), 100.0
+    x = records["x"]
+    loss = lambda x: tg.sum(tg.broadcast(lambda a: a * a - a, x) * np.arange(5.0))  # noqa: E731
+    with on_host():
+        value, grads = tg.withgradient(loss, x)
+    assert value == np.sum((x * x - x) * np.arange(5.0))
+    assert np.array_equal(grads[0], (2 * x - 1) * np.arange(5.0))
+
+
+@pytest.mark.skipif(not host.available(), reason="no C++ compiler for the host build")
 def test_float32_and_float64_arguments_are_promoted():
     f = lambda x, y: x * y + tg.exp(y)
     x, y = np.linspace(-1, 1, 6, dtype=np.float32), np.linspace(0, 2, 6)

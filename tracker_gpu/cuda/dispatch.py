@@ -60,11 +60,14 @@ def register(kind, *names):
 def takes(*arrays):
     """Whether the fused path takes these arrays: CuPy arrays, or NumPy ones inside `on_host()`,
     of real dtypes (the kernels know no complex arithmetic: complex data takes the generic
-    path)."""
+    path). A NumPy array whose strides are not whole elements (a field of a structured array)
+    is not aligned: the kernels count strides in elements, so it takes the generic path."""
     if _state["off"]:
         return False
     if _state["host"]:
-        return all(type(a) is np.ndarray and a.dtype.kind != "c" for a in arrays)
+        return all(
+            type(a) is np.ndarray and a.dtype.kind != "c" and a.flags.aligned for a in arrays
+        )
     return all(is_cupy(a) and a.dtype.kind != "c" for a in arrays)
 
 
