@@ -115,3 +115,27 @@ def test_clip_keeps_the_dtype_of_x_as_the_plain_namespace(backend, case):
         assert np.array_equal(backend.to_numpy(got[1]), backend.to_numpy(expected[1]))
     if case != "ints, float bounds":
         assert str(got[1].dtype) == str(a.dtype)
+
+
+INTEGER_BOUNDS = [
+    (np.int8, None, np.int64(300)),
+    (np.int8, None, np.int16(1000)),
+    (np.int8, np.int64(-1000), np.uint8(3)),
+    (np.uint8, np.int64(-1), None),
+    (np.uint8, np.array([-1, 300, 7, 0]), None),
+    (np.int16, np.array(-40000), np.array([5, 70000, -3, 2])),
+    (np.uint64, np.int64(-3), np.int64(6)),
+]
+
+
+@pytest.mark.parametrize(("dtype", "lo", "hi"), INTEGER_BOUNDS)
+def test_an_integer_bound_beyond_the_dtype_of_x_is_its_end(dtype, lo, hi):
+    """An integer bound (a NumPy scalar or array) that x's dtype cannot hold clips as its
+    range's end: cast first, 300 became 44 in int8 and clipped 100 to it."""
+    info = np.iinfo(dtype)
+    x = np.array([info.min, 0, 5, info.max], dtype)
+    xp = array_api_compat.array_namespace(tg.param(np.array([1.0])))
+    wide = [None if b is None else np.asarray(b).astype(object) for b in (lo, hi)]
+    expected = np.clip(np.clip(x.astype(object), *wide), info.min, info.max).astype(dtype)
+    got = tg.data(xp.clip(xp.asarray(x), lo, hi))
+    assert got.dtype == dtype and np.array_equal(got, expected), got

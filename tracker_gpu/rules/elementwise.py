@@ -505,10 +505,17 @@ def _clip_forward(xp, x, lo, hi):
 def _bound_in_dtype(xp, bound, x):
     if bound is None:
         return None
-    if type(bound) is int and isdtype(xp, x.dtype, "integral"):
-        info = xp.iinfo(x.dtype)
+    if not isdtype(xp, x.dtype, "integral"):
+        return xp.asarray(bound, dtype=x.dtype, device=device_of(x))
+    info = xp.iinfo(x.dtype)
+    if type(bound) is int:
         return bound if info.min < bound < info.max else None
-    return xp.asarray(bound, dtype=x.dtype, device=device_of(x))
+    bound = xp.asarray(bound, device=device_of(x))
+    if not isdtype(xp, bound.dtype, "integral"):
+        return xp.astype(bound, x.dtype)
+    # an integer bound beyond x's range is the range's end: cast first, 300 would be 44 in int8
+    wide = xp.result_type(bound.dtype, x.dtype)  # holds both (float64 for uint64 with int64)
+    return xp.astype(xp.clip(xp.astype(bound, wide), info.min, info.max), x.dtype)
 
 
 def _clip_vjp_x(g, ans, x, lo, hi):
