@@ -13,6 +13,7 @@ import pytest
 
 import tracker_gpu as tg
 from tests.test_signatures import STANDARD_2024_12
+from tracker_gpu.backend import half_dtype
 
 BINARY = [line.partition("(")[0] for line in STANDARD_2024_12 if "(x1, x2, /)" in line]
 
@@ -139,3 +140,22 @@ def test_an_integer_bound_beyond_the_dtype_of_x_is_its_end(dtype, lo, hi):
     expected = np.clip(np.clip(x.astype(object), *wide), info.min, info.max).astype(dtype)
     got = tg.data(xp.clip(xp.asarray(x), lo, hi))
     assert got.dtype == dtype and np.array_equal(got, expected), got
+
+
+HALF = ["float16", "bfloat16"]
+COMPLEX_OF_HALF = {
+    "fft": lambda xp, x: xp.fft.fft(x),
+    "where with 1j": lambda xp, x: xp.where(x > 2, x, 1j),
+    "maximum with 1j": lambda xp, x: xp.maximum(x, 1j),
+    "multiply by 1j": lambda xp, x: x * 1j,
+}
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("name", list(COMPLEX_OF_HALF))
+def test_half_floats_made_complex_are_complex64_as_numpy_makes_them(dtype, name):
+    x = np.array([1, 2, 3, 4], half_dtype(dtype, np))
+    f = COMPLEX_OF_HALF[name]
+    expected = f(np, x.astype(np.float32)) if dtype == "bfloat16" else f(np, x)
+    xp = array_api_compat.array_namespace(tg.param(np.array([1.0])))
+    assert tg.data(f(xp, tg.param(x))).dtype == expected.dtype == np.complex64

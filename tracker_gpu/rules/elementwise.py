@@ -357,8 +357,10 @@ def is_complex(x):
 
 
 def complex_dtype(xp, dtype):
-    """The complex dtype of the precision of the real `dtype` (complex64 for float32)."""
-    return xp.complex64 if dtype == xp.float32 else xp.complex128
+    """The complex dtype of the precision of the real floating `dtype`: complex64 for float32
+    and the narrower float16 and bfloat16 (NumPy's promotion), complex128 for float64."""
+    narrow = dtype == xp.float32 or getattr(dtype, "itemsize", 8) < 4
+    return xp.complex64 if narrow else xp.complex128
 
 
 def real_dtype(xp, dtype):
