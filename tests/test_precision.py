@@ -263,6 +263,31 @@ def test_bfloat16_parameters_and_gradients_on_numpy():
     assert tg.param(x).dtype == BF16
 
 
+BF16_AS_NUMPY = {  # functions that once asked NumPy's isdtype of bfloat16, which refuses it
+    "vector_norm": (tg.linalg.vector_norm, np.linalg.vector_norm),
+    "fft": (tg.fft.fft, np.fft.fft),
+    "rfft": (tg.fft.rfft, np.fft.rfft),
+    # NumPy's gradient takes bfloat16 for an integer type (float64); bfloat16 minus bfloat16
+    # over a Python number's spacing is float32, as bfloat16 times a Python float is
+    "numerical_gradient": (tg.numerical_gradient, lambda x: np.gradient(x.astype(np.float32))),
+}
+
+
+@pytest.mark.parametrize("name", list(BF16_AS_NUMPY))
+def test_bfloat16_functions_answer_as_numpy_on_bfloat16(name):
+    tracked, plain = BF16_AS_NUMPY[name]
+    x = np.array([1.0, -2.0, 0.5, 3.0], BF16)
+    got, expected = tg.data(tracked(tg.param(x))), plain(x)
+    assert got.dtype == expected.dtype and np.allclose(got, expected, rtol=1e-6)
+
+
+def test_bfloat16_nan_to_num_replaces_with_bfloat16s_ends():
+    x = np.array([np.nan, np.inf, -np.inf, 1.5], BF16)  # NumPy's own leaves bfloat16 as it is
+    largest = float(ml_dtypes.finfo(BF16).max)
+    got = tg.data(tg.nan_to_num(tg.param(x)))
+    assert got.dtype == BF16 and got.astype(np.float64).tolist() == [0, largest, -largest, 1.5]
+
+
 def test_bfloat16_where_the_library_lacks_it_is_refused_naming_it():
     with pytest.raises(TypeError, match="array_api_strict has no bfloat16"):
         nn.Dense(2, 2, dtype="bfloat16", xp="strict")

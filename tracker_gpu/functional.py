@@ -25,7 +25,7 @@ from .api import (
     quiet_gradient,
     track_inputs,
 )
-from .backend import SCALARS, is_array, is_complex_dtype, namespace_of
+from .backend import SCALARS, is_array, is_complex_dtype, isdtype, namespace_of
 from .forward_mode import directional, untied
 from .primitive import Primitive, record_saving_arguments, resolve, tracked_values
 from .recording import ACTIVE
@@ -274,7 +274,7 @@ def _hvp(f, primals, tangents):
 
 
 def _as_float(x):
-    return tracked.param(x).data if not namespace_of(x).isdtype(x.dtype, "real floating") else x
+    return tracked.param(x).data if not isdtype(namespace_of(x), x.dtype, "real floating") else x
 
 
 def _size(shape):

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..backend import device_of, is_array, namespace_of
+from ..backend import device_of, is_array, isdtype, namespace_of
 from ..rules.elementwise import add, multiply, where
 from ..rules.linalg import matmul, matrix_transpose
 from ..rules.nn import softmax
@@ -158,7 +158,7 @@ class MultiHeadAttention(Layer):
         float masks are additive (0 attends, -inf blocks): read as truth values they would
         block what they allow, without an error."""
         plain = data(mask)
-        if not (is_array(plain) and namespace_of(plain).isdtype(plain.dtype, "bool")):
+        if not (is_array(plain) and isdtype(namespace_of(plain), plain.dtype, "bool")):
             kind = getattr(plain, "dtype", type(plain).__name__)
             raise TypeError(
                 f"{self!r}: the mask must be booleans, True where a query may attend to a key; "

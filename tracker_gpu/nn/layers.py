@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import draws, recording
-from ..backend import device_of, is_array, namespace_of
+from ..backend import device_of, is_array, isdtype, namespace_of
 from ..checks import checking
 from ..optim.tree import tree_map_with_path
 from ..primitive import Primitive, no_gradient
@@ -279,7 +279,7 @@ class Embedding(Layer):
         vocab, dim = self.weight.shape
         plain = data(indices)
         xp = namespace_of(data(self.weight))
-        if not is_array(plain) or not namespace_of(plain).isdtype(plain.dtype, "integral"):
+        if not is_array(plain) or not isdtype(namespace_of(plain), plain.dtype, "integral"):
             self._expect(_shape(indices)[-1:] == (vocab,), indices, "integer indices or one-hot")
             weight = self._options(
                 self.weight, xp.arange(vocab, device=device_of(data(self.weight)))

@@ -12,7 +12,7 @@ into the cells' states and joined back (PyTorch's `h_n`, `(cells, batch, out)`).
 import numpy as np
 
 from .. import recording
-from ..backend import device_of, is_array, namespace_of
+from ..backend import device_of, is_array, isdtype, namespace_of
 from ..rules.elementwise import where
 from ..rules.shape import getitem, stack
 from ..tracked import data
@@ -91,7 +91,7 @@ def step_masks(layer, x, lengths, mask):
         return [(lengths > t)[:, None] for t in range(steps)]
     mask = _placed(layer, mask, "mask")
     plain = data(mask)
-    if _shape(mask) != tuple(x.shape[:2]) or not namespace_of(plain).isdtype(plain.dtype, "bool"):
+    if _shape(mask) != tuple(x.shape[:2]) or not isdtype(namespace_of(plain), plain.dtype, "bool"):
         axes = "(batch, time)" if layer.batch_first else "(time, batch)"
         raise ValueError(
             f"{layer!r}: the mask must be booleans of shape {tuple(x.shape[:2])} {axes}, True "
@@ -103,7 +103,7 @@ def step_masks(layer, x, lengths, mask):
 def _check_lengths(layer, lengths, batch, steps):
     plain = data(lengths)
     xp = namespace_of(plain)
-    if _shape(lengths) != (batch,) or not xp.isdtype(plain.dtype, "integral"):
+    if _shape(lengths) != (batch,) or not isdtype(xp, plain.dtype, "integral"):
         raise ValueError(
             f"{layer!r}: lengths must be integers, one for each of the {batch} sequences; got "
             f"{plain.dtype} of shape {_shape(lengths)}"

@@ -38,6 +38,7 @@ from ..backend import (
     is_array,
     is_cupy_device,
     is_lazy,
+    isdtype,
     library_of_device,
     namespace_of,
 )
@@ -210,7 +211,7 @@ def _floating(x, name, complex_ok=True):
     plain = data(x)
     xp = namespace_of(plain)
     kinds = ("real floating", "complex floating") if complex_ok else "real floating"
-    if not xp.isdtype(plain.dtype, kinds):
+    if not isdtype(xp, plain.dtype, kinds):
         wanted = "floating-point" if complex_ok else "real floating-point"
         hint = "use fft (or fftn) for complex input" if is_complex(plain) else "use astype"
         raise TypeError(f"{name} takes {wanted} input, got {plain.dtype}; {hint}")

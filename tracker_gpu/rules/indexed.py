@@ -104,7 +104,7 @@ def setitem(x, key, value, *, in_place=False):
 def _check_write(x, value):
     xp = x._xp
     differentiable = ("real floating", "complex floating")
-    if istracked(value) and not xp.isdtype(x.dtype, differentiable):
+    if istracked(value) and not isdtype(xp, x.dtype, differentiable):
         raise TypeError(
             f"cannot write a differentiable TrackedArray (dtype {value.dtype}) into an array "
             f"of dtype {x.dtype}: its gradient would be lost; write tg.data(value), or write "
@@ -138,7 +138,7 @@ def _traced_write(x, key, value):
     mask = parts[0]
     simple = (
         len(parts) == 1
-        and mask._xp.isdtype(mask.dtype, "bool")
+        and isdtype(mask._xp, mask.dtype, "bool")
         and tuple(mask.shape) == tuple(x.shape)
         and tuple(getattr(value, "shape", ())) in ((), (1,))
     )
@@ -435,7 +435,7 @@ def _traced_update(x, idx, v, how):
     updates are refused (which of repeated indices wins, or how many are set, is the data's)."""
     parts = idx if isinstance(idx, tuple) else (idx,)
     traced = _traced_parts(idx)
-    if any(namespace_of(k.data).isdtype(k.dtype, "bool") for k in traced):
+    if any(isdtype(namespace_of(k.data), k.dtype, "bool") for k in traced):
         mask = parts[0]
         one_value = tuple(getattr(v, "shape", ())) in ((), (1,))
         if len(parts) != 1 or tuple(mask.shape) != tuple(x.shape) or not one_value:

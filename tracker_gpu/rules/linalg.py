@@ -48,7 +48,7 @@ import math
 import operator
 from collections import namedtuple
 
-from ..backend import device_of
+from ..backend import device_of, isdtype
 from ..primitive import Primitive, no_gradient, tracking
 from ..tracked import data, istracked
 from . import decompositions
@@ -394,7 +394,7 @@ def _as_floating(x):
     """`x`, or its values as float64 where they are integers or booleans."""
     dtype = data(x).dtype
     xp = _xp(x)
-    if xp.isdtype(dtype, ("real floating", "complex floating")):
+    if isdtype(xp, dtype, ("real floating", "complex floating")):
         return x
     return astype(x, xp.float64)
 

@@ -18,7 +18,7 @@ import array_api_compat
 import numpy as np
 
 from .. import backend, recording
-from ..backend import device_of, namespace_of
+from ..backend import device_of, isdtype, namespace_of
 from ..primitive import Primitive, no_gradient
 from ..tracked import TrackedArray, data
 from .elementwise import conjugate_derivative, multiply, subtract
@@ -224,7 +224,7 @@ def _check_indices(indices, name):
     """Indices as a plain array (a tracked integer array carries no gradient), or traced ones
     while tg.compile records."""
     if isinstance(indices, TrackedArray) and recording.current() is None:
-        if not indices._xp.isdtype(indices.dtype, "integral"):
+        if not isdtype(indices._xp, indices.dtype, "integral"):
             raise TypeError(
                 f"{name}: indices must be a plain integer array, not a tracked one of dtype "
                 f"{indices.dtype}"

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ..backend import device_of, namespace_of
+from ..backend import device_of, finfo, isdtype, namespace_of
 from ..primitive import Primitive
 from ..tracked import data
 from .elementwise import (
@@ -148,9 +148,9 @@ def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
         parts = [nan_to_num(p, nan=nan, posinf=posinf, neginf=neginf) for p in (real(x), imag(x))]
         unit = xp.asarray(1j, dtype=x.dtype, device=device_of(data(x)))
         return add(astype(parts[0], x.dtype), multiply(astype(parts[1], x.dtype), unit))
-    if not xp.isdtype(x.dtype, "real floating"):
+    if not isdtype(xp, x.dtype, "real floating"):
         return x
-    info = xp.finfo(x.dtype)
+    info = finfo(xp, x.dtype)
     posinf = float(info.max) if posinf is None else posinf
     neginf = float(info.min) if neginf is None else neginf
     infinite = _isinf(x)
@@ -176,7 +176,7 @@ def select(condlist, choicelist, default=0):
     out = default
     for condition, choice in zip(reversed(condlist), reversed(choicelist)):
         condition = data(condition)
-        if not namespace_of(condition).isdtype(condition.dtype, "bool"):
+        if not isdtype(namespace_of(condition), condition.dtype, "bool"):
             raise TypeError(f"select: conditions must be boolean arrays, got {condition.dtype}")
         both_numbers = not hasattr(choice, "dtype") and not hasattr(out, "dtype")
         out = where(condition, *(as_arrays(choice, out) if both_numbers else (choice, out)))
@@ -267,7 +267,7 @@ def numerical_gradient(f, *varargs, axis=None, edge_order=1):
     """
     (f,) = as_arrays(f)
     xp = namespace_of(data(f))
-    if not xp.isdtype(f.dtype, ("real floating", "complex floating")):
+    if not isdtype(xp, f.dtype, ("real floating", "complex floating")):
         f = astype(f, xp.float64)
     axes = _gradient_axes(axis, f.ndim)
     spacings = _spacings(varargs, len(axes))

@@ -10,7 +10,7 @@ import builtins
 import numpy as np
 
 from .. import backend, recording
-from ..backend import device_of, namespace_of
+from ..backend import device_of, isdtype, namespace_of
 from ..primitive import NOT_TRACKING, ByPosition, Primitive, fit_gradients_with, record
 from ..recording import ACTIVE
 from ..tracked import TrackedArray, data
@@ -258,7 +258,7 @@ def _traced_parts(key):
 
 def _traced_getitem(x, key):
     traced = _traced_parts(key)
-    if any(namespace_of(k.data).isdtype(k.dtype, "bool") for k in traced):
+    if any(isdtype(namespace_of(k.data), k.dtype, "bool") for k in traced):
         recording.refuse("x[mask] with a traced boolean mask (its shape depends on the data)")
     return _getitem_traced(x, *traced, **traced_key(x, key))
 
@@ -330,7 +330,7 @@ def _normalize_index(xp, x, k):
     if isinstance(k, (int, slice)) or k is None or k is Ellipsis:
         return k
     if isinstance(k, TrackedArray):
-        if not k._xp.isdtype(k.dtype, ("integral", "bool")):
+        if not isdtype(k._xp, k.dtype, ("integral", "bool")):
             raise TypeError(
                 "an index must be a plain integer or boolean array, not a tracked one of dtype "
                 f"{k.dtype}: pass tg.data(k) (an index passes no gradient on)"
@@ -347,7 +347,7 @@ def index_dtype(xp, k):
     """An integer index array as int32 or int64, any other as it is: PyTorch's indexing and
     `take` refuse the narrower integers (and read uint8 as a mask), where NumPy and the
     standard take any integer dtype."""
-    if k.dtype in (xp.int32, xp.int64) or not xp.isdtype(k.dtype, "integral"):
+    if k.dtype in (xp.int32, xp.int64) or not isdtype(xp, k.dtype, "integral"):
         return k
     return xp.astype(k, xp.int64)
 
