@@ -236,6 +236,27 @@ def test_a_float16_scale_too_large_overflows_the_gradients_and_halves_until_it_f
     assert float(loss(model)) < first
 
 
+def test_a_float16_loss_is_scaled_in_float32_and_an_overflow_skips_the_step():
+    """A float16 loss of 2 times 2^15 was inf in float16, and the scale 2^16 is float16's inf:
+    the backward pass refused the loss before the scaler saw a gradient. Scaled in float32 (as
+    PyTorch's scaler does), a float16 gradient that overflows skips the step and halves."""
+    w = np.array([2.0, 1.0], np.float32)
+    state, scaler = optim.setup(optim.Descent(0.01), w), tg.LossScale(2.0**15, period=1)
+    loss = lambda w: tg.sum(tg.astype(w, np.float16) ** 2)  # noqa: E731, a float16 loss of 5
+    skipped, overflows = [], []
+    for _ in range(6):
+        expected = float(loss(w)) * scaler.scale
+        overflows.append(2 * float(np.float16(w.max())) * scaler.scale > 65504)  # float16's max
+        with np.errstate(over="ignore", invalid="ignore"):
+            value, (grads,) = tg.withgradient(lambda w, s=scaler: s.scaled(loss(w)), w)
+        assert value.dtype == np.float32 and value == np.float32(expected)
+        before = w
+        scaler, state, w = scaler.update(state, w, grads)
+        skipped.append(w is before)
+    assert skipped == overflows and True in skipped and False in skipped
+    assert all(np.isfinite(w)) and w.dtype == np.float32 and float(w[0]) < 2.0
+
+
 def test_the_unscaled_gradients_are_the_gradients():
     """Scaling the loss and unscaling the gradients gives the float64 gradients of the loss
     (float16 compute), where without scaling the small gradients underflow."""

@@ -288,10 +288,15 @@ class LossScale:
         )
 
     def scaled(self, loss):
-        """`loss * scale` (the loss keeps its dtype)."""
+        """`loss * scale`; a float16 or bfloat16 loss in float32, as PyTorch's scaler makes it
+        (a float16 loss of 2 times 2^15 is inf, and the scale 2^16 is float16's inf: the
+        backward pass would refuse the loss before the scaler could skip the step)."""
         if self.on_device:
-            return loss * astype(self.scale, data(loss).dtype)
-        return loss * float(self.scale)
+            times = lambda loss: loss * astype(self.scale, data(loss).dtype)  # noqa: E731
+        else:
+            scale = float(self.scale)
+            times = lambda loss: loss * scale  # noqa: E731
+        return in_float32(times)(loss)
 
     def unscaled(self, grads):
         """The gradients divided by the scale, each in its own dtype (None stays None); a half
