@@ -98,6 +98,56 @@ def test_jacfwd_through_the_vectors_matches_torch():
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-10)
 
 
+# --- values that tie: a gradient is finite only where it is the limit
+W = randn(3, 3, seed=7)
+TIED = {  # matrices with two eigenvalues (singular values) exactly equal: 1, 1 and 2
+    "eigh": np.diag([1.0, 1.0, 2.0]),
+    "svd": np.diag([1.0, 1.0, 2.0]) @ np.array([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0, 0, 1]]),
+}
+TIE_LOSSES = {  # (decomposition, loss of (library, matrix, weights), whether it reads the
+    # vectors of the tied pair)
+    "eigh rebuilt": ("eigh", lambda lib, a, W: (lambda w, v: v * w[None, :] @ _T(lib, v) * W)(
+        *_eigh(lib, a)), True),
+    "eigh values": ("eigh", lambda lib, a, W: _eigh(lib, a)[0] ** 3, False),
+    "eigh untied vector": ("eigh", lambda lib, a, W: _eigh(lib, a)[1][:, 2] ** 2 * W[0], False),
+    "eigh tied vector": ("eigh", lambda lib, a, W: _eigh(lib, a)[1][:, 0] * W[0], True),
+    "svd rebuilt": ("svd", lambda lib, a, W: (lambda u, s, vh: (u * s[None, :]) @ vh * W)(
+        *_svd(lib, a)), True),
+    "svd values": ("svd", lambda lib, a, W: _svd(lib, a)[1] ** 3, False),
+    "svd untied vectors": ("svd", lambda lib, a, W: (
+        lambda u, s, vh: u[:, :1] * _T(lib, vh[:1, :]) * W)(*_svd(lib, a)), False),  # s = 2
+}  # fmt: skip
+
+
+def _differences(f, a, h=1e-6):
+    grad = np.zeros_like(a)
+    for index in np.ndindex(a.shape):
+        e = np.zeros_like(a)
+        e[index] = h
+        grad[index] = (f(a + e) - f(a - e)) / (2 * h)
+    return grad
+
+
+@pytest.mark.parametrize("name", TIE_LOSSES)
+def test_at_tied_values_a_gradient_is_the_limit_or_nan(name):
+    """At a tie the vectors' term is 0/0: a loss that reads the tied pair's vectors gets nan, as
+    PyTorch's (its limit, finite for `V diag(w) V^T`, is not in the values at the tie: leaving
+    the term out once gave the identity's gradient only its diagonal, silently); any other
+    loss gets its gradient, against central differences (eigh's of the symmetric part)."""
+    kind, f, reads_tied = TIE_LOSSES[name]
+    a = TIED[kind]
+    got = tg.gradient(lambda x: tg.sum(f(tg, x, W)), a)[0]
+    if reads_tied:
+        assert np.isnan(got).any()
+        t = torch_of(a).requires_grad_()
+        torch.sum(f(torch, t, torch_of(W))).backward()
+        assert not np.isfinite(t.grad.numpy()).all()  # PyTorch has no finite answer either
+        return
+    symmetric_part = (lambda x: (x + x.T) / 2) if kind == "eigh" else (lambda x: x)
+    plain = lambda x: float(np.sum(f(tg, symmetric_part(x), W)))  # noqa: E731, not tracked
+    np.testing.assert_allclose(got, _differences(plain, a), atol=1e-6)
+
+
 # --- svd with a singular value of exactly 0 (distinct from the others)
 def crandn(*shape, seed=0):
     return randn(*shape, seed=seed) + 1j * randn(*shape, seed=seed + 10)

@@ -79,15 +79,34 @@ def _inverse_gaps(w):
     return _reciprocal_or_zero(subtract(expand_dims(w, axis=-2), expand_dims(w, axis=-1)))
 
 
+def _undefined_at_read_ties(inner, w, *products):
+    """`inner` with nan at (i, j) where values i and j tie and the loss reads the vectors of the
+    pair (either product, `V^H gV` or the like, nonzero at (i, j) or (j, i)). There the
+    gradient is the limit of a 0/0 that the values at the tie cannot give: a loss of
+    `V diag(w) V^H` (which does not depend on the choice of vectors) has a finite one, nonzero,
+    that leaving the term out would silently drop. PyTorch's and JAX's rules give nan or inf
+    there too; a loss that reads no vector of a tied pair keeps its finite gradient."""
+    plain = data(w)
+    xp = namespace_of(plain)
+    n = plain.shape[-1]
+    off_diagonal = ~xp.eye(n, dtype=xp.bool, device=device_of(plain))
+    tied = (plain[..., None, :] == plain[..., :, None]) & off_diagonal
+    read = None
+    for product in products:
+        p = data(product)
+        nonzero = (p != 0) | (xp.matrix_transpose(p) != 0)
+        read = nonzero if read is None else read | nonzero
+    return where(tied & read, float("nan"), inner)
+
+
 def _reciprocal_or_zero(x):
     """1 / x, and 0 where `x` is 0, with no slope there either (no inf * 0 in a nested pass).
 
     The vjps divide by gaps between values and by singular values: where one is 0 the term is
     left out, by the primal's value alone, so that the rule stays linear in its cotangent
     (`jvp` differentiates it at a zero cotangent). Where the loss reads no direction of the
-    vectors those terms are 0 anyway (PyTorch leaves them out); at a tie or a zero singular
-    value that a loss of the vectors does read, the vectors are not unique (README: distinct
-    values), and this gives the part that does not depend on that choice."""
+    vectors those terms are 0 anyway (PyTorch leaves them out); where it reads the vectors of
+    a tied pair, `_undefined_at_read_ties` makes the gradient nan."""
     nonzero = x != 0
     return mask(nonzero, 1.0 / where(nonzero, x, 1.0))
 
@@ -232,7 +251,9 @@ def _eigh_vjp(g, ans, x):
     w, v = _unpack(ans, batch, shapes)
     gw, gv = _unpack(g, batch, shapes)
     w, gw = _real_if_complex(w), _real_if_complex(gw)
-    inner = add(multiply(_inverse_gaps(w), matmul(_H(v), gv)), _diag_embed(gw))
+    vgv = matmul(_H(v), gv)
+    inner = add(multiply(_inverse_gaps(w), vgv), _diag_embed(gw))
+    inner = _undefined_at_read_ties(inner, w, vgv)
     ga = matmul(matmul(v, inner), _H(v))
     return (ga + _H(ga)) * 0.5
 
@@ -383,7 +404,7 @@ def _svd_vjp(g, ans, x):
     j = multiply(f, skew_u)
     kk = multiply(f, subtract(vtgv, _H(vtgv)))
     inner = add(multiply(j, expand_dims(s, axis=-2)), multiply(expand_dims(s, axis=-1), kk))
-    inner = add(inner, _diag_embed(gs))
+    inner = _undefined_at_read_ties(add(inner, _diag_embed(gs)), s * s, utgu, vtgv)
     if is_complex(skew_u):
         phase = multiply(skew_u, _eye(skew_u, k)) * 0.5  # i Im(diag(U^H gU))
         inner = add(inner, multiply(phase, expand_dims(over_s, axis=-1)))
