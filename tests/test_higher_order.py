@@ -312,6 +312,49 @@ def test_nobacksies_refuses_a_second_order_pass():
         tg.hessian(lambda x: tg.sum(first_order_only(x)), x)
 
 
+KERNEL = np.array([1.0, 2.0, 3.0])
+
+
+@tg.rule
+def convolve_by_numpy(x):  # the pullback reads plain values: its derivative is lost
+    x = tg.data(x)
+    return np.convolve(x, KERNEL, "same"), lambda g: (np.correlate(tg.data(g), KERNEL, "same"),)
+
+
+@tg.rule
+def convolve_by_tg(x):  # the same rule written with tracker_gpu's functions
+    n = x.shape[0]
+    matrix = np.stack([np.convolve(np.eye(n)[j], KERNEL, "same") for j in range(n)], axis=1)
+    return matrix @ x, lambda g: (tg.matrix_transpose(matrix) @ g,)
+
+
+NESTED_OF_A_RULE = {
+    "jacfwd": lambda rule, x: tg.jacfwd(rule, x),
+    "jvp": lambda rule, x: tg.jvp(rule, (x,), (np.ones_like(x),))[1],
+    "hessian": lambda rule, x: tg.hessian(lambda x: tg.sum(rule(x) ** 2), x),
+    "hvp": lambda rule, x: tg.hvp(lambda x: tg.sum(rule(x) ** 2), (x,), (np.ones_like(x),))[0],
+}
+
+
+@pytest.mark.parametrize("name", NESTED_OF_A_RULE)
+def test_a_rule_whose_pullback_reads_plain_values_refuses_a_nested_pass(name):
+    """Its gradient in a nested pass lost its dependence on the cotangent and the arguments:
+    jacfwd, jvp and the Hessian were zeros and hvp None, silently. Written with tracker_gpu's
+    functions, the same rule gives them, against central differences of its Jacobian."""
+    x = np.array([1.0, -2.0, 0.5, 4.0])
+    first = tg.jacobian(convolve_by_numpy, x)
+    assert np.array_equal(first, tg.jacobian(convolve_by_tg, x))  # first order is right
+    with pytest.raises(tg.PullbackError, match="custom rule 'convolve_by_numpy'.*nested pass"):
+        NESTED_OF_A_RULE[name](convolve_by_numpy, x)
+    expected = {  # the map is linear: its Jacobian is `first`, the Hessian 2 first^T first
+        "jacfwd": first,
+        "jvp": first @ np.ones(4),
+        "hessian": 2 * first.T @ first,
+        "hvp": 2 * first.T @ first @ np.ones(4),
+    }[name]
+    np.testing.assert_allclose(NESTED_OF_A_RULE[name](convolve_by_tg, x), expected, atol=1e-12)
+
+
 def test_notrack_and_stop_gradient():
     x = tg.param(np.array([1.0, 2.0]))
     with tg.notrack():

@@ -7,10 +7,11 @@ recorded too.
 import functools
 
 from . import backend
+from .api import nobacksies
 from .backend import namespace_of
 from .primitive import fitted, record_saving_arguments, resolve, tracked_values
 from .tape import Node
-from .tracked import TrackedArray, data
+from .tracked import TrackedArray, data, istracked
 
 __all__ = ["rule"]
 
@@ -35,10 +36,32 @@ class _CustomRule:
                 f"the pullback of custom rule {self.name!r} must return a tuple with one "
                 f"gradient (or None) per positional argument: {len(args)}, got {grads!r:.80}"
             )
+        if nested:
+            grads = self._marked_if_plain(grads, (g, *values))
         return [
             None if ga is None or type(a) is not Node else self._checked(ga, a, data(v))
             for a, v, ga in zip(args, values, grads)
         ]
+
+    def _marked_if_plain(self, grads, tracked_inputs):
+        """A nested pass's plain gradients (the pullback read `tg.data` of its tracked
+        cotangent or arguments, or called NumPy on them) marked so that differentiating them
+        raises: they lost their dependence on those inputs, and a jvp, a Hessian or an hvp
+        through them was silently 0."""
+        parent = next((v for v in tracked_inputs if istracked(v)), None)
+        if parent is None:
+            return grads
+        message = (
+            f"the pullback of custom rule {self.name!r} returned a plain array in a nested pass "
+            "(a Hessian, jvp, jacfwd, hvp or nest=True): it read plain values (tg.data, NumPy) "
+            "of its tracked cotangent or arguments, so its derivative is lost; write the "
+            "pullback with tracker_gpu functions (tg.*, operators) of g and the arguments, "
+            "and it is differentiable again"
+        )
+        return tuple(
+            ga if ga is None or istracked(ga) else nobacksies(message, ga, parent=parent)
+            for ga in grads
+        )
 
     def replay(self, kw):
         """`(value, ctx)` of the rule on plain values, for tg.compile's replay."""
