@@ -351,7 +351,33 @@ def scatter_add(xp, z, key, values):
     if array_api_compat.is_torch_array(z):
         return xp.reshape(z, (-1,)).index_add(0, positions, values).reshape(shape)
     onehot = positions[:, None] == xp.arange(size_of(z), device=device_of(z))[None, :]
-    return z + xp.reshape(values[None, :] @ xp.astype(onehot, values.dtype), shape)
+    return z + xp.reshape(one_hot_sum(xp, onehot, values), shape)
+
+
+def one_hot_sum(xp, hits, values):
+    """`hits^T @ values`, summed over the first axis (`hits` boolean, (m, n); `values` (m,
+    ...)): the sums of `values` by the position each hits, as a product with the one-hot
+    matrix, which the standard can express. A product would spread an inf or nan to every
+    position (0 * inf is nan): the finite values are summed so, and the non-finite ones are
+    counted by position and put where they go (inf and -inf together are nan, as in a sum)."""
+    if is_complex_dtype(values.dtype):
+        parts = (one_hot_sum(xp, hits, xp.real(values)), one_hot_sum(xp, hits, xp.imag(values)))
+        real_part, imag_part = (xp.astype(p, values.dtype) for p in parts)
+        return real_part + imag_part * xp.asarray(1j, dtype=values.dtype, device=device_of(hits))
+    ones = xp.astype(hits, values.dtype)
+    zero = xp.zeros((), dtype=values.dtype, device=device_of(values))
+
+    def summed(v):
+        return xp.tensordot(ones, v, axes=([0], [0]))
+
+    def reached(found):
+        return summed(xp.astype(found, values.dtype)) > 0
+
+    total = summed(xp.where(xp.isfinite(values), values, zero))
+    up, down = reached(values == float("inf")), reached(values == -float("inf"))
+    nan = reached(xp.isnan(values)) | (up & down)
+    total = xp.where(up, float("inf"), xp.where(down, -float("inf"), total))
+    return xp.where(nan, float("nan"), total)
 
 
 # elements of the flat indices `_add_at_flat` makes at a time (8 bytes each)

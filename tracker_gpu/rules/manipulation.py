@@ -271,9 +271,8 @@ def _one_hot_adjoint(xp, g, indices, n, axis):
     """The adjoint as a product with the one-hot matrix of `indices` (the standard has no
     scatter; Dask takes no integer-array key over several axes)."""
     positions = xp.arange(n, device=device_of(g))
-    hits = xp.astype(xp.remainder(indices, n)[:, None] == positions[None, :], g.dtype)
-    summed = xp.tensordot(hits, xp.moveaxis(g, axis, 0), axes=([0], [0]))
-    return xp.moveaxis(summed, 0, axis)
+    hits = xp.remainder(indices, n)[:, None] == positions[None, :]
+    return xp.moveaxis(backend.one_hot_sum(xp, hits, xp.moveaxis(g, axis, 0)), 0, axis)
 
 
 def _along_axis(ndim, axis):
