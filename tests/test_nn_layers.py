@@ -418,6 +418,26 @@ def test_place_moves_a_model(backend):
     assert np.allclose(numpy_of(backend, moved.weight), model.weight)
 
 
+LIBRARIES = ["numpy", "torch", "strict"]
+
+
+@pytest.mark.parametrize(
+    ("source", "target"), [(a, b) for a in LIBRARIES for b in LIBRARIES if a != b]
+)
+def test_a_model_placed_in_another_library_shares_no_memory_with_its_source(source, target):
+    """A BatchNorm writes its running statistics in place: placed on PyTorch from NumPy, its
+    arrays were the NumPy ones (torch.asarray shares host memory), and training either copy
+    changed the other's."""
+    original = nn.place(nn.BatchNorm(3, dtype="float64"), xp=source)
+    moved = nn.place(original, xp=target)
+    nn.trainmode(moved)
+    x = nn.asarray(np.random.default_rng(0).standard_normal((8, 3)), xp=target)
+    tg.withgradient(lambda m: tg.sum(m(x) ** 2), moved)
+    assert np.any(nn.to_numpy(moved.running_mean) != 0)
+    assert np.array_equal(nn.to_numpy(original.running_mean), np.zeros(3))
+    assert np.array_equal(nn.to_numpy(original.running_var), np.ones(3))
+
+
 def test_load_refuses_a_different_model(tmp_path):
     nn.save(tmp_path / "m.npz", nn.Dense(3, 2, rng=rng()))
     with pytest.raises(ValueError, match=r"weight has shape \(2, 3\).*\(4, 3\) in the model"):

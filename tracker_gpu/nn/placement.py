@@ -151,7 +151,8 @@ def place(model, *, xp=None, device=None, dtype=None):
     """`model` (or an array) with every array moved to library `xp` and `device`, and each
     real floating one cast to `dtype` (Flux's `gpu`, `cpu` and `f32` in one; a count of batches
     stays an integer). Unset arguments are kept as they are. An array found in several places
-    (tied weights) is moved once: the places stay tied.
+    (tied weights) is moved once: the places stay tied. An array moved to another library is a
+    copy, sharing no memory with its source.
     """
     moved = {}
 
@@ -174,8 +175,9 @@ def _place_array(x, xp, device, dtype):
         target = _library_of_device(device, source) if device is not None else source
     name = _dtype_name(dtype if dtype is not None else x.dtype)
     _dtype_in(target, name)  # a dtype the target lacks raises before anything moves
-    if target is not source:
-        return asarray(to_numpy(x), xp=target, device=device, dtype=name)
+    if target is not source:  # a copy: the libraries share host memory (from_numpy, views),
+        # and a layer writes its running statistics in place
+        return asarray(np.array(to_numpy(x), copy=True), xp=target, device=device, dtype=name)
     if device is not None and device_of(x) != device:
         x = array_api_compat.to_device(x, device)
     return x if name == _dtype_name(x.dtype) else source.astype(x, _dtype_in(source, name))
