@@ -139,6 +139,32 @@ def test_copy_is_the_same_value_and_place_on_the_tape(backend):
     assert not tg.istracked(c)
 
 
+HANDLES = {
+    "the same object": lambda p: (p, p),
+    "copy.copy": lambda p: (p, copy.copy(p)),
+    "a pickled pair": lambda p: _round_trip((p, copy.copy(p))),
+}
+
+
+@pytest.mark.parametrize("how", HANDLES)
+@pytest.mark.parametrize("transform", ["gradient", "withgradient", "back"])
+def test_two_handles_on_one_parameter_are_one_parameter(how, transform):
+    """Each place gets the total gradient, as for one object given twice and as `back` gives:
+    `gradient` keyed parameters by the Python object, and a copy's place got its part alone."""
+    a, b = HANDLES[how](tg.param(np.array([1.0, 2.0])))
+    f = lambda m: tg.sum(m["a"] * 3.0) + tg.sum(m["b"] * m["b"])  # noqa: E731
+    total = 3.0 + 2 * np.array([1.0, 2.0])
+    if transform == "back":
+        tg.back(f({"a": a, "b": b}))
+        got = [tg.grad(a), tg.grad(b)]
+    else:
+        found = getattr(tg, transform)(f, {"a": a, "b": b})
+        (grads,) = found if transform == "gradient" else found.grad
+        got = [tg.data(grads["a"]), tg.data(grads["b"])]
+    for g in got:
+        np.testing.assert_array_equal(g, total)
+
+
 COPIES = {"pickle": _round_trip, "deepcopy": copy.deepcopy}
 
 

@@ -424,7 +424,7 @@ def _track(tree, inputs, given, nest):
     traced = {} if recording.current() is not None else None
 
     def track(x):
-        key = id(x)
+        key = input_key(x)
         if key not in inputs:
             made = _input(x, nest, traced is not None)
             if made is None:
@@ -433,6 +433,15 @@ def _track(tree, inputs, given, nest):
         return given[key]
 
     return tree_map(track, tree)
+
+
+def input_key(x):
+    """What identifies a parameter among the arguments: a tracked array's node (two handles on
+    one value, `copy.copy(p)` or an unpickled pair, are one parameter, as for `back`), any
+    other array itself."""
+    if type(x) is TrackedArray and x._node is not None:
+        return id(x._node)
+    return id(x)
 
 
 def _traced_data(x, traced):
@@ -527,7 +536,7 @@ def _check_loss_is_scalar(loss):
 
 
 def _grad_of(x, inputs, found, hand_out, closed_over=None):
-    made = inputs.get(id(x))
+    made = inputs.get(input_key(x))
     if made is None:
         return None
     g = found.get(id(made._node))
