@@ -186,6 +186,33 @@ def test_notrack_blocks_nest_and_exit_in_any_order_across_threads(backend):
     assert tg.istracked(tg.param(x) * 1.0)  # and nothing leaked into this thread
 
 
+def test_a_thread_that_ends_inside_notrack_leaves_no_later_thread_inside_it():
+    """A generator suspended inside `notrack()` outlives its thread; Python gives a later
+    thread the same ident, which started untracked."""
+    from tracker_gpu.primitive import NOT_TRACKING
+
+    w, kept, later = tg.param(np.array([1.0, 2.0])), [], []
+
+    def producer():
+        def batches():
+            with tg.notrack():
+                yield w * 1.0
+
+        suspended = batches()
+        next(suspended)
+        kept.append(suspended)
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    thread.join()
+    assert thread.ident not in NOT_TRACKING
+    for _ in range(8):  # the ident is reused at once on Linux: each must track
+        t = threading.Thread(target=lambda: later.append(tg.istracked(w * 2.0)))
+        t.start()
+        t.join()
+    assert later == [True] * 8
+
+
 def test_one_compiled_function_called_by_threads_that_evict_each_others_signatures():
     """Its cache is shared: recordings, lookups and evictions by several threads at once."""
     step = tg.compile(lambda x: tg.sum(tg.tanh(x) ** 2), maxsize=2)

@@ -420,6 +420,26 @@ def stop_gradient(x):
     return x
 
 
+class _ThreadEnd:
+    """Kept in a thread's local storage, which Python clears when the thread ends: its ident
+    leaves NOT_TRACKING then, so that a later thread given the same ident (Python reuses them)
+    does not start inside a block its predecessor left open (a suspended generator's)."""
+
+    def __init__(self, ident):
+        self.ident = ident
+
+    def __del__(self):
+        primitive.NOT_TRACKING.discard(self.ident)
+
+
+_thread_end = threading.local()
+
+
+def _forget_at_thread_exit(ident):
+    if getattr(_thread_end, "guard", None) is None:
+        _thread_end.guard = _ThreadEnd(ident)
+
+
 @contextlib.contextmanager
 def notrack():
     """Within this block, operations on tracked arrays return plain arrays and record nothing
@@ -432,6 +452,7 @@ def notrack():
     ident = threading.get_ident()
     outer = ident in primitive.NOT_TRACKING
     primitive.NOT_TRACKING.add(ident)
+    _forget_at_thread_exit(ident)
     try:
         yield
     finally:
