@@ -381,6 +381,15 @@ def test_grads_lookup_of_a_foreign_parameter(backend):
     assert np.array_equal(backend.to_numpy(gs[W]), [3.0, 3.0])
 
 
+def test_a_params_entry_on_a_spent_graph(backend):
+    W = leaf(backend, [1.0, 2.0])
+    view = W[0:1]  # made outside the function: the first pass frees its graph
+    params = tg.Params([W, view])
+    assert backend.to_numpy(tg.gradient(lambda: tg.sum(view * view), params)[view]) == [2.0]
+    with pytest.raises(tg.BackError, match=r"an earlier pass freed; make it inside the"):
+        tg.gradient(lambda: tg.sum(view * view), params)  # was an AttributeError inside
+
+
 def test_differentiating_a_gradient_taken_without_nest(backend):
     x = leaf(backend, [1.0, 2.0])
     (g,) = tg.gradient(lambda x: tg.sum(x**3), x)  # x tracked, but nest=False

@@ -273,6 +273,12 @@ def noted_on_the_way(nodes):
     share through it too, as Tracker's and PyTorch's)."""
     found, noted = {}, {}
     for node in nodes:
+        if node.rule is SPENT:
+            raise BackError(
+                "a value differentiated with respect to (a Params entry made by an operation, "
+                "W[0:1] or a rebound W) is on a graph that an earlier pass freed; make it "
+                "inside the function, or keep leaves (tg.param) in Params"
+            )
         if node.rule is not None and id(node) not in noted:
             noted[id(node)] = node, node.rule
             node.rule = _Noted(node.rule, found)
