@@ -186,6 +186,41 @@ def test_jacfwd_of_an_integer_input_differentiates_it_as_jacobian_does():
     np.testing.assert_array_equal(forward, tg.jacobian(lambda x: x**3, x))
 
 
+def test_jacfwd_runs_f_once_as_jacobian_does():
+    """It ran f once a column: a batch norm's statistics were updated once per element of x,
+    and each column had its own dropout mask, the Jacobian of no one run."""
+    from tracker_gpu import nn
+
+    x = np.random.default_rng(0).standard_normal((4, 2))
+    by_reverse, by_forward = nn.BatchNorm(2), nn.BatchNorm(2)
+    nn.trainmode(by_reverse)
+    nn.trainmode(by_forward)
+    np.testing.assert_allclose(tg.jacfwd(by_forward, x), tg.jacobian(by_reverse, x), rtol=1e-5)
+    np.testing.assert_array_equal(by_forward.running_mean, by_reverse.running_mean)
+    dropout, v, calls = nn.Dropout(0.5, rng=np.random.default_rng(1)), np.arange(1.0, 7.0), []
+    nn.trainmode(dropout)
+    jac = tg.jacfwd(lambda v: calls.append(1) or dropout(v) * tg.sum(v), v)
+    assert len(calls) == 1
+    for i, row in enumerate(jac):  # one mask m: row i is 0, or 2 (v_i + sum(v) [i == j])
+        kept = 2 * (v[i] + v.sum() * (np.arange(6) == i))
+        assert np.array_equal(row, np.zeros(6)) or np.allclose(row, kept), (i, row)
+    assert 0 < sum(row.any() for row in jac) < 6  # the seed keeps some and drops some
+
+
+@pytest.mark.parametrize("structure", [lambda x: (x, 2 * x), lambda x: {"a": x}])
+def test_jacfwd_of_a_structure_is_refused_as_jacobians(structure):
+    with pytest.raises(TypeError, match="jacfwd: f must return one array"):
+        tg.jacfwd(structure, np.array([1.0, 2.0]))  # an AttributeError on .shape before
+
+
+def test_jacfwd_of_an_integer_output_is_jacobians_float_zeros():
+    f = lambda x: tg.astype(x, tg.int64)  # noqa: E731
+    x = np.array([1.5, 2.0])
+    forward, reverse = tg.jacfwd(f, x), tg.jacobian(f, x)
+    assert forward.dtype == reverse.dtype == np.float64
+    np.testing.assert_array_equal(forward, np.zeros((2, 2)))
+
+
 @pytest.mark.parametrize("transform", ["jvp", "jacfwd"])
 @pytest.mark.parametrize("tracked_by", ["a parameter given", "a parameter closed over"])
 def test_forward_mode_at_top_level_of_a_parameter_is_cut_off(transform, tracked_by):

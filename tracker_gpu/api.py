@@ -517,6 +517,16 @@ def nested_seed(value, xp):
     return seed
 
 
+def check_one_array(y, name, fix):
+    """Refuse a structure where one array (or number) is differentiated: its parts would be
+    taken for a constant, every derivative silently zero."""
+    if not (isinstance(y, TrackedArray) or backend.is_array(y) or type(y) in SCALARS):
+        raise TypeError(
+            f"{name}: f must return one array, it returned a {type(y).__name__}; take each "
+            f"output on its own ({fix}), or tg.jvp, which takes structures"
+        )
+
+
 def _check_loss_is_scalar(loss):
     if (
         not isinstance(loss, TrackedArray)

@@ -18,6 +18,7 @@ import numpy as np
 from . import backend, nesting, recording
 from .api import (
     backprop,
+    check_one_array,
     cut_off,
     gradients_in_place,
     quiet_gradient,
@@ -26,7 +27,7 @@ from .api import (
     untracked,
 )
 from .pytree import tree_leaves, tree_map
-from .rules.elementwise import conj, identity, is_complex, multiply, real
+from .rules.elementwise import conj, identity, imag, is_complex, multiply, real
 from .rules.reductions import sum as _sum
 from .rules.shape import reshape, stack
 from .tape import older_nodes
@@ -44,6 +45,18 @@ def jvp(f, primals, tangents):
     update of a batch norm's statistics)."""
     primals, tangents = untied(_floats_as_arrays(primals)), _floats_as_arrays(tangents)
     _check_tangents(primals, tangents)
+    value, outputs, transposed, finish = _linearized(f, primals)
+    along = lambda *u: transposed(u, lambda grads: directional(grads, tangents))  # noqa: E731
+    value, found = finish(value, quiet_gradient(along, *[_zeros_like(y) for y in outputs]))
+    found = iter(found)
+    return value, tree_map(lambda v: _tangent(v, found) if _is_array(v) else _still(v), value)
+
+
+def _linearized(f, primals):
+    """`f` run once on `primals`, and its pullback `u -> J^T u` to differentiate once more:
+    `(value, outputs, transposed, finish)`, where `transposed(u, reduce)` is `reduce` of the
+    gradients in place (linear in the cotangents `u`, one per floating output), and
+    `finish(value, tangents)` gives them back plain at top level."""
     _, since = nesting.begin(True)  # recorded: the pullback is differentiated once more
     args, inputs, tracked = track_inputs(primals, True)
     with nesting.inside():
@@ -53,21 +66,22 @@ def jvp(f, primals, tangents):
     at_top = not nesting.active() and recording.current() is None
     older = []  # at top level, the tracked values from before `since` the tangents depend on
 
-    def pulled_back(*cotangents):  # <J^T u, t>: linear in the cotangents u
+    def transposed(cotangents, reduce):
         weighted = _total([_sum(multiply(y, u)) for y, u in zip(outputs, cotangents)])
         found = {}
         if isinstance(weighted, TrackedArray):
             found = backprop(weighted, inputs.values(), True, since=since, finite=False)
-        along = directional(gradients_in_place(args, inputs, found, True), tangents)
-        if at_top and isinstance(along, TrackedArray) and along._node is not None:
-            older.extend(older_nodes(along._node, since))  # before the pass frees the graph
-        return along
+        reduced = reduce(gradients_in_place(args, inputs, found, True))
+        if at_top and isinstance(reduced, TrackedArray) and reduced._node is not None:
+            older.extend(older_nodes(reduced._node, since))  # before the pass frees the graph
+        return reduced
 
-    found = quiet_gradient(pulled_back, *[_zeros_like(y) for y in outputs])
-    if at_top:
-        value, found = untracked(value), [_cut_off_at_top(t, older) for t in found]
-    found = iter(found)
-    return value, tree_map(lambda v: _tangent(v, found) if _is_array(v) else _still(v), value)
+    def finish(value, tangents):
+        if not at_top:
+            return value, tangents
+        return untracked(value), [_cut_off_at_top(t, older) for t in tangents]
+
+    return value, outputs, transposed, finish
 
 
 def _cut_off_at_top(tangent, older):
@@ -134,35 +148,51 @@ def _still(v):
 
 @nesting.transform
 def jacfwd(f, x):
-    """The Jacobian of `f` at the array `x` by forward mode, one `jvp` per element of `x`, in
-    `jacobian`'s layout (`f(x).shape + x.shape`). A column costs about three reverse passes, so
-    it is the cheaper of the two where `f(x)` has over three times as many elements as `x`.
+    """The Jacobian of `f` at the array `x` by forward mode, in `jacobian`'s layout
+    (`f(x).shape + x.shape`). `f` runs once (one dropout mask, one update of a batch norm's
+    statistics); each column is the derivative of its pullback along one element of `x`,
+    about two reverse passes, so it is the cheaper of the two where `f(x)` has over twice as
+    many elements as `x`.
 
     >>> import numpy as np, tracker_gpu as tg
     >>> tg.jacfwd(lambda x: tg.stack([x[0] * x[1], 3.0 * x[0]]), np.array([2.0, 5.0]))
     array([[5., 2.],
            [3., 0.]])
     """
-    x = _as_float(x)  # integers are differentiated as floats, as by `jacobian`
-    value = data(x)
-    xp = backend.namespace_of(value)
-    n = math.prod(value.shape)
-    if n == 0:  # no column: f's output shape from one jvp along the empty tangent
-        _, t = jvp(f, (x,), (xp.zeros_like(value),))
-        return xp.zeros(tuple(t.shape) + tuple(value.shape), dtype=t.dtype, device=t.device)
-    complex_x = backend.is_complex_dtype(value.dtype)
-    real_dtype = _real_dtype(xp, value.dtype) if complex_x else value.dtype
-    eye = xp.eye(n, dtype=real_dtype, device=backend.device_of(value))
-    columns, out_shape = [], ()
-    for j in range(n):
-        direction = xp.reshape(eye[j, :], tuple(value.shape))
-        _, t = jvp(f, (x,), (xp.astype(direction, value.dtype),))
-        if complex_x:  # df/da + i df/db along z = a + ib, `jacobian`'s convention
-            _, t_imaginary = jvp(f, (x,), (1j * xp.astype(direction, value.dtype),))
-            t = t + 1j * t_imaginary
-        out_shape = tuple(t.shape)
-        columns.append(reshape(t, (-1,)))
-    return reshape(stack(columns, axis=1), out_shape + tuple(value.shape))
+    (x,) = _floats_as_arrays((_as_float(x),))  # integers are differentiated as floats
+    value, outputs, transposed, finish = _linearized(f, (x,))
+    check_one_array(value, "jacfwd", "tg.jacfwd(lambda x: f(x)[0], x)")
+    plain = data(x)
+    n, shape = math.prod(plain.shape), tuple(getattr(value, "shape", ())) + tuple(plain.shape)
+    if not outputs or n == 0:  # an integer output (zeros of x's dtype, as `jacobian`'s)
+        dtype = data(outputs[0]).dtype if outputs else plain.dtype
+        xp = backend.namespace_of(plain)
+        return xp.zeros(shape, dtype=dtype, device=backend.device_of(plain))
+    # (J^T u)_j is linear in u, and its gradient in u is column j; for a complex x, its real
+    # and imaginary parts give df/da + i df/db, `jacobian`'s convention
+    parts = (real, imag) if backend.is_complex_dtype(plain.dtype) else (None,)
+    columns = [_column(transposed, outputs[0], n, j, parts) for j in range(n)]
+    _, (jac,) = finish(value, [reshape(stack(columns, axis=1), shape)])
+    return jac
+
+
+def _column(transposed, y, n, j, parts):
+    """Column `j` of the Jacobian, flat: the gradient in `u` of element `j` of `J^T u` (each
+    of `parts` of it, joined as `re + 1j im`)."""
+    pieces = []
+    for part in parts:
+
+        def element(u, part=part):
+            g = transposed((u,), lambda grads: grads[0])
+            if g is None:  # the output does not depend on x
+                return 0.0
+            e = reshape(g, (n,))[j]
+            return e if part is None else part(e)
+
+        (c,) = quiet_gradient(element, _zeros_like(y))
+        pieces.append(_zeros_like(y) if c is None else c)
+    column = pieces[0] if len(pieces) == 1 else pieces[0] + 1j * pieces[1]
+    return reshape(column, (-1,))
 
 
 def _as_float(x):
@@ -176,10 +206,6 @@ def _as_float(x):
     if backend.isdtype(xp, x.dtype, ("real floating", "complex floating")):
         return x
     return xp.astype(x, xp.float64)
-
-
-def _real_dtype(xp, dtype):
-    return xp.float32 if dtype == xp.complex64 else xp.float64
 
 
 def _leaves(value):

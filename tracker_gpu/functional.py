@@ -15,6 +15,7 @@ import numpy as np
 from . import draws, nesting, primitive, recording, tracked
 from .api import (
     captured,
+    check_one_array,
     cut_off,
     given_seed,
     gradient,
@@ -25,7 +26,7 @@ from .api import (
     quiet_gradient,
     track_inputs,
 )
-from .backend import SCALARS, is_array, is_complex_dtype, isdtype, namespace_of
+from .backend import is_array, is_complex_dtype, isdtype, namespace_of
 from .forward_mode import directional, untied
 from .primitive import Primitive, record_saving_arguments, resolve, tracked_values
 from .recording import ACTIVE
@@ -57,7 +58,7 @@ def forward(f, *args):
     with nesting.inside():
         y = f(*tracked_args)
 
-    _check_one_array(y, "forward", "tg.forward(lambda x: f(x)[0], x)")
+    check_one_array(y, "forward", "tg.forward(lambda x: f(x)[0], x)")
 
     def back(dy):
         if not istracked(y):
@@ -70,16 +71,6 @@ def forward(f, *args):
         return gradients_in_place(args, inputs, found, nest, closed_over=outer)
 
     return (y if nest else primitive.detached(y)), back  # while tg.compile records, traced data
-
-
-def _check_one_array(y, name, fix):
-    """Refuse a structure where one array (or number) is differentiated: its parts would be
-    taken for a constant, every derivative silently zero."""
-    if not (isinstance(y, TrackedArray) or is_array(y) or type(y) in SCALARS):
-        raise TypeError(
-            f"{name}: f must return one array, it returned a {type(y).__name__}; take each "
-            f"output on its own ({fix}), or tg.jvp, which takes structures"
-        )
 
 
 def _cotangent(y, dy):
@@ -142,7 +133,7 @@ def _jacobian(f, x):
     x_in, given = alias(x_in), x_in  # `x_in` as given: f may write into `given` (x[0] = v)
     with nesting.inside():
         y = f(given)
-    _check_one_array(y, "jacobian", "tg.jacobian(lambda x: f(x)[0], x)")
+    check_one_array(y, "jacobian", "tg.jacobian(lambda x: f(x)[0], x)")
     _check_real_to_real(x_in, y)
     xp = namespace_of(data(x_in))
     n = _size(x_in.shape)
