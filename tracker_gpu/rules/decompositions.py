@@ -267,7 +267,15 @@ def _eigvalsh_vjp(g, ans, x):
 
 
 _eigh = Primitive("eigh", _eigh_forward, (_eigh_vjp,))
-_eigvalsh = Primitive("eigvalsh", _eigh_forward, (_eigvalsh_vjp,))
+
+
+def _eigvalsh_forward(xp, x):
+    """The decomposition, with the library's `eigvalsh` values (as `_svdvals_forward`)."""
+    w, v = xp.linalg.eigh(x)
+    return _pack(xp, tuple(x.shape[:-2]), (xp.linalg.eigvalsh(x), v))
+
+
+_eigvalsh = Primitive("eigvalsh", _eigvalsh_forward, (_eigvalsh_vjp,))
 
 
 def eigh(x, /):
@@ -428,8 +436,18 @@ def _svdvals_vjp(g, ans, x):
     return matmul(multiply(u, expand_dims(gs, axis=-2)), vh)
 
 
+def _svdvals_forward(xp, x):
+    """The decomposition, with the values of the library's `svdvals` where it has one: the
+    plain value bit for bit (LAPACK's values without the vectors differ in the last bits; the
+    vectors are for the pullback)."""
+    u, s, vh = xp.linalg.svd(x, full_matrices=False)
+    if getattr(xp.linalg, "svdvals", None) is not None and not is_dask_array(x):
+        s = xp.linalg.svdvals(x)  # (Dask's asks for a full decomposition, which it refuses)
+    return _pack(xp, tuple(x.shape[:-2]), (u, s, vh))
+
+
 _svd = Primitive("svd", _svd_forward, (_svd_vjp,))
-_svdvals = Primitive("svdvals", _svd_forward, (_svdvals_vjp,))
+_svdvals = Primitive("svdvals", _svdvals_forward, (_svdvals_vjp,))
 
 
 def _complement_forward(xp, x, *, of):

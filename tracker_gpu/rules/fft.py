@@ -31,6 +31,7 @@ array([ 6., 10.,  2., -2.])
 import importlib
 
 import numpy as np
+from array_api_compat import is_torch_array
 
 from ..backend import (
     device_of,
@@ -220,7 +221,12 @@ def _floating(x, name, complex_ok=True):
 
 def _as_complex(x, name):
     xp = _floating(x, name)
-    return x if is_complex(x) else astype(x, complex_dtype(xp, data(x).dtype))
+    if is_complex(x) or (name in _TORCH_TAKES_REAL and is_torch_array(data(x))):
+        return x  # PyTorch's transform of a real tensor: its own value, in the last bits too
+    return astype(x, complex_dtype(xp, data(x).dtype))
+
+
+_TORCH_TAKES_REAL = {"fft", "ifft", "fftn", "ifftn"}
 
 
 # --- the standard's functions

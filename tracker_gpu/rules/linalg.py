@@ -63,7 +63,7 @@ from .reductions import expand, sumabs2_of
 from .reductions import max as _max
 from .reductions import min as _min
 from .reductions import sum as _sum
-from .shape import concat, expand_dims, permute_dims, reshape, stack
+from .shape import concat, expand_dims, permute_dims, reshape
 
 __all__ = [
     "matmul",
@@ -189,14 +189,29 @@ def cross(x1, x2, /, *, axis=-1):
         )
     if not _tracked(x1, x2) and _native(_xp(x1), "cross"):
         return _xp(x1).linalg.cross(x1, x2, axis=axis)
+    return _cross(x1, x2, axis=axis)
+
+
+def _cross_forward(xp, x1, x2, *, axis):
+    if _native(xp, "cross"):  # the library's own: its value bit for bit
+        return xp.linalg.cross(x1, x2, axis=axis)
     tail = (slice(None),) * (-axis - 1)
     a = [x1[(Ellipsis, i) + tail] for i in range(3)]
     b = [x2[(Ellipsis, i) + tail] for i in range(3)]
+    return xp.stack([a[i] * b[j] - a[j] * b[i] for i, j in ((1, 2), (2, 0), (0, 1))], axis=axis)
 
-    def term(i, j):
-        return subtract(multiply(a[i], b[j]), multiply(a[j], b[i]))
 
-    return stack([term(1, 2), term(2, 0), term(0, 1)], axis=axis)
+# x1 x x2 is linear in each: the adjoint of x1 -> x1 x x2 is g -> conj(x2) x g, and of
+# x2 -> x1 x x2 is g -> g x conj(x1) (a cross product's matrix is antisymmetric)
+_cross = Primitive(
+    "cross",
+    _cross_forward,
+    (
+        lambda g, ans, x1, x2, *, axis: cross(_conj(x2), g, axis=axis),
+        lambda g, ans, x1, x2, *, axis: cross(g, _conj(x1), axis=axis),
+    ),
+    saves=("x2", "x1"),
+)
 
 
 # --- diagonals
@@ -333,8 +348,10 @@ def matrix_power(x, n, /):
         return _power_zero(x)
     if n < 0:
         x, n = inv(x), -n
+    if n == 3:  # NumPy's order, (x x) x, so that the value is its value bit for bit
+        return matmul(matmul(x, x), x)
     result = None
-    while True:  # binary powering
+    while True:  # binary powering, NumPy's order from there on
         if n & 1:
             result = x if result is None else matmul(result, x)
         n >>= 1

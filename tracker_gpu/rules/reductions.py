@@ -291,9 +291,22 @@ def var(x, /, *, axis=None, correction=0.0, keepdims=False):
     wide = _in_float32(x)
     if wide is not None:  # accumulated in float32, as NumPy and PyTorch do; x's dtype out
         return astype(var(wide, axis=axis, correction=correction, keepdims=keepdims), x.dtype)
+    return _var(x, axis=axis, correction=correction, keepdims=keepdims)
+
+
+def _var_forward(xp, x, /, *, axis=None, correction=0.0, keepdims=False):
+    # the library's own: its value bit for bit (PyTorch's differs from the sum of squares of
+    # the centred values in the last bits)
+    return xp.var(x, axis=axis, correction=correction, keepdims=keepdims)
+
+
+def _var_vjp(g, ans, x, axis=None, correction=0.0, keepdims=False):
     centred = x - mean(x, axis=axis, keepdims=True)
-    n = _count(x.shape, axis)
-    return sum(square(centred), axis=axis, keepdims=keepdims) / builtins.max(n - correction, 0)
+    denominator = builtins.max(_count(x.shape, axis) - correction, 0)
+    return expand(g, x, axis, keepdims) * centred * 2.0 / denominator
+
+
+_var = Primitive("var", _var_forward, (_var_vjp,), saves="x")
 
 
 def std(x, /, *, axis=None, correction=0.0, keepdims=False):
