@@ -151,6 +151,19 @@ def test_softmax_over_an_empty_axis(backend, name, axis):
     check(backend, lambda x: f(x, axis=axis), x)
 
 
+@pytest.mark.parametrize("axis", [(0, 1), (1, 2), (0, 2), (-1, -3)])
+@pytest.mark.parametrize("name", ["softmax", "logsoftmax"])
+def test_softmax_over_a_tuple_of_axes_is_scipys(backend, name, axis):
+    """Over several axes at once, as SciPy's and JAX's (a TypeError from inside before)."""
+    scipy_special = pytest.importorskip("scipy.special")
+    reference = {"softmax": scipy_special.softmax, "logsoftmax": scipy_special.log_softmax}[name]
+    a = np.random.default_rng(0).standard_normal((2, 3, 4))
+    x = on_backend(backend, a)
+    got = numpy_of(backend, getattr(tg, name)(tg.param(x), axis=axis))
+    np.testing.assert_allclose(got, reference(a, axis=axis), rtol=1e-13)
+    check(backend, lambda x: getattr(tg, name)(x, axis=axis), x)
+
+
 @pytest.mark.parametrize("keepdims", [False, True])
 def test_logsumexp_over_an_empty_axis_is_minus_infinity(backend, keepdims):
     x = on_backend(backend, np.zeros((2, 0)))

@@ -73,7 +73,7 @@ relu = Primitive(
 def _softmax_forward(xp, x, /, *, axis=-1):
     real_only("softmax", x)
     check_axes("softmax", axis, x.ndim)
-    if x.shape[axis] == 0:  # nothing to normalise (NumPy's max of nothing raises)
+    if _empty_along(x, axis):  # nothing to normalise (NumPy's max of nothing raises)
         return xp.zeros_like(x)
     e = into(xp, "exp", x - row_max(xp, x, axis))
     e /= row_sum(xp, e, axis)  # in place, as `into` says why
@@ -83,10 +83,15 @@ def _softmax_forward(xp, x, /, *, axis=-1):
 def _logsoftmax_forward(xp, x, /, *, axis=-1):
     real_only("logsoftmax", x)
     check_axes("logsoftmax", axis, x.ndim)
-    if x.shape[axis] == 0:
+    if _empty_along(x, axis):
         return xp.zeros_like(x)
     shifted, lse = logsoftmax_parts(xp, x, axis)
     return shifted - lse
+
+
+def _empty_along(x, axis):
+    """Whether `x` has no element along `axis` (an axis or a tuple of them)."""
+    return any(x.shape[a] == 0 for a in (axis if isinstance(axis, tuple) else (axis,)))
 
 
 def logsoftmax_parts(xp, x, axis):
