@@ -159,3 +159,32 @@ def test_half_floats_made_complex_are_complex64_as_numpy_makes_them(dtype, name)
     expected = f(np, x.astype(np.float32)) if dtype == "bfloat16" else f(np, x)
     xp = array_api_compat.array_namespace(tg.param(np.array([1.0])))
     assert tg.data(f(xp, tg.param(x))).dtype == expected.dtype == np.complex64
+
+
+FLOOR_DIVISIONS = {  # (left operand, right operand) as the library's operator takes them
+    "bfloat16 // 2.5": lambda: (np.array([1e4, 3.0], half_dtype("bfloat16", np)), 2.5),
+    "2.5 // bfloat16": lambda: (2.5, np.array([1.5, 3.0], half_dtype("bfloat16", np))),
+    "float32 // 0-d float64": lambda: (np.array([7.0, -7.5], np.float32), np.array(2.0)),
+    "torch float32 // 0-d float64": lambda: (
+        _torch().tensor([3.0, 5.0]),
+        _torch().tensor(2.0, dtype=_torch().float64),
+    ),
+}
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("case", list(FLOOR_DIVISIONS))
+def test_the_floor_division_operator_is_the_librarys(case):
+    """`x // y` on a tracked array is the library's operator, as `+` and `*` are (it went
+    through the namespace's floor_divide: bfloat16 // 70000.0 divided by 70144)."""
+    left, right = FLOOR_DIVISIONS[case]()
+    expected = left // right
+    tracked = (tg.param(left) if hasattr(left, "dtype") else left) // (
+        right if hasattr(left, "dtype") else tg.param(right)
+    )
+    got = tg.data(tracked)
+    assert str(got.dtype) == str(expected.dtype), got.dtype
+    assert np.array_equal(np.asarray(got, dtype=np.float64), np.asarray(expected, np.float64))

@@ -173,10 +173,10 @@ class TrackedArray:
         return matmul(other, self)
 
     def __floordiv__(self, other):
-        return floor_divide(self, other)
+        return floor_divide_operator(self, other)
 
     def __rfloordiv__(self, other):
-        return floor_divide(other, self)
+        return floor_divide_operator(other, self)
 
     def __mod__(self, other):
         return remainder(self, other)
@@ -665,6 +665,7 @@ from .rules.elementwise import (  # noqa: E402
     add,
     divide,
     floor_divide,
+    floor_divide_operator,
     identity,
     multiply,
     negative,

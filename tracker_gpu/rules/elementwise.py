@@ -590,4 +590,10 @@ _BINARY_PLAIN = (
 PLAIN_FUNCTIONS = {name: _plain(name, _unary_signature) for name in _UNARY_PLAIN}
 PLAIN_FUNCTIONS.update({name: _plain(name, _binary_signature) for name in _BINARY_PLAIN})
 floor_divide = _plain_floor_divide = PLAIN_FUNCTIONS["floor_divide"]
+# `x // y` as the library's operator computes it, as `+` and `*` do (the namespace's
+# `floor_divide` promotes as the standard says: PyTorch's operator keeps float32 beside a 0-d
+# float64, and NumPy's bfloat16 over a Python float is float32, where the namespace's is not)
+floor_divide_operator = no_gradient(
+    "floor_divide_operator", lambda xp, x, y: x // y, signature=_binary_signature
+)
 _plain_signbit = PLAIN_FUNCTIONS["signbit"]
