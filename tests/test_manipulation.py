@@ -382,6 +382,16 @@ def test_non_differentiable_functions_give_no_gradient(backend, name, tracked):
         np.testing.assert_array_equal(backend.to_numpy(a), e)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_diff_of_booleans_is_numpys_not_equal(backend, n):
+    """Booleans have no subtraction: NumPy's diff says where neighbours differ (a TypeError
+    from NumPy's subtract before)."""
+    b = np.array([[True, False, False, True], [False, False, True, True]])
+    xp = array_api_compat.array_namespace(tg.param(backend.asarray([1.0])))
+    got = xp.diff(xp.asarray(backend.asarray(b)), n=n, axis=1)
+    assert np.array_equal(backend.to_numpy(tg.data(got)), np.diff(b, n=n, axis=1))
+
+
 def test_isin_takes_integer_arrays(backend):
     x = backend.asarray(np.array([[3, 1], [4, 1]]))
     out = tg.isin(x, backend.asarray(np.array([1, 5])))

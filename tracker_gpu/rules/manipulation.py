@@ -21,7 +21,7 @@ from .. import backend, recording
 from ..backend import device_of, isdtype, namespace_of
 from ..primitive import Primitive, no_gradient
 from ..tracked import TrackedArray, data
-from .elementwise import conjugate_derivative, multiply, subtract
+from .elementwise import PLAIN_FUNCTIONS, conjugate_derivative, multiply, subtract
 from .shape import (
     _index_adjoint,
     _normalize_index,
@@ -421,9 +421,15 @@ def diff(x, /, *, axis=-1, n=1, prepend=None, append=None):
     parts = [_edge(x, p, axis) for p in (prepend, x, append) if p is not None]
     if len(parts) > 1:
         x = concat(parts, axis=axis)
+    # booleans differ where they are not equal, as NumPy's diff says (they have no subtraction)
+    difference = (
+        PLAIN_FUNCTIONS["not_equal"]
+        if isdtype(namespace_of(data(x)), x.dtype, "bool")
+        else subtract
+    )
     for _ in range(n):
         m = x.shape[axis]
-        x = subtract(
+        x = difference(
             getitem(x, _along(axis, slice(1, m))),
             getitem(x, _along(axis, slice(0, builtins.max(m - 1, 0)))),
         )
