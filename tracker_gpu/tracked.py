@@ -188,14 +188,14 @@ class TrackedArray:
         return negative(self)
 
     def __pos__(self):
-        return self
+        return positive(self)
 
     def __abs__(self):
         return abs(self)
 
     def __getitem__(self, key):
         out = getitem(self, key)
-        if type(out) is TrackedArray and _basic(key) and _makes_views(self.data):
+        if type(out) is TrackedArray and _basic(key) and _makes_views(self.data, key):
             out._base = (self, key, getattr(self, "_version", 0))  # a write into it reaches self
         return out
 
@@ -669,6 +669,7 @@ from .rules.elementwise import (  # noqa: E402
     identity,
     multiply,
     negative,
+    positive,
     pow,
     remainder,
     subtract,
@@ -680,10 +681,15 @@ from .rules.shape import getitem, permute_dims, to_device  # noqa: E402
 _BASIC = frozenset((int, slice, type(None), type(Ellipsis)))
 
 
-def _makes_views(value):
-    """Whether the library of `value` answers basic indexing with a view, whose writes reach
-    the array (NumPy, CuPy, PyTorch, array-api-strict; not Dask, whose slices are new arrays)."""
-    return type(value) is np.ndarray or not backend.is_lazy(value)
+def _makes_views(value, key):
+    """Whether the library of `value` answers basic indexing `key` with a view, whose writes
+    reach the array (NumPy, CuPy, PyTorch, array-api-strict; not Dask, whose slices are new
+    arrays). One element of a NumPy or array-api-strict array is a copy (NumPy's scalar):
+    `acc = x[0]; acc += v` leaves `x` as it was; CuPy's and PyTorch's are 0-d views."""
+    if type(getattr(value, "_array", value)) is np.ndarray:  # array-api-strict wraps NumPy's
+        keys = key if type(key) is tuple else (key,)
+        return len(keys) != value.ndim or any(type(k) is not int for k in keys)
+    return not backend.is_lazy(value)
 
 
 def _basic(key):

@@ -13,6 +13,7 @@ import math
 import operator
 
 import numpy as np
+from array_api_compat import is_torch_array
 
 from ..backend import SCALARS, device_of, is_complex_dtype, is_cupy, isdtype, namespace_of
 from ..primitive import Primitive, no_gradient
@@ -267,7 +268,11 @@ identity = Primitive("identity", lambda xp, x, /: x, (lambda g, ans, x: g,), sav
 
 
 def positive(x, /):
-    return x
+    """`+x` as the library answers it: NumPy's is a new array (a write into it leaves `x` as it
+    was), PyTorch's `x` itself."""
+    if type(x) is TrackedArray:
+        return x if is_torch_array(x.data) else identity(x)
+    return x if type(x) in SCALARS else namespace_of(x).positive(x)
 
 
 def _astype_forward(xp, x, dtype, /, *, copy=True, device=None):
