@@ -292,6 +292,9 @@ def test_arrays_of_different_libraries():
         t * np.ones(2)
     with pytest.raises(TypeError, match="cannot mix arrays"):
         x + t
+    for compare in (lambda: np.zeros(2) < t, lambda: t == np.zeros(2)):  # NumPy's on the left
+        with pytest.raises(TypeError, match="cannot mix arrays of torch and numpy"):
+            compare()  # a constant holding NumPy's ufunc of the tensor before
 
 
 # --- parameters and inputs

@@ -357,3 +357,14 @@ def test_hvp_tuple_mismatch_refused():
         tg.hvp(lambda x: tg.sum(x**3), (np.ones(2),), np.ones(2))
     with pytest.raises(ValueError, match="hvp"):
         tg.hvp(lambda x: tg.sum(x**3), (np.ones(2),), (np.ones(2), np.ones(2)))
+
+
+def test_a_numpy_scalar_compared_with_a_tensor_is_a_boolean_mask():
+    """NumPy's scalar on the left ran NumPy's ufunc on the tensor: a uint8 mask, which
+    indexing took for the indices [1, 0, 1], a wrong value and gradient, silently."""
+    torch = pytest.importorskip("torch")
+    values = torch.tensor([1.5, -2.0, 3.0], dtype=torch.float64)
+    mask = tg.data(np.float64(0.0) < tg.param(values))
+    assert mask.dtype == torch.bool and mask.tolist() == [True, False, True]
+    (g,) = tg.gradient(lambda x: tg.sum(x[np.float32(0.0) < x] ** 2), values)
+    assert g.tolist() == [3.0, 0.0, 6.0]

@@ -140,6 +140,8 @@ class TrackedArray:
                 if ACTIVE:  # traced while tg.compile records: every replay compares anew
                     name = _STANDARD_BITWISE.get(ufunc.__name__, ufunc.__name__)
                     return _traced(name, *inputs)
+                if not backend.is_numpy_namespace(self._xp):
+                    return _numpy_on_the_left(ufunc, inputs, self)
                 return constant(ufunc(*(data(a) for a in inputs)), self._xp)
         if not any(istracked(a) for a in inputs):  # constants only: NumPy's own answer
             return getattr(ufunc, method)(*(data(a) for a in inputs), **kwargs)
@@ -460,7 +462,33 @@ def _python_number(x):
 
 
 def _compared(x, other, compare):
-    return constant(compare(x.data, data(other)), x._xp)
+    plain = data(other)
+    xp = x._xp
+    if type(plain) not in SCALARS and not isinstance(plain, np.generic) and backend.is_array(plain):
+        xp = backend.common_library(xp, plain)  # another library's array is refused
+    return constant(compare(x.data, plain), xp)
+
+
+_SWAPPED = {
+    "less": operator.gt, "greater": operator.lt, "less_equal": operator.ge,
+    "greater_equal": operator.le, "equal": operator.eq, "not_equal": operator.ne,
+}  # fmt: skip
+
+
+def _numpy_on_the_left(ufunc, inputs, x):
+    """A NumPy scalar or array on the left of a comparison (or bitwise operator) with `x` of
+    another library. A scalar (NumPy makes it 0-d) compares as a number from the right
+    (`np.float64(0) < x` on PyTorch: NumPy's ufunc on the tensor made a uint8 mask, which
+    indexing took for indices); an array is refused, as another library's, but beside Dask's."""
+    left, right = inputs[0], inputs[-1]
+    scalar = isinstance(left, np.generic) or (type(left) is np.ndarray and left.ndim == 0)
+    if right is x and scalar and ufunc.__name__ in _SWAPPED:
+        return _compared(x, left.item(), _SWAPPED[ufunc.__name__])
+    xp = x._xp
+    for a in inputs:
+        if not isinstance(a, TrackedArray):
+            xp = backend.common_library(xp, np.asarray(a))
+    return constant(ufunc(*(data(a) for a in inputs)), xp)
 
 
 def holds_tracked(tree):
