@@ -384,6 +384,14 @@ def test_grads_lookup_of_a_foreign_parameter(backend):
     assert np.array_equal(backend.to_numpy(gs[W]), [3.0, 3.0])
 
 
+def test_matmul_of_a_python_number(backend):
+    x = leaf(backend, [1.0, 2.0])
+    for call in (lambda: x @ 2.0, lambda: 2 @ x):
+        with pytest.raises(TypeError, match="matmul of a Python number: multiply by it with"):
+            call()  # an AttributeError from inside before
+    untouched(backend, x, [1.0, 2.0])
+
+
 def test_a_params_entry_on_a_spent_graph(backend):
     W = leaf(backend, [1.0, 2.0])
     view = W[0:1]  # made outside the function: the first pass frees its graph

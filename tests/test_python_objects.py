@@ -368,3 +368,28 @@ def test_a_numpy_scalar_compared_with_a_tensor_is_a_boolean_mask():
     assert mask.dtype == torch.bool and mask.tolist() == [True, False, True]
     (g,) = tg.gradient(lambda x: tg.sum(x[np.float32(0.0) < x] ** 2), values)
     assert g.tolist() == [3.0, 0.0, 6.0]
+
+
+LIST_OPERANDS = {
+    "x * list": lambda x: x * [1.0, 2.0, 3.0],
+    "list * x": lambda x: [1.0, 2.0, 3.0] * x,
+    "x / tuple": lambda x: x / (1.0, 2.0, 4.0),
+    "x ** list": lambda x: x ** [1.0, 2.0, 3.0],
+    "list ** x": lambda x: [1.0, 2.0, 3.0] ** x,
+    "x - nested list": lambda x: x - [[1.0], [2.0]],
+    "x @ list": lambda x: x @ [1.0, 2.0, 3.0],
+    "list @ x": lambda x: [1.0, 2.0, 3.0] @ x,
+}
+
+
+@pytest.mark.parametrize("name", LIST_OPERANDS)
+def test_a_list_operand_is_an_array_as_numpys_operators_take_it(name):
+    """Saved as a list, it failed in the backward pass (multiply, divide, power) or at once
+    (matmul): NumPy's value, and the gradient against central differences."""
+    f = LIST_OPERANDS[name]
+    a = np.array([1.5, 2.0, 0.5])
+    value, (g,) = tg.withgradient(lambda x: tg.sum(f(x)), a)
+    assert value == np.sum(f(a))
+    h = 1e-6
+    expected = [(np.sum(f(a + h * e)) - np.sum(f(a - h * e))) / (2 * h) for e in np.eye(3)]
+    np.testing.assert_allclose(g, expected, rtol=1e-7)

@@ -16,7 +16,7 @@ import operator as python_operator
 
 import numpy as np
 
-from .backend import SCALARS
+from .backend import SCALARS, device_of, namespace_of
 from .cuda import dispatch
 from .primitive import NOT_TRACKING, record, saved_values
 from .recording import ACTIVE, is_data
@@ -46,6 +46,8 @@ def _operators(prim, plain=None):
     direct = plain is not None and prim.name not in dispatch.FORWARDS
 
     def operator(self, other):
+        if type(other) is list or type(other) is tuple:
+            other = listed(self, other)
         node = self._node
         if not NOT_TRACKING and node is not None and not (ACTIVE and is_data(node)):
             kind = type(other)  # recorded as eagerly while tg.compile records (`record`)
@@ -69,6 +71,8 @@ def _operators(prim, plain=None):
         return prim(self, other)
 
     def reflected(self, other):
+        if type(other) is list or type(other) is tuple:
+            other = listed(self, other)
         node = self._node
         if (
             type(other) in SCALARS
@@ -94,6 +98,13 @@ for _name, _prim in (("add", add), ("sub", subtract), ("mul", multiply), ("trued
     _forward, _reflected = _operators(_prim, getattr(python_operator, _name))
     setattr(TrackedArray, f"__{_name}__", _forward)
     setattr(TrackedArray, f"__r{_name}__", _reflected)
+
+
+def listed(x, values):
+    """A list or tuple operand of the tracked `x` as an array of `x`'s library and device, as
+    NumPy's operators take it (saved as a list, it failed in the backward pass)."""
+    plain = x.data
+    return namespace_of(plain).asarray(values, device=device_of(plain))
 
 
 def _bitwise(function):

@@ -169,10 +169,10 @@ class TrackedArray:
 
     # --- arithmetic: recorded (+ - * / ** are declared with the operator table at the end)
     def __matmul__(self, other):
-        return matmul(self, other)
+        return matmul(self, _operand(self, other))
 
     def __rmatmul__(self, other):
-        return matmul(other, self)
+        return matmul(_operand(self, other), self)
 
     def __floordiv__(self, other):
         return floor_divide_operator(self, other)
@@ -459,6 +459,15 @@ def _python_number(x):
     if backend.isdtype(xp, x.dtype, "complex floating"):
         return complex(value)
     return float(value)
+
+
+def _operand(x, other):
+    """A list or tuple operand of `x`'s operator as an array (`operators.listed`)."""
+    if type(other) is list or type(other) is tuple:
+        from .operators import listed
+
+        return listed(x, other)
+    return other
 
 
 def _compared(x, other, compare):

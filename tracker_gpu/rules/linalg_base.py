@@ -12,7 +12,7 @@ Both of those modules build on this one, which imports neither, so the imports g
 
 import numpy as np
 
-from ..backend import device_of, is_cupy, namespace_of
+from ..backend import SCALARS, device_of, is_cupy, namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray, data
 from .elementwise import conjugate_derivative as _conj
@@ -75,6 +75,8 @@ def _matmul_vjp_y(g, ans, x, y):  # x^H @ g
 def _matmul_forward(xp, x, y):
     # The namespace's matmul promotes a real operand with a complex one (PyTorch's @ refuses),
     # and on CuPy it is where a CUDA graph's capture is cut (compiler/graphs.py).
+    if type(x) in SCALARS or type(y) in SCALARS:  # NumPy's @ refuses them too
+        raise TypeError("matmul of a Python number: multiply by it with * instead")
     return x @ y if x.dtype == y.dtype and not is_cupy(x) else xp.matmul(x, y)
 
 
