@@ -147,6 +147,29 @@ def test_numpy_and_dask_operands_combine_both_ways():
     assert tg.testing.gradcheck(lambda w: x * w + w * w, wn)
 
 
+WRITES_ACROSS = {  # a write between a NumPy and a Dask tracked array, either way
+    "dask into numpy zeros": lambda x, d: (lambda y: (y.__setitem__(slice(1, 3), d[0:2]), y)[1])(
+        x * 0.0),
+    "numpy into dask": lambda x, d: (lambda y: (y.__setitem__(0, x[1] * 10.0), y)[1])(d * 1.0),
+    "dask added, then written": lambda x, d: (
+        lambda y: (y.__iadd__(d), y.__setitem__(0, d[2] * x[0]), y)[2])(x * 0.0),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", WRITES_ACROSS)
+def test_a_write_between_numpy_and_dask_keeps_every_gradient(name):
+    """The value was made a plain array of the other library: its gradient was lost, and the
+    Dask graph computed at once. Against the same program on NumPy alone."""
+    program = WRITES_ACROSS[name]
+    xn, dn = np.arange(1.0, 7.0).reshape(3, 2), np.linspace(-1.0, 2.0, 6).reshape(3, 2)
+    loss = lambda x, d: tg.sum(program(x, d) ** 2)  # noqa: E731
+    expected = tg.withgradient(loss, xn, dn)
+    got = tg.withgradient(loss, xn, da.from_array(dn, chunks=1))
+    assert float(np.asarray(got.val)) == pytest.approx(float(expected.val), rel=1e-14)
+    for g, e in zip(got.grad, expected.grad):
+        np.testing.assert_allclose(np.asarray(g), e, rtol=1e-14)  # np.asarray computes
+
+
 def test_a_dask_gradient_checks_against_finite_differences():
     x = da.from_array(np.random.default_rng(1).uniform(0.5, 2.0, (6, 4)), chunks=(3, 2))
     assert tg.testing.gradcheck(lambda x: tg.sum(tg.log(x) * x, axis=0) @ x.T, x)

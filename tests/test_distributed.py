@@ -107,6 +107,39 @@ def test_bad_batches_are_refused_clearly(client):
         tgd.withgradient(client, loss_and_logits, mlp(), x[:0], y[:0])
 
 
+def test_a_dask_batch_with_an_empty_chunk_is_the_whole_batchs(client):
+    """An empty chunk was a shard of no examples: its mean was nan, and the step raised that
+    the loss was not finite."""
+    model, (x, y) = mlp(), batch(11)
+    xs, ys = da.from_array(x, chunks=((5, 0, 6), (64,))), da.from_array(y, chunks=((5, 0, 6),))
+    val, (grad,) = tgd.withgradient(client, lambda m, x, y: loss_and_logits(m, x, y)[0],
+                                    model, xs, ys)  # fmt: skip
+    ref_val, (ref,) = tg.withgradient(lambda m: loss_and_logits(m, x, y)[0], model)
+    assert np.isclose(val, tg.data(ref_val), rtol=1e-13)
+    assert_trees_close(grad, ref)
+
+
+def test_a_dask_batch_of_unknown_chunk_sizes_is_refused(client):
+    """A boolean mask's result has chunks of unknown size: each shard's weight was nan, and
+    the loss, the gradient and the stepped model nan, silently."""
+    x, y = batch(11)
+    xs = da.from_array(x, chunks=(4, 64))
+    masked = xs[xs[:, 0] > -np.inf]  # every row, in chunks of unknown size
+    with pytest.raises(ValueError, match=r"unknown size .*compute_chunk_sizes\(\)"):
+        tgd.withgradient(client, lambda m, x: tg.sum(m(x)), mlp(), masked)
+
+
+def test_a_batch_norm_in_training_is_refused_naming_it(client):
+    """Each shard normalised by its own statistics, and the running ones were updated in the
+    workers' copies: a step unlike one process's, without a word."""
+    model = nn.Chain(nn.Dense(64, 4, dtype="float64"), nn.BatchNorm(4, dtype="float64"))
+    x, _ = batch(8)
+    with pytest.raises(ValueError, match=r"batch statistics in training \(layers.1\).*testmode"):
+        tgd.withgradient(client, lambda m, x: tg.mean(m(x)), model, x, shards=2)
+    val, _ = tgd.withgradient(client, lambda m, x: tg.mean(m(x)), nn.testmode(model), x, shards=2)
+    assert np.isclose(val, tg.data(tg.mean(nn.testmode(model)(x))), rtol=1e-12)
+
+
 def test_a_gradient_is_the_same_bits_whatever_its_arrays_offsets_in_a_message(client):
     """Arrays arrive at any offset of a message's frame; an unaligned one took NumPy's other
     matmul loop, so the same step gave other last bits from one call to the next."""

@@ -43,6 +43,7 @@ import numpy as np
 from . import backend, optim
 from .api import WithGradient
 from .api import withgradient as _withgradient
+from .optim.tree import tree_map_with_path
 from .pytree import tree_leaves, tree_map
 from .tracked import data
 
@@ -226,6 +227,7 @@ def withgradient(client, f, model, *batch, shards=None, mean=True, timeout=STEP_
     if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"timeout must be a number of seconds more than 0, or None; got "
                          f"{timeout!r}")  # fmt: skip
+    _refuse_statistics_in_training(model)
     blocks = shard_arrays(client, batch, shards)
     total = sum(blocks[0].chunks[0])
     part = _shard_gradient_task(f, mean, total)
@@ -234,6 +236,27 @@ def withgradient(client, f, model, *batch, shards=None, mean=True, timeout=STEP_
     parts = [part(model_node, *row) for row in zip(*columns)]
     loss, grad, aux = _result(client, client.compute(_tree_sum(parts)), timeout)
     return WithGradient((loss, *aux) if aux is not None else loss, (grad,))
+
+
+def _refuse_statistics_in_training(model):
+    """A layer that updates running statistics in training (a BatchNorm not in test mode)
+    would normalise each shard by its own batch's statistics, and update its running ones in
+    each worker's copy (or once a shard): not the single-process step. Refused, naming it."""
+    found = []
+
+    def look(path, x):
+        if getattr(x, "running_mean", None) is not None and getattr(x, "active", None) is not False:
+            found.append(path or type(x).__name__)
+        return x
+
+    tree_map_with_path(look, model, is_leaf=lambda x: hasattr(x, "running_mean"))
+    if found:
+        raise ValueError(
+            f"a data-parallel step of a model with batch statistics in training ({', '.join(found)}"
+            "): each shard would normalise by its own examples and the running statistics "
+            "would not be updated as in one process; put those layers in test mode "
+            "(nn.testmode(model)) or use a LayerNorm or GroupNorm"
+        )
 
 
 def step(client, f, model, state, *batch, **options):
@@ -360,8 +383,15 @@ def shard_arrays(client, arrays, shards=None):
             "after the model, with the examples on the first axis"
         )
     lazy = [a for a in arrays if backend.is_lazy(a)]
+    for a in lazy:
+        if any(math.isnan(n) for sizes in a.chunks for n in sizes):
+            raise ValueError(
+                "a batch array's chunks are of unknown size (a boolean mask's result): the "
+                "shards could not be weighted by their share; call .compute_chunk_sizes() on "
+                "it first"
+            )
     if lazy:
-        rows = lazy[0].chunks[0]
+        rows = tuple(n for n in lazy[0].chunks[0] if n)  # an empty chunk is no shard
     else:
         n = arrays[0].shape[0]
         count = max(1, min(n, shards or sum(client.nthreads().values())))

@@ -87,8 +87,9 @@ def setitem(x, key, value, *, in_place=False):
     >>> tg.gradient(f, np.array([1.0, 2.0]))[0]  # of 9 x1² + x1²
     array([ 0., 40.])
     """
-    xp = x._xp
     _check_write(x, value)
+    x, value = _joined(x, value)
+    xp = x._xp
     value = _in_library(xp, x, value)
     if recording.current() is not None and _traced_parts(key):
         return _traced_write(x, key, value)
@@ -116,6 +117,20 @@ def _check_write(x, value):
             f"cannot write a complex value into an array of dtype {x.dtype}: its imaginary "
             "part would be lost; write tg.real(value), or make the array complex first"
         )
+
+
+def _joined(x, value):
+    """`(x, value)` of one library where a tracked `value` is of another: NumPy's and Dask's
+    join Dask's graph, by a tracked addition of Dask's zeros, which keeps the gradient (made
+    a plain array of `x`'s library, the value's gradient was lost, silently); other mixes of
+    libraries are refused."""
+    plain = data(value)
+    if not istracked(value) or not backend.is_array(plain) or namespace_of(plain) is x._xp:
+        return x, value
+    xp = backend.common_library(x._xp, plain)
+    if xp is x._xp:  # x Dask's, value NumPy's
+        return x, add(value, xp.zeros(tuple(value.shape), dtype=value.dtype))
+    return add(x, xp.zeros(tuple(x.shape), dtype=x.dtype)), value
 
 
 def _in_library(xp, x, value):
@@ -221,7 +236,7 @@ def _rebind(x, written):
     recorder = recording.current()
     if recorder is not None:
         recorder.rebound(x, written)
-    x.data, x._node = written.data, written._node
+    x.data, x._node, x._xp = written.data, written._node, written._xp  # Dask's, joined
     x._version = next(_WRITES)
 
 
