@@ -232,6 +232,23 @@ def test_round_trip_gives_pytorchs_module_back(case):
         assert ours[key].dtype == value.dtype and torch.equal(ours[key], value), key
 
 
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_a_bfloat16_module_converts_both_ways(case):
+    """PyTorch's bfloat16 tensors have no NumPy view, and ml_dtypes' arrays no tensor: both
+    conversions raised the libraries' TypeErrors. Through float32, exactly."""
+    module, _ = built(case)
+    module = module.to(torch.bfloat16)
+    name = case[0]
+    rank = int(name[-2]) if name[-2:-1].isdigit() else 1
+    back = nn.to_torch(nn.from_torch(module), rank=rank)
+    for key, value in module.state_dict().items():
+        if key.endswith("num_batches_tracked"):
+            continue  # an integer count, as in test_round_trip_gives_pytorchs_module_back
+        assert back.state_dict()[key].dtype == value.dtype and torch.equal(
+            back.state_dict()[key], value
+        ), key
+
+
 def test_the_converted_arrays_are_placed_as_asked():
     module = T.Sequential(T.Linear(3, 4), T.BatchNorm1d(4, momentum=None)).double()
     model = nn.from_torch(module, dtype="float32", xp="torch")

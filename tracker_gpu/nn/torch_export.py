@@ -65,7 +65,12 @@ def _activations_to(layer):
 
 
 def _tensor(a):
-    return a if isinstance(a, _torch().Tensor) else _torch().as_tensor(to_numpy(data(a)))
+    if isinstance(a, _torch().Tensor):
+        return a
+    values = to_numpy(data(a))
+    if values.dtype.name == "bfloat16":  # ml_dtypes': PyTorch takes it through float32, exact
+        return _torch().as_tensor(values.astype("float32")).to(_torch().bfloat16)
+    return _torch().as_tensor(values)
 
 
 def _dtype(a):

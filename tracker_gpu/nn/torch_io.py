@@ -147,9 +147,13 @@ class _Target:
         return self.made[key][1]
 
     def _converted(self, tensor, dtype):
-        values = tensor.detach().cpu().numpy().copy()  # never the module's memory
+        tensor = tensor.detach().cpu()
+        name = str(tensor.dtype).split(".")[-1]
+        if name == "bfloat16":  # NumPy has none of its own: exact in float32, then cast
+            tensor = tensor.float()
+        values = tensor.numpy().copy()  # never the module's memory
         return asarray(values, xp=self.xp, device=self.device,
-                       dtype=self.dtype or dtype or values.dtype)  # fmt: skip
+                       dtype=self.dtype or dtype or name)  # fmt: skip
 
     def place(self, module):
         tensors = [t for t in module.parameters()] + [t for t in module.buffers()]
