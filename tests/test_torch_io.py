@@ -249,6 +249,29 @@ def test_a_bfloat16_module_converts_both_ways(case):
         ), key
 
 
+NESTED = {
+    "conv in a chain, then a norm": lambda: T.Sequential(
+        T.Sequential(T.Conv2d(3, 4, 3)), T.BatchNorm2d(4)
+    ),
+    "flattened in a chain, then a norm": lambda: T.Sequential(
+        T.Conv2d(3, 4, 3), T.Sequential(T.Flatten(), T.Linear(64, 5)), T.BatchNorm1d(5)
+    ),
+}
+
+
+@pytest.mark.parametrize("name", NESTED)
+def test_a_norm_after_a_nested_chain_takes_the_rank_of_its_last_layer(name):
+    """The rank going into the inner chain was taken for the rank coming out: a BatchNorm1d
+    came back for a BatchNorm2d, which raised only when the module ran."""
+    module = NESTED[name]().double()
+    back = nn.to_torch(nn.from_torch(module))
+    assert [type(m) for m in back.modules()] == [type(m) for m in module.modules()]
+    x = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    module.eval()
+    back.eval()
+    assert torch.allclose(back(x), module(x), rtol=1e-12)
+
+
 def test_the_converted_arrays_are_placed_as_asked():
     module = T.Sequential(T.Linear(3, 4), T.BatchNorm1d(4, momentum=None)).double()
     model = nn.from_torch(module, dtype="float32", xp="torch")

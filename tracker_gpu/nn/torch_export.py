@@ -317,6 +317,10 @@ def _rank_after(layer, rank):
         return len(layer.weight.shape) - 2
     if isinstance(layer, (MaxPool, MeanPool)):
         return len(layer.window)
+    if isinstance(layer, Chain):  # its last layer's (it was the rank going in)
+        for inner in layer.layers:
+            rank = _rank_after(inner, rank)
+        return rank
     return 1 if isinstance(layer, (Dense, Flatten)) else rank
 
 
