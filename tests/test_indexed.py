@@ -199,3 +199,18 @@ def test_an_infinite_gradient_reaches_its_element_alone(backend):
         counts = np.array([3.0, 0.0, 1.0, 2.0])  # how often each element is read
         expected = np.where(counts > 0, counts / (2 * np.sqrt([0.0, 1.0, 4.0, 9.0])), 0.0)
     np.testing.assert_allclose(numpy_of(backend, got), expected, rtol=1e-15)
+
+
+@pytest.mark.parametrize("method", sorted(set(METHODS) - {"min", "max"}))
+@pytest.mark.parametrize("name", INTEGER_KEYS)
+def test_signed_zeros_are_written_as_numpy_writes_them(backend, name, method):
+    """A value was placed by a scatter into zeros, where 0.0 + -0.0 is 0.0: `x[[1]] = -0.0`
+    wrote 0.0. (Which zero the minimum of 0.0 and -0.0 is, is each library's own.)"""
+    key = KEYS[name]
+    x = randn(*SHAPE)
+    v = np.resize(np.array([-0.0, 0.0, -0.0, 1.0]), selected_shape(key))
+    expected = numpy_reference(x, key, v, method)
+    got = numpy_of(backend, getattr(tg.at(backend.asarray(x))[on(backend, key)], method)(
+        backend.asarray(v)))  # fmt: skip
+    np.testing.assert_array_equal(got, expected)
+    assert np.array_equal(np.signbit(got), np.signbit(expected))

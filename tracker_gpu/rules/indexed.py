@@ -425,7 +425,7 @@ def _update(x, idx, v, how):
         picked = getitem(flat_v, _on(xp, elements, device))
         if how != "set":
             picked = _COMBINE[how](getitem(out, _on(xp, where_, device)), picked)
-        out = where(mask, _scatter(picked, n, where_, xp, device), out)
+        out = where(mask, _placed(picked, n, where_, xp, device), out)
     return _in_dtype_of(x, reshape(out, shape), how)
 
 
@@ -471,6 +471,15 @@ def _traced_update(x, idx, v, how):
     values = _values(v, plain, xp, device, tuple(picked.shape))
     out = _COMBINE[how](x, _index_adjoint_traced(values, *traced, shape=tuple(x.shape), **spec))
     return _in_dtype_of(x, out, how)
+
+
+def _placed(values, n, flat_positions, xp, device):
+    """A length-`n` array with `values` at the distinct `flat_positions` (anything elsewhere,
+    for a `where` to mask): a gather, which keeps each value's bits; a scatter into zeros
+    made -0.0 written 0.0 (0.0 + -0.0)."""
+    source = np.zeros(n, dtype=np.int64)
+    source[flat_positions] = np.arange(len(flat_positions))
+    return getitem(values, _on(xp, source, device))
 
 
 def _scatter(values, n, flat_positions, xp, device):
