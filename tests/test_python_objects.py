@@ -393,3 +393,17 @@ def test_a_list_operand_is_an_array_as_numpys_operators_take_it(name):
     h = 1e-6
     expected = [(np.sum(f(a + h * e)) - np.sum(f(a - h * e))) / (2 * h) for e in np.eye(3)]
     np.testing.assert_allclose(g, expected, rtol=1e-7)
+
+
+def test_an_in_place_numpy_operator_with_a_tracked_constant_is_numpys():
+    """Refused as if the constant carried a gradient; a tracked value (or a tracked array
+    given as `out=`) still is, as its gradient would be lost."""
+    a = np.array([1.0, 2.0, 3.0])
+    a += tg.asarray(np.array([0.5, 0.5, 2.0]))
+    a *= tg.ones(3) * 2.0
+    np.testing.assert_array_equal(a, [3.0, 5.0, 10.0])
+    with pytest.raises(TypeError, match="cannot write a tracked result into a NumPy array"):
+        a += tg.param(np.ones(3))
+    with pytest.raises(TypeError, match="cannot write a tracked result"):
+        np.add(a, a, out=tg.param(np.ones(3)))
+    np.testing.assert_array_equal(a, [3.0, 5.0, 10.0])

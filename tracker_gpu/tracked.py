@@ -132,7 +132,10 @@ class TrackedArray:
         functions of constants alone give NumPy's answer; any other NumPy function raises an
         error naming the function to call instead."""
         if "out" in kwargs:
-            raise TypeError(OUT_REFUSED)
+            outs = kwargs["out"]
+            if any(istracked(a) for a in inputs) or any(type(o) is TrackedArray for o in outs):
+                raise TypeError(OUT_REFUSED)
+            return getattr(ufunc, method)(*(data(a) for a in inputs), **kwargs)  # constants
         if method == "__call__" and not kwargs:
             if ufunc.__name__ in _OPERATOR_UFUNCS:
                 return _OPERATOR_UFUNCS[ufunc.__name__](*inputs)
