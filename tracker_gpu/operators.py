@@ -16,7 +16,7 @@ import operator as python_operator
 
 import numpy as np
 
-from .backend import SCALARS, device_of, namespace_of
+from .backend import SCALARS
 from .cuda import dispatch
 from .primitive import NOT_TRACKING, record, saved_values
 from .recording import ACTIVE, is_data
@@ -30,7 +30,7 @@ from .rules.elementwise import (
     subtract,
 )
 from .rules.indexed import in_place_operator
-from .tracked import TrackedArray
+from .tracked import TrackedArray, listed
 
 __all__ = []
 
@@ -98,13 +98,6 @@ for _name, _prim in (("add", add), ("sub", subtract), ("mul", multiply), ("trued
     _forward, _reflected = _operators(_prim, getattr(python_operator, _name))
     setattr(TrackedArray, f"__{_name}__", _forward)
     setattr(TrackedArray, f"__r{_name}__", _reflected)
-
-
-def listed(x, values):
-    """A list or tuple operand of the tracked `x` as an array of `x`'s library and device, as
-    NumPy's operators take it (saved as a list, it failed in the backward pass)."""
-    plain = x.data
-    return namespace_of(plain).asarray(values, device=device_of(plain))
 
 
 def _bitwise(function):

@@ -465,12 +465,15 @@ def _python_number(x):
 
 
 def _operand(x, other):
-    """A list or tuple operand of `x`'s operator as an array (`operators.listed`)."""
-    if type(other) is list or type(other) is tuple:
-        from .operators import listed
+    """A list or tuple operand of `x`'s operator as an array (`listed`)."""
+    return listed(x, other) if type(other) is list or type(other) is tuple else other
 
-        return listed(x, other)
-    return other
+
+def listed(x, values):
+    """A list or tuple operand of the tracked `x` as an array of `x`'s library and device, as
+    NumPy's operators take it (saved as a list, it failed in the backward pass)."""
+    plain = x.data
+    return namespace_of(plain).asarray(values, device=backend.device_of(plain))
 
 
 def _compared(x, other, compare):
