@@ -27,7 +27,7 @@ from .api import (
     untracked,
 )
 from .pytree import tree_leaves, tree_map
-from .rules.elementwise import conj, identity, imag, is_complex, multiply, real
+from .rules.elementwise import as_floating, conj, identity, imag, is_complex, multiply, real
 from .rules.reductions import sum as _sum
 from .rules.shape import reshape, stack
 from .tape import older_nodes
@@ -202,10 +202,7 @@ def _as_float(x):
         return np.asarray(x, dtype=np.complex128 if type(x) is complex else np.float64)
     if isinstance(x, TrackedArray) or not backend.is_array(x):
         return x
-    xp = backend.namespace_of(x)
-    if backend.isdtype(xp, x.dtype, ("real floating", "complex floating")):
-        return x
-    return xp.astype(x, xp.float64)
+    return as_floating(x)
 
 
 def _leaves(value):

@@ -30,7 +30,7 @@ from .rules.elementwise import (
     subtract,
 )
 from .rules.indexed import in_place_operator
-from .tracked import TrackedArray, listed
+from .tracked import TrackedArray, as_operand
 
 __all__ = []
 
@@ -46,8 +46,6 @@ def _operators(prim, plain=None):
     direct = plain is not None and prim.name not in dispatch.FORWARDS
 
     def operator(self, other):
-        if type(other) is list or type(other) is tuple:
-            other = listed(self, other)
         node = self._node
         if not NOT_TRACKING and node is not None and not (ACTIVE and is_data(node)):
             kind = type(other)  # recorded as eagerly while tg.compile records (`record`)
@@ -68,11 +66,9 @@ def _operators(prim, plain=None):
                 args = (node, other._node)
                 saved = saved_values(both, value, (x, y), args) if both else None
                 return record(value, np, prim, args, _NO_KEYWORDS, saved)
-        return prim(self, other)
+        return prim(self, as_operand(self, other))  # a list: off the fast paths above
 
     def reflected(self, other):
-        if type(other) is list or type(other) is tuple:
-            other = listed(self, other)
         node = self._node
         if (
             type(other) in SCALARS
@@ -87,7 +83,7 @@ def _operators(prim, plain=None):
             args = (other, node)
             saved = saved_values(right, value, (other, x), args) if right else None
             return record(value, self._xp, prim, args, _NO_KEYWORDS, saved)
-        return prim(other, self)
+        return prim(as_operand(self, other), self)
 
     return operator, reflected
 

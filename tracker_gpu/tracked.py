@@ -172,10 +172,10 @@ class TrackedArray:
 
     # --- arithmetic: recorded (+ - * / ** are declared with the operator table at the end)
     def __matmul__(self, other):
-        return matmul(self, _operand(self, other))
+        return matmul(self, as_operand(self, other))
 
     def __rmatmul__(self, other):
-        return matmul(_operand(self, other), self)
+        return matmul(as_operand(self, other), self)
 
     def __floordiv__(self, other):
         return floor_divide_operator(self, other)
@@ -464,16 +464,14 @@ def _python_number(x):
     return float(value)
 
 
-def _operand(x, other):
-    """A list or tuple operand of `x`'s operator as an array (`listed`)."""
-    return listed(x, other) if type(other) is list or type(other) is tuple else other
-
-
-def listed(x, values):
-    """A list or tuple operand of the tracked `x` as an array of `x`'s library and device, as
-    NumPy's operators take it (saved as a list, it failed in the backward pass)."""
+def as_operand(x, other):
+    """A list or tuple operand of `x`'s operator as an array of `x`'s library and device, as
+    NumPy's operators take it (saved as a list, it failed in the backward pass); any other
+    operand as it is."""
+    if type(other) is not list and type(other) is not tuple:
+        return other
     plain = x.data
-    return namespace_of(plain).asarray(values, device=backend.device_of(plain))
+    return namespace_of(plain).asarray(other, device=backend.device_of(plain))
 
 
 def _compared(x, other, compare):
@@ -729,7 +727,7 @@ def _makes_views(value, key):
     reach the array (NumPy, CuPy, PyTorch, array-api-strict; not Dask, whose slices are new
     arrays). One element of a NumPy or array-api-strict array is a copy (NumPy's scalar):
     `acc = x[0]; acc += v` leaves `x` as it was; CuPy's and PyTorch's are 0-d views."""
-    if type(getattr(value, "_array", value)) is np.ndarray:  # array-api-strict wraps NumPy's
+    if type(value) is np.ndarray or type(getattr(value, "_array", None)) is np.ndarray:
         keys = key if type(key) is tuple else (key,)
         return len(keys) != value.ndim or any(type(k) is not int for k in keys)
     return not backend.is_lazy(value)

@@ -284,6 +284,17 @@ def _astype_forward(xp, x, dtype, /, *, copy=True, device=None):
 # The cast back to the argument's dtype is done by the one place that fits gradients.
 astype = Primitive("astype", _astype_forward, (lambda g, ans, x, dtype, **kw: g, None), saves="")
 
+
+def as_floating(x):
+    """`x` (tracked or plain), or its values as float64 where they are integers or booleans
+    (a norm of integers, or a derivative with respect to them, is a float, as NumPy's)."""
+    plain = data(x)
+    xp = namespace_of(plain)
+    if isdtype(xp, plain.dtype, ("real floating", "complex floating")):
+        return x
+    return astype(x, xp.float64)
+
+
 # --- unary functions: name and vjp
 exp = _analytic("exp", lambda g, ans, x: g * ans, "ans")
 expm1 = _analytic("expm1", lambda g, ans, x: g * exp(x), "x")  # not ans + 1: it cancels at -40

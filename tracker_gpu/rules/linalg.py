@@ -48,14 +48,24 @@ import math
 import operator
 from collections import namedtuple
 
-from ..backend import device_of, isdtype
+from ..backend import device_of
 from ..primitive import Primitive, no_gradient, tracking
 from ..tracked import data, istracked
 from . import decompositions
 from .decompositions import *  # noqa: F403 (re-exported: part of the extension)
 from .decompositions import svdvals
 from .elementwise import abs as _abs
-from .elementwise import astype, conj, is_complex, mask, multiply, real, real_dtype, subtract, where
+from .elementwise import (
+    as_floating,
+    conj,
+    is_complex,
+    mask,
+    multiply,
+    real,
+    real_dtype,
+    subtract,
+    where,
+)
 from .elementwise import conjugate_derivative as _conj
 from .elementwise import sign as _sign
 from .linalg_base import _H, _eye, _tracked, _xp, inv, matmul, matrix_transpose, solve
@@ -392,7 +402,7 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     nonzeros, no gradient) or any other real `p`. The 2-norm's gradient at 0 is 0."""
     if not _tracked(x) and _native(_xp(x), "vector_norm"):
         return _xp(x).linalg.vector_norm(x, axis=axis, keepdims=keepdims, ord=ord)
-    x = _as_floating(x)  # a norm of integers is a float, as NumPy's
+    x = as_floating(x)  # a norm of integers is a float, as NumPy's
     kw = {"axis": axis, "keepdims": keepdims}
     if ord == 2:
         return _norm2(x, **kw)
@@ -405,15 +415,6 @@ def vector_norm(x, /, *, axis=None, keepdims=False, ord=2):
     if ord == -math.inf:
         return _min(_abs(x), **kw)
     return _normp(x, ord=ord, **kw)
-
-
-def _as_floating(x):
-    """`x`, or its values as float64 where they are integers or booleans."""
-    dtype = data(x).dtype
-    xp = _xp(x)
-    if isdtype(xp, dtype, ("real floating", "complex floating")):
-        return x
-    return astype(x, xp.float64)
 
 
 def _largest(values, axis=None, keepdims=False):
