@@ -11,6 +11,7 @@ import pytest
 from tests.domain import assert_agree, domain
 from tracker_gpu.rules.rows import (
     SHORT,
+    leading_sum,
     row_max,
     row_mean,
     row_mean_of_products,
@@ -103,3 +104,19 @@ def test_other_axes_and_libraries_keep_the_library_reduction(function):
     got = function(strict, xs, -1)
     assert type(got) is type(xs)
     np.testing.assert_array_equal(np.asarray(got), getattr(np, name)(x, axis=-1, keepdims=True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(5, 1), (300, 2), (2, 3, 4), (64, 7, 103), (1000, 3), (0, 4)])
+@pytest.mark.parametrize("lead", [1, 2])
+def test_leading_sum_is_numpy_sum_bit_for_bit(shape, dtype, lead):
+    """A bias's gradient summed over the batch: NumPy's sum over the leading axes, every bit
+    (signed zeros, infinities, nan where NumPy has one), contiguous or not."""
+    lead = min(lead, len(shape) - 1)
+    x = domain(shape, dtype, seed=len(shape), special=0.1)
+    for layout in (x, np.asfortranarray(x), x[::-1]):
+        with np.errstate(all="ignore"):
+            got, expected = leading_sum(layout, lead), np.sum(layout, axis=tuple(range(lead)))
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+        assert (np.signbit(got) == np.signbit(expected))[~np.isnan(expected)].all()

@@ -17,11 +17,20 @@ PyTorch and finite differences, not against NumPy's order), and an eager step an
 (array([[3.]]), array([[6.]]), array([[2.]]))
 """
 
+import math
+
 import numpy as np
 
 from ..backend import NUMPY_FLOATS
 
-__all__ = ["row_max", "row_sum", "row_mean", "row_sum_of_products", "row_mean_of_products"]
+__all__ = [
+    "row_max",
+    "row_sum",
+    "row_mean",
+    "row_sum_of_products",
+    "row_mean_of_products",
+    "leading_sum",
+]
 
 # Rows longer than this take NumPy's pairwise sum: its per-row cost no longer dominates, and
 # its error grows as log n where einsum's running sums' grow as n.
@@ -88,3 +97,18 @@ def row_mean_of_products(xp, a, b, axis):
         total /= a.shape[-1]
         return total
     return xp.mean(a * b, axis=axis, keepdims=True)
+
+
+def leading_sum(x, lead):
+    """`np.sum(x, axis=tuple(range(lead)))` of a NumPy float array: a bias's or a norm's
+    gradient summed over the batch. NumPy adds such rows one after another in the order
+    `einsum` does (the results agree bit for bit where a row has two or more elements), but
+    through its general reduction machinery, at about three times `einsum`'s time.
+
+    >>> leading_sum(np.ones((2, 3, 4)), 2)
+    array([6., 6., 6., 6.])
+    """
+    tail = x.shape[lead:]
+    if x.flags.c_contiguous and math.prod(tail) >= 2:
+        return np.einsum("ij->j", x.reshape(-1, math.prod(tail))).reshape(tail)
+    return np.sum(x, axis=tuple(range(lead)))
