@@ -21,6 +21,7 @@ import contextlib
 import functools
 import threading
 
+from .recording import Journal
 from .tape import serial_now
 
 __all__ = ["active", "begin", "inside", "top_level_passes", "transform", "resumed", "NOT_TRACKING"]
@@ -79,10 +80,11 @@ def transform(run):
 
     @functools.wraps(run)
     def transformed(*args, **kw):
-        if not (NOT_TRACKING and threading.get_ident() in NOT_TRACKING):
-            return run(*args, **kw)
-        with resumed():
-            return _served["untracked"](run(*args, **kw))
+        with Journal():  # a transform that raises leaves the layers' buffers as they were
+            if not (NOT_TRACKING and threading.get_ident() in NOT_TRACKING):
+                return run(*args, **kw)
+            with resumed():
+                return _served["untracked"](run(*args, **kw))
 
     return transformed
 

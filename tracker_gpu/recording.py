@@ -12,6 +12,8 @@ True
 import contextlib
 import threading
 
+import array_api_compat
+
 __all__ = [
     "RecordingError",
     "current",
@@ -22,6 +24,7 @@ __all__ = [
     "is_data",
     "read",
     "write",
+    "Journal",
     "tracks",
 ]
 
@@ -104,11 +107,67 @@ def write(buffer, value):
     >>> write(b, np.ones(2)); b
     array([1., 1.])
     """
+    journals = getattr(_local, "journals", None)
+    if journals:
+        journals[-1].note(buffer)
     recorder = current()
     if recorder is not None:
         recorder.write(buffer, value)
     else:
         buffer[...] = value
+
+
+class Journal:
+    """A block within which the buffers that `write` writes get their values back if it
+    raises: a step refused after its forward pass (a nan loss, labels out of range) leaves a
+    BatchNorm's running statistics as they were, as a compiled step's replay, which writes them
+    at its end, does. Every transform runs in one. Blocks nest: one that raises restores what
+    was written within it; one that ends well hands its notes to the block around it.
+
+    >>> import numpy as np
+    >>> b = np.zeros(2)
+    >>> try:
+    ...     with Journal():
+    ...         write(b, np.ones(2))
+    ...         raise ValueError("the loss is nan")
+    ... except ValueError:
+    ...     pass
+    >>> b
+    array([0., 0.])
+    """
+
+    __slots__ = ("kept",)
+
+    def __init__(self):
+        self.kept = None  # {id: (buffer, its value before the block's first write)}
+
+    def note(self, buffer):
+        if self.kept is None:
+            self.kept = {}
+        if id(buffer) not in self.kept:
+            xp = array_api_compat.array_namespace(buffer)
+            self.kept[id(buffer)] = (buffer, xp.asarray(buffer, copy=True))
+
+    def __enter__(self):
+        journals = getattr(_local, "journals", None)
+        if journals is None:
+            journals = _local.journals = []
+        journals.append(self)
+        return self
+
+    def __exit__(self, kind, error, trace):
+        journals = _local.journals
+        journals.pop()
+        if self.kept is None:
+            return
+        if kind is not None:
+            for buffer, value in reversed(self.kept.values()):
+                buffer[...] = value
+        elif journals:
+            outer = journals[-1]
+            for key, kept in self.kept.items():
+                outer.kept = outer.kept or {}
+                outer.kept.setdefault(key, kept)
 
 
 class _Data:

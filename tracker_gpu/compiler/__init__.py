@@ -224,7 +224,8 @@ class Compiled:
         changed = None if variants is None else variants[0][0].failing()
         before = guards_of(self.f, args, kwargs)  # what f reads, as it reads it
         try:
-            with draws.noted() as drawn, nesting.resumed():  # notrack() is f's own
+            # notrack() is f's own; a recording that raises leaves the layers' buffers as they were
+            with draws.noted() as drawn, nesting.resumed(), recording.Journal():
                 program, result = record(
                     self.f,
                     args,
