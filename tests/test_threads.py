@@ -186,6 +186,46 @@ def test_notrack_blocks_nest_and_exit_in_any_order_across_threads(backend):
     assert tg.istracked(tg.param(x) * 1.0)  # and nothing leaked into this thread
 
 
+def test_sync_checks_is_per_thread_and_blocks_exit_in_any_order():
+    """Thread A turns the checks off, thread B on; A leaves, then B: both threads, and this
+    one, are back to the default (a log of zero refused), and inside A's block only A skips (the gradient of log at 0, 1 / 0)."""
+    x = np.array([0.0, 1.0])
+    loss = lambda x: tg.sum(tg.log(x))  # noqa: E731
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def run(name):
+        try:
+            seen[name] = tg.gradient(loss, x)[0][0]
+        except tg.BackError:
+            seen[name] = "refused"
+
+    def a():
+        with tg.sync_checks(False):
+            a_in.set()
+            b_in.wait(10)
+            run("a inside")
+        a_out.set()
+        run("a after")
+
+    def b():
+        a_in.wait(10)
+        with tg.sync_checks(True):
+            b_in.set()
+            a_out.wait(10)
+            run("b inside")
+        run("b after")
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    run("main")
+    assert seen == {"a inside": np.inf, "a after": "refused", "b inside": "refused",
+                    "b after": "refused", "main": "refused"}  # fmt: skip
+
+
 def test_a_thread_that_ends_inside_notrack_leaves_no_later_thread_inside_it():
     """A generator suspended inside `notrack()` outlives its thread; Python gives a later
     thread the same ident, which started untracked."""

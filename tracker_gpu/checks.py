@@ -19,30 +19,32 @@ array([inf,  1.])
 
 import contextlib
 import os
+import threading
 
 from .backend import is_lazy, on_accelerator
 
 __all__ = ["sync_checks", "checking"]
 
 _MODES = ("auto", "always", "never")
-_mode = [os.environ.get("TRACKER_GPU_SYNC_CHECKS", "auto")]
-if _mode[0] not in _MODES:
-    raise ValueError(f"TRACKER_GPU_SYNC_CHECKS={_mode[0]!r}: choose one of {', '.join(_MODES)}")
+_DEFAULT = os.environ.get("TRACKER_GPU_SYNC_CHECKS", "auto")
+if _DEFAULT not in _MODES:
+    raise ValueError(f"TRACKER_GPU_SYNC_CHECKS={_DEFAULT!r}: choose one of {', '.join(_MODES)}")
+_local = threading.local()  # a thread's own `sync_checks` block, as `notrack` is its own
 
 
 def checking(x):
     """Whether a check that reads `x` back to the host runs now."""
-    mode = _mode[0]
+    mode = getattr(_local, "mode", _DEFAULT)
     return mode == "always" or (mode == "auto" and not on_accelerator(x) and not is_lazy(x))
 
 
 @contextlib.contextmanager
 def sync_checks(enabled=True):
     """Within the block, run the checks that synchronise with the device everywhere (`True`)
-    or nowhere (`False`)."""
-    previous = _mode[0]
-    _mode[0] = "always" if enabled else "never"
+    or nowhere (`False`), in this thread (other threads keep their own)."""
+    previous = getattr(_local, "mode", _DEFAULT)
+    _local.mode = "always" if enabled else "never"
     try:
         yield
     finally:
-        _mode[0] = previous
+        _local.mode = previous
