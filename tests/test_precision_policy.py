@@ -219,6 +219,38 @@ def test_the_device_scalers_check_is_one_launch_on_the_fused_path():
         assert np.allclose(a.weight, b.weight, rtol=1e-6) and np.allclose(a.bias, b.bias, rtol=1e-6)
 
 
+CLIPPING = {
+    "ClipNorm in the chain": (optim.OptimiserChain(optim.ClipNorm(1.0), optim.Adam(0.1)), None),
+    "ClipGrad in the chain": (optim.OptimiserChain(optim.ClipGrad(1.0), optim.Adam(0.1)), None),
+    "clip_grad_norm(throw=True) before the step": (
+        optim.Adam(0.1),
+        lambda g: optim.clip_grad_norm(g, 1.0, throw=True)[0],
+    ),
+}
+
+
+@pytest.mark.parametrize("clipping", CLIPPING)
+def test_a_placed_scaler_skips_a_non_finite_step_where_clipping_would_refuse_it(clipping):
+    """The host scaler skips an overflowed step before the optimiser runs; the placed one runs
+    it anyway (no value read back) and must not let a clipping rule that refuses a non-finite
+    norm raise: it skips, as the host one, and the next finite step is the host one's."""
+    rule, before = CLIPPING[clipping]
+    finals = []
+    for placed in (False, True):
+        model = {"w": np.ones(3, np.float32)}
+        state, scaler = optim.setup(rule, model), tg.LossScale(2.0**8)
+        scaler = scaler.placed(model["w"]) if placed else scaler
+        for g in ([1.0, np.inf, 2.0], [1.0, np.nan, 2.0], [256.0, -512.0, 128.0]):
+            grads = {"w": np.array(g, np.float32)}
+            with np.errstate(invalid="ignore"):
+                scaler, state, model = scaler.update(state, model, grads, before_step=before)
+        finals.append((scaler.state_dict(), np.asarray(model["w"])))
+    (host_scaler, host_w), (placed_scaler, placed_w) = finals
+    assert host_scaler == placed_scaler and host_scaler["skipped"] == 2
+    np.testing.assert_array_equal(placed_w, host_w)
+    assert not np.array_equal(host_w, np.ones(3, np.float32))  # the last step was taken
+
+
 def test_a_float16_scale_too_large_overflows_the_gradients_and_halves_until_it_fits():
     policy = tg.Policy(compute_dtype="float16")
     model, (x, labels) = mlp(), data()

@@ -349,10 +349,13 @@ class LossScale:
         On the device (`placed`), the step is computed whatever the gradients and each array
         of the state and the model chosen by the finite flag: no value is read back."""
         grads = self.unscaled(grads)
-        along = (lambda: grads) if before_step is None else (lambda: before_step(grads))
+        along = lambda g: g if before_step is None else before_step(g)  # noqa: E731
         if self.on_device:
             finite, state = finite_flag(grads), _counts_as_arrays(state)
-            stepped_state, stepped = optim.update(state, model, along(), **options)
+            # a step not taken still runs: along zeros, where a clipping rule that refuses a
+            # non-finite norm (`ClipNorm`) would raise instead of the step being skipped
+            grads = tree_map(lambda g: _ns.where(finite, g, 0.0) if is_array(data(g)) else g, grads)
+            stepped_state, stepped = optim.update(state, model, along(grads), **options)
             chosen = lambda new, old: (  # noqa: E731
                 _ns.where(finite, new, old) if is_array(data(new)) else new
             )
@@ -360,7 +363,7 @@ class LossScale:
             return self.after(finite), state, tree_map(chosen, stepped, model)
         if not all_finite(grads):
             return self.after(False), state, model
-        state, model = optim.update(state, model, along(), **options)  # clipped if stepped
+        state, model = optim.update(state, model, along(grads), **options)  # clipped if stepped
         return self.after(True), state, model
 
     def state_dict(self):
