@@ -150,3 +150,25 @@ def test_an_infinite_learning_rate_refused():
 def test_scheduled_field_names_a_field_of_the_rule():
     with pytest.raises(ValueError, match=r"Scheduled: field 'lr'.*Descent.*eta"):
         optim.Scheduled(optim.Descent(), optim.Exp(0.1), field="lr")
+
+
+@pytest.mark.parametrize("rule", _rules())
+@pytest.mark.parametrize("other", [(3, 4), (4, 1)])
+def test_a_state_made_for_another_shape_is_refused_or_holds_nothing_shaped(rule, other):
+    """A state reused on a model of another shape: its moments would be broadcast, or read out
+    of bounds by a fused step (nan, -1e302). Refused naming the parameter; a rule whose state
+    holds no array shaped like its parameter (Descent, a schedule's count) steps every element
+    as it steps the model it was made for (all elements alike here)."""
+    small = {"w": np.ones((1, 4))}
+    state, _ = optim.update(optim.setup(rule, small), small, {"w": np.full((1, 4), 0.5)})
+    model, grads = {"w": np.ones(other)}, {"w": np.full(other, 0.5)}
+    shaped = [
+        a for a in optim.state._flat(state["w"].state) if getattr(a, "ndim", 0) and a.size > 1
+    ]
+    if shaped:
+        with pytest.raises(ValueError, match=r"state of w holds an array of shape \(1, 4\)"):
+            optim.update(state, model, grads)
+    else:
+        _, stepped = optim.update(state, model, grads)
+        _, same = optim.update(state, small, {"w": np.full((1, 4), 0.5)})
+        np.testing.assert_array_equal(stepped["w"], np.full(other, same["w"][0, 0]))

@@ -296,6 +296,7 @@ def _update(x, dx, leaf, path, done, skipped):
             skipped.add(id(leaf))
             return x, leaf
         dx = _checked_gradient(path, x, dx)
+        _check_state(path, x, leaf.state)
         state = tree_map(detached, leaf.state) if recording.ACTIVE else leaf.state
         new_x, new_state = step(leaf.rule, detached(x), dx, state)
         done[id(leaf)] = result = (new_x, Leaf(leaf.rule, new_state))
@@ -345,6 +346,21 @@ def _checked_gradient(path, x, dx):
     if dx.dtype != x.dtype:
         return astype(traced, x.dtype)
     return traced
+
+
+def _check_state(path, x, state):
+    """Every array of a parameter's state is shaped like it (moments) or 0-d (counts): a state
+    made for another model would be broadcast, or read out of bounds by a fused step."""
+    shape = x.shape
+    for v in _flat(state):
+        held = getattr(v, "shape", None)
+        if held and held != shape and tuple(held) != tuple(shape):
+            raise ValueError(
+                f"update: the optimiser state of {name(path)} holds an array of shape "
+                f"{tuple(held)}, the parameter has shape {tuple(shape)}: the state was made for "
+                "another model (or the model changed shape); make it with setup(rule, model) "
+                "for this model"
+            )
 
 
 # --- changing the leaves: hyperparameters, frozen or not
