@@ -127,3 +127,14 @@ def test_refusals():
         optim.save_checkpoint("unused.npz", model, state)
     with pytest.raises(tg.BackError, match="the loss must be a scalar"):
         optim.lbfgs_step(state, model, lambda m: m["x"] * 2)
+
+
+@pytest.mark.parametrize("other", [(5,), (3, 1), (1, 3)])
+def test_a_state_made_for_another_shape_is_refused(other):
+    """A state whose history holds vectors of another model: its two-loop recursion would
+    broadcast them against this model's gradient, silently."""
+    loss = lambda m: tg.sum((m["w"] - 2.0) ** 2)  # noqa: E731
+    model = {"w": np.ones(3)}
+    state, model, _ = optim.lbfgs_step(optim.setup(optim.LBFGS(max_iter=2), model), model, loss)
+    with pytest.raises(ValueError, match=r"parameter 0 had shape \(3,\), this model's has"):
+        optim.lbfgs_step(state, {"w": np.ones(other)}, loss)

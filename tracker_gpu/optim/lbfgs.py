@@ -153,6 +153,17 @@ def _abs_sum(a):
     return sum(float(namespace_of(u).sum(namespace_of(u).abs(u))) for u in a)
 
 
+def _check_shapes(params, grads):
+    """The model's parameters are shaped as those the state's history was made of."""
+    for i, (p, g) in enumerate(zip(params, grads)):
+        if tuple(p.shape) != tuple(g.shape):
+            raise ValueError(
+                f"lbfgs_step: the state was made for another model: its parameter {i} had "
+                f"shape {tuple(g.shape)}, this model's has {tuple(p.shape)}; make the state "
+                "with setup(LBFGS(), model) for this model"
+            )
+
+
 # --- the step
 def lbfgs_step(state, model, loss):
     """`(state, model, loss)` after one call of L-BFGS (up to `max_iter` iterations) on
@@ -179,6 +190,8 @@ class _Run:
         self.rule, self.marks = state.rule, state.marks
         self.__dict__.update({k: getattr(state, k) for k in _KEPT})
         self.params = _gather(state.marks, model)
+        if self.last_grad is not None:
+            _check_shapes(self.params, self.last_grad)
 
     def evaluate(self):
         """The loss at the current parameters and its gradient; one more evaluation."""
