@@ -265,7 +265,11 @@ def test_activations_of_nan_and_infinities_are_pytorchs(name, how):
     gradients with PyTorch's nan pattern, eagerly and in a fused replay."""
     ours, theirs = ACTIVATIONS[name]
     expected = theirs(torch.tensor(SPECIALS)).numpy()
-    (g,) = torch_gradients(theirs, SPECIALS)
+    # PyTorch's elu-like gradients at nan differ between its vector loop (nan) and its scalar
+    # tail (1), whose length depends on the machine's vector width: the reference is read
+    # from the vector loop, over the specials repeated
+    (g,) = torch_gradients(theirs, np.tile(SPECIALS, 16))
+    g = g[: len(SPECIALS)]
 
     def step(x):
         return tg.withgradient(lambda x: tg.sum(ours(x) * 1.0), x), ours(x)
