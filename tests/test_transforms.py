@@ -143,6 +143,42 @@ def test_jvp_checks_its_tangents():
         tg.jvp(tg.sin, (x,), (np.ones(2),))
 
 
+CUBE = lambda x: tg.sum(x**3)  # noqa: E731
+
+
+@pytest.mark.parametrize("v", [np.ones((3, 1)), np.ones(1), 1.0, np.ones(2), np.ones((1, 3))])
+@pytest.mark.parametrize("form", ["one", "tuple", "dict"])
+def test_hvp_refuses_a_direction_not_shaped_like_its_point(v, form):
+    """A (3, 1) direction was broadcast through the pass: H times ones((3, 3)), summed."""
+    x = np.array([1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match=r"hvp: a direction must be shaped like its point"):
+        if form == "one":
+            tg.hvp(CUBE, x, v)
+        elif form == "tuple":
+            tg.hvp(CUBE, (x,), (v,))
+        else:
+            tg.hvp(lambda d: CUBE(d["x"]), {"x": x}, {"x": v})
+
+
+@pytest.mark.parametrize("transform", ["jvp", "hvp"])
+def test_a_float_direction_of_an_integer_point_is_refused_not_dropped(transform):
+    """An integer array is data, as gradient takes it: jvp's tangent was zeros, hvp None."""
+    x, v = np.array([1, 2]), np.ones(2)
+    with pytest.raises(ValueError, match=r"of dtype int64 is data.*astype\(float\)"):
+        if transform == "jvp":
+            tg.jvp(lambda x: x * 3.0, (x,), (v,))
+        else:
+            tg.hvp(CUBE, x, v)
+    # integer data beside a float argument, with an integer direction: the data's part is zero
+    y, w = np.array([0.5, 1.5]), np.array([1.0, -1.0])
+    if transform == "jvp":
+        _, t = tg.jvp(lambda x, y: x * y**2, (x, y), (np.zeros(2, int), w))
+        np.testing.assert_allclose(t, 2 * x * y * w)
+    else:
+        _, h = tg.hvp(lambda x, y: tg.sum(x * y**3), (x, y), (np.zeros(2, int), w))
+        np.testing.assert_allclose(h, 6 * x * y * w)
+
+
 @pytest.mark.parametrize("name", ["elementwise", "matmul", "softmax"])
 def test_jacfwd_equals_the_reverse_mode_jacobian(backend, name):
     f, shapes = FUNCTIONS[name]

@@ -44,7 +44,7 @@ def jvp(f, primals, tangents):
     runs once: the value and the tangent are of the same run (the same dropout masks, one
     update of a batch norm's statistics)."""
     primals, tangents = untied(_floats_as_arrays(primals)), _floats_as_arrays(tangents)
-    _check_tangents(primals, tangents)
+    check_directions(primals, tangents)
     value, outputs, transposed, finish = _linearized(f, primals)
     along = lambda *u: transposed(u, lambda grads: directional(grads, tangents))  # noqa: E731
     value, found = finish(value, quiet_gradient(along, *[_zeros_like(y) for y in outputs]))
@@ -235,10 +235,15 @@ def _total(parts):
     return sum(parts[1:], parts[0]) if parts else 0.0
 
 
-def _check_tangents(primals, tangents):
+def check_directions(primals, tangents, what="jvp"):
+    """Each tangent (`jvp`'s, or `hvp`'s direction) shaped like its primal, and not a float
+    direction for an integer primal: that is data, as `gradient` takes it, and the direction
+    would be dropped silently."""
+    point, direction = ("primal", "tangent") if what == "jvp" else ("point", "direction")
     if len(primals) != len(tangents):
         raise ValueError(
-            f"jvp takes one tangent per primal: {len(primals)} primals, {len(tangents)} tangents"
+            f"{what} takes one {direction} per {point}: {len(primals)} {point}s, "
+            f"{len(tangents)} {direction}s"
         )
     pairs = []
     tree_map(lambda p, t: pairs.append((p, t)), primals, tangents)  # dicts by key
@@ -246,5 +251,18 @@ def _check_tangents(primals, tangents):
         if _is_array(p) and (not _is_array(t) or tuple(t.shape) != tuple(p.shape)):
             shape = tuple(t.shape) if _is_array(t) else type(t).__name__
             raise ValueError(
-                f"a tangent must be shaped like its primal: primal {tuple(p.shape)}, got {shape}"
+                f"{what}: a {direction} must be shaped like its {point}: {point} "
+                f"{tuple(p.shape)}, got {shape}"
             )
+        if _is_array(p) and not _is_floating_dtype(p) and _is_floating_dtype(t):
+            raise ValueError(
+                f"{what}: a {point} of dtype {data(p).dtype} is data, as gradient takes integer "
+                f"arrays, so its {direction} of dtype {data(t).dtype} would be dropped: pass "
+                f"the {point} as floats (x.astype(float)) to differentiate along it"
+            )
+
+
+def _is_floating_dtype(x):
+    x = data(x)
+    xp = backend.namespace_of(x)
+    return backend.isdtype(xp, x.dtype, ("real floating", "complex floating"))

@@ -27,7 +27,7 @@ from .api import (
     track_inputs,
 )
 from .backend import is_array, is_complex_dtype, isdtype, namespace_of
-from .forward_mode import directional, untied
+from .forward_mode import check_directions, directional, untied
 from .primitive import Primitive, record_saving_arguments, resolve, tracked_values
 from .recording import ACTIVE
 from .rules.elementwise import identity
@@ -214,6 +214,7 @@ def hvp(f, x, v):
     """
     if isinstance(x, tuple) or isinstance(v, tuple):
         return _hvp(f, *_tuple_form(x, v))
+    check_directions((x,), (v,), "hvp")
     if type(x) is not np.ndarray:  # an array in two places of a structure: two variables
         x = untied(x)
     if callable(f) and not nesting.active() and recording.current() is None:
@@ -252,6 +253,7 @@ def _tuple_form(primals, tangents):
             f"hvp: {len(primals)} arguments but {len(tangents)} directions; give one direction "
             "per argument"
         )
+    check_directions(primals, tangents, "hvp")
     return primals, tangents
 
 
