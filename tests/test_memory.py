@@ -254,3 +254,33 @@ def test_the_backward_pass_of_a_long_chain_frees_as_it_goes(backend):
     # stay allocated (a pullback's one and two gradients: 48 and 56 bytes)
     assert after - start < 0.02 * graph + FREE_TUPLES
     assert np.all(np.isfinite(tg.grad(x)))
+
+
+def test_classes_made_at_every_step_are_not_kept_by_the_tables_of_types(monkeypatch):
+    """A named tuple returned as `(loss, aux)` or a dataclass model defined inside the step
+    function: each call makes a new class, and every table that remembers what it found per
+    type (pytrees, optimiser structures, compile's signatures and copies) kept each forever."""
+    import collections
+    import dataclasses
+
+    from tracker_gpu import optim
+    from tracker_gpu.pytree import TypeTable
+
+    bound = 8
+    monkeypatch.setattr(TypeTable, "MAX", bound)
+    made = []
+    for _ in range(150):
+        out = collections.namedtuple("Out", "loss aux")
+
+        @dataclasses.dataclass
+        class Model:
+            w: object
+
+        made += [weakref.ref(out), weakref.ref(Model)]
+        model = Model(np.ones(2))
+        tg.withgradient(lambda m, out=out: out(tg.sum(m.w * m.w), m.w), model)
+        optim.update(optim.setup(optim.Adam(), model), model, Model(np.ones(2)))
+        tg.compile(lambda m: tg.sum(m.w))(model)
+    gc.collect()
+    # 300 classes made; array-api-compat's own cache of subclass tests keeps up to 100 entries
+    assert sum(r() is not None for r in made) <= 4 * bound + 100

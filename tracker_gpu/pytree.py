@@ -75,9 +75,27 @@ def _map_one(fn, tree):
     return out
 
 
+class TypeTable(dict):
+    """A table of what was found once per type (how to map, describe or copy its instances).
+    A class made at run time, a named tuple or dataclass defined inside a function called at
+    every step, would be kept alive by such a table forever: past `MAX` types it starts again.
+
+    >>> table = TypeTable()
+    >>> table[int] = "leaf"; table.get(int)
+    'leaf'
+    """
+
+    MAX = 1024
+
+    def __setitem__(self, kind, found):
+        if len(self) >= self.MAX:
+            self.clear()
+        super().__setitem__(kind, found)
+
+
 _LEAF, _DICT, _DICT_SUBCLASS = "leaf", "dict", "dict subclass"
 _NAMED, _SEQUENCE = "named tuple", "sequence"
-_KINDS = {}  # type -> one of the above, or a dataclass's field names
+_KINDS = TypeTable()  # type -> one of the above, or a dataclass's field names
 
 
 def _kind_of(kind):
@@ -157,7 +175,7 @@ def _cycle_or_depth(tree):
     )
 
 
-_FIELDS = {}
+_FIELDS = TypeTable()
 
 
 def _dataclass_fields(cls):
@@ -180,7 +198,7 @@ def _shallow_copy(obj):
     return copy.copy(obj)
 
 
-_PLAIN = {}  # type -> whether a copy of its __dict__ copies an instance
+_PLAIN = TypeTable()  # type -> whether a copy of its __dict__ copies an instance
 
 
 def tree_leaves(tree):

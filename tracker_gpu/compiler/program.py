@@ -24,7 +24,7 @@ import numpy as np
 from .. import draws, recording
 from ..backend import is_array, is_cupy, namespace_of
 from ..cuda.dispatch import on_host_now
-from ..pytree import tree_leaves, tree_map
+from ..pytree import TypeTable, tree_leaves, tree_map
 from ..tape import Node, replay
 from ..tracked import TrackedArray
 from . import backward, fusion, graphs, loops, opened
@@ -372,7 +372,9 @@ def _plain(x):
     return plain
 
 
-_PLAIN = {}  # type -> whether a copy of its instances is a new object with the same __dict__
+_PLAIN = (
+    TypeTable()
+)  # type -> whether a copy of its instances is a new object with the same __dict__
 _new = object.__new__
 
 

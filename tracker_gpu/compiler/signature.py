@@ -18,6 +18,7 @@ False
 import numpy as np
 
 from .. import backend
+from ..pytree import TypeTable
 from ..tracked import TrackedArray
 
 __all__ = ["signature", "arrays_of", "signature_and_arrays", "non_fields", "TrackedArgument"]
@@ -59,7 +60,7 @@ def _describe(x, seen):
     return describe(x, seen)
 
 
-_BY_TYPE = {}  # type -> how its instances are described, found at its first instance
+_BY_TYPE = TypeTable()  # type -> how its instances are described, found at its first instance
 
 
 def _describer(x):

@@ -14,6 +14,7 @@ import copy
 import dataclasses
 
 from ..backend import is_array
+from ..pytree import TypeTable
 from ..tracked import data
 
 __all__ = ["tree_map_with_path", "structure", "trainable", "name", "SEQUENCE", "DICT"]
@@ -53,7 +54,7 @@ _NAMEDTUPLE = Structure(
     lambda t, keys: list(t),
     lambda t, keys, values: type(t)(*values),
 )
-_STRUCTURES = {}
+_STRUCTURES = TypeTable()
 
 
 def _dataclass_structure(cls):
