@@ -331,8 +331,10 @@ class Compiled:
         warnings.warn(
             f"tg.compile of {getattr(self.f, '__name__', 'f')!r} has recorded anew more than "
             f"{VARIANTS} times for one signature, because a value it reads from outside its "
-            f"arguments changes from call to call ({changed!r}); pass such a value as an "
-            "argument (a number as a 0-d array is read anew by every replay)",
+            f"arguments changes from call to call ({changed!r}); each recording builds its "
+            "fused loops anew (a tenth of a second, and memory kept while the process lives). "
+            "Pass such a value as an argument (a number as a 0-d array is read anew by every "
+            "replay)",
             RuntimeWarning,
             stacklevel=4,
         )
@@ -345,8 +347,9 @@ class Compiled:
             f"tg.compile of {getattr(self.f, '__name__', 'f')!r} has recorded {self._misses} "
             f"programs and drops the oldest: its signature changes from call to call. A Python "
             "number inside the arguments is part of the signature (a schedule's step count, "
-            "say); pass such a number as a 0-d array, or raise maxsize if the shapes really "
-            "vary that much",
+            "say), and each recording builds its fused loops anew (a tenth of a second, and "
+            "memory kept while the process lives); pass such a number as a 0-d array, or raise "
+            "maxsize if the shapes really vary that much",
             RuntimeWarning,
             stacklevel=3,
         )
