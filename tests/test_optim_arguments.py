@@ -172,3 +172,15 @@ def test_a_state_made_for_another_shape_is_refused_or_holds_nothing_shaped(rule,
         _, stepped = optim.update(state, model, grads)
         _, same = optim.update(state, small, {"w": np.full((1, 4), 0.5)})
         np.testing.assert_array_equal(stepped["w"], np.full(other, same["w"][0, 0]))
+
+
+@pytest.mark.parametrize("rule", _rules())
+def test_a_complex_parameter_with_a_gradient_is_refused_not_left_untrained(rule):
+    """`setup` makes states for real floats only: a complex parameter's gradient was dropped,
+    and the parameter never moved (PyTorch's optimisers step complex parameters)."""
+    model = {"z": np.ones(2, complex), "w": np.ones(2)}
+    state = optim.setup(rule, model)
+    with pytest.raises(ValueError, match=r"update: z is complex \(complex128\) and has a gradient"):
+        optim.update(state, model, {"z": np.array([1 + 1j, 1 - 1j]), "w": np.ones(2)})
+    _, stepped = optim.update(state, model, {"z": None, "w": np.ones(2)})  # a constant
+    np.testing.assert_array_equal(stepped["z"], model["z"])

@@ -305,6 +305,7 @@ def _update(x, dx, leaf, path, done, skipped):
         return x, leaf
     found = structure(type(x))
     if found is None:
+        _check_not_complex(path, x, leaf)
         return x, _check_no_state(path, x, leaf)
     keys = found.keys(x)
     grads = matching(x, dx, keys, found, path, _UPDATE_NAMES, 1)
@@ -319,6 +320,19 @@ def _update(x, dx, leaf, path, done, skipped):
     new_x = found.rebuild(x, keys, [r[0] for r in results])
     new_leaf = None if leaf is None else found.rebuild(leaf, keys, [r[1] for r in results])
     return new_x, new_leaf
+
+
+def _check_not_complex(path, x, leaf):
+    """A complex parameter has no state (`setup` makes states for real floats): its gradient
+    would be dropped, and the parameter never trained."""
+    x = data(x)
+    if leaf is None and is_array(x) and isdtype(namespace_of(x), x.dtype, "complex floating"):
+        raise ValueError(
+            f"update: {name(path)} is complex ({x.dtype}) and has a gradient, but the optimisers "
+            "step real parameters only, so it would never be trained: keep its real and "
+            "imaginary parts as two real parameters, or give it the gradient None if it is a "
+            "constant"
+        )
 
 
 def _check_no_state(path, x, leaf):
