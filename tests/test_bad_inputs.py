@@ -549,9 +549,19 @@ def test_an_exception_in_a_kept_pullback_leaves_the_graph_usable(backend):
 
 
 def test_a_hook_returning_the_wrong_shape(backend):
+    """Smaller, larger (it was summed down silently), or complex for a real gradient (its
+    imaginary part was dropped): what a hook returns replaces the gradient as it is."""
     x = backend.asarray([1.0, 2.0])
-    with pytest.raises(tg.PullbackError, match=r"'hook' returned a gradient of shape \(1,\)"):
-        tg.gradient(lambda a: tg.sum(tg.hook(lambda g: g[:1], a)), x)
+    square = lambda g: g[:, None] * backend.asarray([[1.0, 1.0]])  # noqa: E731
+    for hooked, problem in (
+        (lambda g: g[:1], r"returned a gradient of shape \(1,\) for one of shape \(2,\)"),
+        (square, r"returned a gradient of shape \(2, 2\) for one of shape \(2,\)"),
+        (lambda g: g * 1j, r"returned a complex gradient .* for a real one"),
+    ):
+        with pytest.raises(tg.PullbackError, match=r"the hook '<lambda>' " + problem):
+            tg.gradient(lambda a, h=hooked: tg.sum(tg.hook(h, a)), x)
+    with pytest.raises(TypeError, match=r"tg.hook takes the function first"):
+        tg.hook(x, lambda g: g)
 
 
 # --- conversions

@@ -282,9 +282,31 @@ def _hook_vjp(g, ans, x, fn):
     changed = fn(g)
     if changed is None:  # a hook that only looks (prints) keeps g
         return g
+    _check_hooked(fn, g, changed)
     if type(changed) is TrackedArray and type(g) is not TrackedArray:
         return changed.data  # a first-order pass, whose gradients are plain: `g * W` of a param
     return changed
+
+
+def _check_hooked(fn, g, changed):
+    """What a hook returns replaces the gradient: of its shape, and not complex for a real one
+    (a larger array was summed down, an imaginary part dropped, silently)."""
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if not (isinstance(changed, TrackedArray) or is_array(changed)):
+        raise TypeError(
+            f"the hook {name!r} returned a {type(changed).__name__}: a hook returns the new "
+            "gradient (an array shaped like the one it got) or None to keep it"
+        )
+    if tuple(changed.shape) != tuple(g.shape):
+        raise ValueError(
+            f"the hook {name!r} returned a gradient of shape {tuple(changed.shape)} for one of "
+            f"shape {tuple(g.shape)}: a hook returns the new gradient, shaped like the one it got"
+        )
+    if is_complex_dtype(changed.dtype) and not is_complex_dtype(g.dtype):
+        raise ValueError(
+            f"the hook {name!r} returned a complex gradient ({changed.dtype}) for a real one "
+            f"({g.dtype}): its imaginary part would be dropped; return a real array"
+        )
 
 
 _hook = Primitive("hook", lambda xp, x, fn: x, (_hook_vjp, None), saves="")
@@ -299,6 +321,12 @@ def hook(f, x):
     >>> tg.gradient(lambda x: tg.hook(lambda g: -g, x) * 1.0, 2.0)
     (np.float64(-1.0),)
     """
+    if not callable(f):
+        given = "the array first" if callable(x) else f"a {type(f).__name__} as the function"
+        raise TypeError(
+            f"tg.hook takes the function first, then the array (Flux's order), got {given}: "
+            "write tg.hook(lambda g: ..., x)"
+        )
     return _hook(x, f)
 
 
