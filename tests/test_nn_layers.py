@@ -498,3 +498,44 @@ def test_gelus_half_gradient_past_where_its_square_overflows():
     torch.nn.functional.gelu(t, approximate="tanh").sum().backward()
     assert g.dtype == np.float16
     np.testing.assert_array_equal(g, t.grad.numpy().astype(np.float16))
+
+
+# the sizes of a small layer, by their arguments' names
+SIZES = {"n_in": 3, "n_out": 2, "kernel": (3,), "in_channels": 2, "out_channels": 2, "vocab": 5,
+         "dim": 4, "size": 4, "channels": 4, "nheads": 2, "groups": 2, "affine": True}  # fmt: skip
+
+
+def _layers_with_a_dtype():
+    import inspect
+
+    found = []
+    for name in nn.__all__:
+        cls = getattr(nn, name)
+        if isinstance(cls, type) and "dtype" in inspect.signature(cls.__init__).parameters:
+            params = inspect.signature(cls.__init__).parameters
+            found.append(
+                pytest.param(cls, {k: v for k, v in SIZES.items() if k in params}, id=name)
+            )
+    return found
+
+
+@pytest.mark.parametrize("cls, sizes", _layers_with_a_dtype())
+@pytest.mark.parametrize("dtype", ["int32", "int64", "bool", "uint8"])
+def test_a_layer_made_or_placed_in_a_dtype_that_is_not_floating_is_refused(cls, sizes, dtype):
+    """Glorot weights cast to int32 were zeros and -1s, which no gradient trains (integer
+    arrays are data); `nn.load` already refused such a cast."""
+    made = cls(**sizes, dtype="float32")
+    assert nn._parameters(made)  # every such layer has floating arrays
+    with pytest.raises(ValueError, match=r"would be truncated|not a real floating dtype"):
+        cls(**sizes, dtype=dtype)
+    with pytest.raises(ValueError, match=r"place casts the model's real floating arrays"):
+        nn.place(made, dtype=dtype)
+
+
+def test_a_layers_rng_may_be_a_seed():
+    a, b = nn.Dense(3, 2, rng=7), nn.Dense(3, 2, rng=np.random.default_rng(7))
+    np.testing.assert_array_equal(a.weight, b.weight)
+    drop = nn.trainmode(nn.Dropout(0.5, rng=3))
+    np.testing.assert_array_equal(
+        drop(np.ones(64)), nn.trainmode(nn.Dropout(0.5, rng=3))(np.ones(64))
+    )

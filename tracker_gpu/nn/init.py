@@ -58,4 +58,7 @@ def randn(rng, shape):
 
 
 def _rng(rng):
-    return rng if rng is not None else np.random.default_rng()
+    """A generator: the one given, one seeded by an int, or a fresh one."""
+    if rng is None or (isinstance(rng, (int, np.integer)) and not isinstance(rng, bool)):
+        return np.random.default_rng(rng)
+    return rng

@@ -103,6 +103,12 @@ def asarray(values, *, xp=None, device=None, dtype=None):
     values = np.asarray(values)
     target = _namespace(xp) if xp is not None else _library_of_device(device, np)
     name = _dtype_name(dtype if dtype is not None else values.dtype)
+    if values.dtype.kind in "fc" and name not in HALF_NAMES and np.dtype(name).kind in "biu":
+        raise ValueError(
+            f"asarray: floating values cast to {name} would be truncated (a layer's weights to "
+            "zeros, which no gradient then trains); parameters are floating: pass dtype="
+            "'float32' (or float64, float16, bfloat16)"
+        )
     if values.dtype.name == "bfloat16" and target is not np:  # ml_dtypes' is NumPy's alone
         values = values.astype(np.float32)  # exact: bfloat16 is float32 with fewer digits
     return target.asarray(values, dtype=_dtype_in(target, name), device=device)
@@ -154,6 +160,12 @@ def place(model, *, xp=None, device=None, dtype=None):
     (tied weights) is moved once: the places stay tied. An array moved to another library is a
     copy, sharing no memory with its source.
     """
+    if dtype is not None and (name := _dtype_name(dtype)) not in HALF_NAMES:
+        if np.dtype(name).kind != "f":
+            raise ValueError(
+                f"place casts the model's real floating arrays to dtype, and {name} is not a "
+                "real floating dtype: pass float32, float64, float16 or bfloat16"
+            )
     moved = {}
 
     def move(x):
