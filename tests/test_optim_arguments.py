@@ -184,3 +184,20 @@ def test_a_complex_parameter_with_a_gradient_is_refused_not_left_untrained(rule)
         optim.update(state, model, {"z": np.array([1 + 1j, 1 - 1j]), "w": np.ones(2)})
     _, stepped = optim.update(state, model, {"z": None, "w": np.ones(2)})  # a constant
     np.testing.assert_array_equal(stepped["z"], model["z"])
+
+
+def _schedules_with_steps():
+    found = []
+    for cls in _optimisers():
+        names = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(_make(cls), optim.Rule) and "steps" in names:
+            found.append(pytest.param(cls, id=cls.__name__))
+    return found
+
+
+@pytest.mark.parametrize("cls", _schedules_with_steps())
+def test_a_schedule_of_zero_steps_is_refused(cls):
+    """Cosine(0.1, steps=0) gave 0.1 then 0.0 for ever: a run whose step count was computed
+    as zero trained at the minimum rate, silently."""
+    with pytest.raises(ValueError, match=rf"{cls.__name__}: steps must be at least 1 step"):
+        _make(cls, steps=0)

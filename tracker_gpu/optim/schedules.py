@@ -105,6 +105,7 @@ class Cosine:
     def __post_init__(self):
         check_nonnegative(self, eta=self.eta, eta_min=self.eta_min)
         _check_steps(self, steps=self.steps, warmup=self.warmup)
+        _check_positive_steps(self, steps=self.steps)  # 0: eta_min from the second step on
         if self.warmup > self.steps:
             raise ValueError(
                 f"Cosine: the warm-up ({self.warmup} steps) is longer than the schedule "
