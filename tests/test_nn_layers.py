@@ -539,3 +539,25 @@ def test_a_layers_rng_may_be_a_seed():
     np.testing.assert_array_equal(
         drop(np.ones(64)), nn.trainmode(nn.Dropout(0.5, rng=3))(np.ones(64))
     )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda b: nn.Dense(weight=np.ones((2, 3)), bias=b),
+        lambda b: nn.Conv(weight=np.ones((2, 3, 3)), bias=b),
+        lambda b: nn.RNNCell(Wi=np.ones((2, 3)), Wh=np.ones((2, 2)), bias=b),
+    ],
+    ids=["Dense", "Conv", "RNNCell"],
+)
+@pytest.mark.parametrize("bias", [np.ones((4, 1)), np.ones(3), np.ones((1, 2)), [0.0, 0.0]])
+def test_a_bias_given_of_another_shape_is_refused_when_the_layer_is_made(make, bias):
+    """A (4, 1) bias of a 2-output layer was added per sample when the batch was 4, silently."""
+    with pytest.raises(ValueError, match=r"a bias of 2 outputs has shape \(2,\), got"):
+        make(bias)
+
+
+@pytest.mark.parametrize("weight", [np.ones(3), np.ones(()), np.ones((2, 3, 1)), [[1.0, 2.0]]])
+def test_a_dense_weight_that_is_not_a_matrix_is_refused(weight):
+    with pytest.raises(ValueError, match=r"Dense\(weight=W\) takes a matrix"):
+        nn.Dense(weight=weight)

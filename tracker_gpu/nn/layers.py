@@ -52,6 +52,12 @@ def _bias(bias, like, n):
         return _zeros_like(like, n)
     if bias is False or bias is None:
         return None
+    if not is_array(data(bias)) or tuple(bias.shape) != (n,):
+        got = f"shape {tuple(bias.shape)}" if is_array(data(bias)) else f"a {type(bias).__name__}"
+        raise ValueError(
+            f"a bias of {n} outputs has shape ({n},), got {got}: a bias is added to every "
+            "sample alike (pass True for zeros, or an array of the library's)"
+        )
     return bias
 
 
@@ -143,6 +149,13 @@ class Dense(Layer):
                 )
             values = init(_rng(rng), (n_out, n_in))
             weight = asarray(values, xp=xp, device=device, dtype=dtype)
+        elif not is_array(data(weight)) or len(weight.shape) != 2:
+            given = is_array(data(weight))
+            got = f"shape {tuple(weight.shape)}" if given else f"a {type(weight).__name__}"
+            raise ValueError(
+                f"Dense(weight=W) takes a matrix of shape (n_out, n_in), got {got}; convert "
+                "it with the library's asarray"
+            )
         self.weight = weight
         self.bias = _bias(bias, weight, weight.shape[0])
         self.activation = activation
