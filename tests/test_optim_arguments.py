@@ -201,3 +201,18 @@ def test_a_schedule_of_zero_steps_is_refused(cls):
     as zero trained at the minimum rate, silently."""
     with pytest.raises(ValueError, match=rf"{cls.__name__}: steps must be at least 1 step"):
         _make(cls, steps=0)
+
+
+def test_freeze_takes_paths_one_by_one_or_in_a_list_and_refuses_others():
+    """The messages list paths as `['layers.0.weight']`; passing such a list raised a
+    concatenation TypeError from inside."""
+    from tracker_gpu import nn
+
+    state = optim.setup(optim.Adam(), nn.Chain(nn.Dense(2, 2), nn.Dense(2, 2), nn.Dense(2, 2)))
+    frozen = lambda s: [layer.weight.frozen for layer in s.layers]  # noqa: E731
+    assert frozen(optim.freeze(state, ["layers.0", "layers.2"])) == [True, False, True]
+    assert frozen(optim.freeze(state, "layers.1")) == [False, True, False]
+    assert frozen(optim.thaw(optim.freeze(state), ["layers.1"])) == [True, False, True]
+    for bad in (None, 3, ["layers.0", 1]):
+        with pytest.raises(TypeError, match=r"a parameter's path is a dotted string"):
+            optim.freeze(state, bad)

@@ -378,10 +378,24 @@ def _check_state(path, x, state):
 
 
 # --- changing the leaves: hyperparameters, frozen or not
+def _dotted(paths):
+    """`paths` as dotted strings: given one by one, or in a list (as the messages show them)."""
+    out = []
+    for p in paths:
+        for q in p if isinstance(p, (list, tuple)) else (p,):
+            if not isinstance(q, str):
+                raise TypeError(
+                    f"a parameter's path is a dotted string such as 'layers.0.weight', got {q!r}"
+                )
+            out.append(q)
+    return tuple(out)
+
+
 def _map_leaves(state, change, paths=()):
     """The state with `change(leaf)` in place of each Leaf under one of `paths` (dotted
     prefixes like "layers.0"; every Leaf when there are none), ties kept: a Leaf found in
     several places is changed once and the result put in each."""
+    paths = _dotted(paths)
     chosen = {}
 
     def choose(path, leaf):
