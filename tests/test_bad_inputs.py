@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import tracker_gpu as tg
-from tracker_gpu import nn
+from tracker_gpu import nn, optim
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -839,6 +839,36 @@ def test_dense_given_arrays_where_its_sizes_go():
     message = r"takes two sizes, got a ndarray and a ndarray; wrap given arrays as Dense\(weight="
     with pytest.raises(TypeError, match=message):
         nn.Dense(np.ones((3, 2)), np.zeros(3))
+
+
+def test_compile_with_a_maxsize_below_one():
+    for maxsize in (-1, 0, 2.5, True):
+        with pytest.raises(ValueError, match=r"maxsize is the number of signatures kept"):
+            tg.compile(lambda x: tg.sum(x), maxsize=maxsize)
+
+
+def test_save_with_the_model_first(tmp_path):
+    with pytest.raises(TypeError, match=r"nn.save takes the path first, then the model"):
+        nn.save(nn.Dense(2, 2), tmp_path / "model.npz")
+    assert not (tmp_path / "model.npz").exists()
+
+
+def test_a_layer_of_size_zero_or_less():
+    for make in (lambda: nn.LSTM(3, 0), lambda: nn.LSTM(3, -1), lambda: nn.Dense(3, 0),
+                 lambda: nn.MultiHeadAttention(0, 1), lambda: nn.Embedding(0, 2),
+                 lambda: nn.Conv((3,), 0, 2)):  # fmt: skip
+        with pytest.raises(ValueError, match=r"must be a whole number of at least 1"):
+            make()
+
+
+def test_a_loss_function_returning_an_empty_tuple():
+    with pytest.raises(TypeError, match=r"the function returned an empty tuple"):
+        tg.gradient(lambda x: (), np.ones(2))
+
+
+def test_scheduled_given_a_schedules_class():
+    with pytest.raises(TypeError, match=r"Scheduled needs a schedule .*make one: Cosine\(\.\.\.\)"):
+        optim.Scheduled(optim.Adam(), optim.Cosine)
 
 
 # --- the catalogue and these tests stay in step

@@ -138,3 +138,13 @@ def test_a_state_made_for_another_shape_is_refused(other):
     state, model, _ = optim.lbfgs_step(optim.setup(optim.LBFGS(max_iter=2), model), model, loss)
     with pytest.raises(ValueError, match=r"parameter 0 had shape \(3,\), this model's has"):
         optim.lbfgs_step(state, {"w": np.ones(other)}, loss)
+
+
+def test_a_loss_with_aux_is_taken_as_gradient_takes_it():
+    """`loss(m)` may return `(loss, aux...)`, as for gradient (it raised from float())."""
+    model = {"x": np.array([-1.2, 1.0, 0.3])}
+    state = optim.setup(optim.LBFGS(max_iter=5), model)
+    plain = optim.lbfgs_step(state, model, ours)
+    with_aux = optim.lbfgs_step(state, model, lambda m: (ours(m), "aux"))
+    np.testing.assert_array_equal(with_aux[1]["x"], plain[1]["x"])
+    assert float(with_aux[2]) == float(plain[2])

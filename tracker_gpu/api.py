@@ -212,6 +212,8 @@ def loss_pass(f, val, inputs, nest, since, quiet=False):
     """`(found, others)`: the backward pass of the loss of `f`'s value `val` to the tracked
     `inputs` (`backprop`), warning (unless `quiet`) where the loss is a Python number or
     reaches none of them."""
+    if isinstance(val, tuple) and not val:
+        raise TypeError("the function returned an empty tuple: return the loss, or (loss, aux...)")
     loss = val[0] if isinstance(val, tuple) else val
     if type(loss) in SCALARS and inputs and not quiet:
         _warn(

@@ -109,6 +109,9 @@ def compile(f, *, gradient=None, wrt=None, fallback=False, maxsize=32, cuda_grap
         raise TypeError(f"tg.compile: gradient is True, False or None, got {gradient!r}")
     if fuse not in (None, True, False, "exact"):
         raise TypeError(f"tg.compile: fuse is None, True, False or 'exact', got {fuse!r}")
+    if not (isinstance(maxsize, int) and not isinstance(maxsize, bool) and maxsize >= 1):
+        raise ValueError(f"tg.compile: maxsize is the number of signatures kept, an int >= 1, "
+                         f"got {maxsize!r}")  # fmt: skip
     compiled = Compiled(f, fallback, maxsize, cuda_graphs, wrt, gradient,
                         loops.default_fuse() if fuse is None else fuse)  # fmt: skip
     compiled.cuda_fuse = "exact" if fuse is None else fuse  # a GPU's arithmetic is IEEE's

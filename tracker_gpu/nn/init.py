@@ -24,6 +24,7 @@ SQRT2 = math.sqrt(2.0)
 
 def _fans(shape):
     """(fan_in, fan_out) of a weight of `shape`: (out, in) or (out, in, *kernel)."""
+    _check_sizes(shape)
     if len(shape) == 1:
         return 1, shape[0]
     receptive = math.prod(shape[2:])
@@ -54,7 +55,17 @@ def kaiming_normal(rng, shape, gain=SQRT2):
 
 def randn(rng, shape):
     """Standard normal values (Flux's `randn32`, the default of `Embedding`)."""
+    _check_sizes(shape)
     return rng.standard_normal(size=shape)
+
+
+def _check_sizes(shape):
+    """A layer's sizes are whole numbers of at least 1 (a zero divided by zero in Glorot's)."""
+    if not all(isinstance(n, (int, np.integer)) and n >= 1 for n in shape):
+        raise ValueError(
+            f"a layer's weights of shape {tuple(shape)}: every size (features, units, heads' "
+            "dimension, channels, kernel) must be a whole number of at least 1"
+        )
 
 
 def _rng(rng):

@@ -38,6 +38,8 @@ _parameters = arrays_by_path  # `{path: array}`, paths like "layers.0.weight"
 def save(path, model):
     """Write every array of `model` to the `.npz` file `path`, as NumPy arrays (so a model
     trained on any library or device loads anywhere), keyed by its place in the model."""
+    if not isinstance(path, (str, os.PathLike)) and isinstance(model, (str, os.PathLike)):
+        raise TypeError("nn.save takes the path first, then the model: nn.save(path, model)")
     arrays, dtypes = {}, {}
     for key, a in _parameters(model).items():
         arrays[key], dtype = as_bits(to_numpy(a))

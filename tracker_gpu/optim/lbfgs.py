@@ -199,6 +199,8 @@ class _Run:
 
         value, (grads,) = withgradient(self.loss, _scatter(self.marks, self.model, self.params))
         self.func_evals += 1
+        if isinstance(value, tuple):  # (loss, aux...), as gradient takes it: the loss
+            value = value[0]
         return value, _gather(self.marks, grads, like=self.params)
 
     def run(self):

@@ -341,9 +341,14 @@ class Scheduled(Rule):
     def __post_init__(self):
         if not isinstance(self.rule, Rule):
             raise TypeError(f"Scheduled needs a rule to schedule, got {self.rule!r}")
-        if not callable(self.schedule):
+        if not callable(self.schedule) or isinstance(self.schedule, type):
+            made = (
+                f" (make one: {self.schedule.__name__}(...))"
+                if isinstance(self.schedule, type)
+                else ""
+            )
             raise TypeError(
-                f"Scheduled needs a schedule (a function of the step), got {self.schedule!r}"
+                f"Scheduled needs a schedule (a function of the step), got {self.schedule!r}{made}"
             )
         names = _field_names(self.rule)
         if names is not None and self.field not in names:
