@@ -561,3 +561,21 @@ def test_a_bias_given_of_another_shape_is_refused_when_the_layer_is_made(make, b
 def test_a_dense_weight_that_is_not_a_matrix_is_refused(weight):
     with pytest.raises(ValueError, match=r"Dense\(weight=W\) takes a matrix"):
         nn.Dense(weight=weight)
+
+
+@pytest.mark.parametrize("given", [[[1.0, 2.0, 3.0]], None, "x", 3.0])
+def test_a_layer_given_what_is_not_an_array_says_so(given):
+    """It said "got an input of shape ()" of a list."""
+    with pytest.raises(TypeError, match=r"expects an array of 3 features .* got a \w+; convert"):
+        nn.Dense(3, 2)(given)
+
+
+def test_a_layer_given_an_array_of_another_library_says_which():
+    """A torch tensor for a NumPy model failed in torch's `to()`; the other way round NumPy
+    could not interpret torch.float32."""
+    torch = pytest.importorskip("torch")
+    model = nn.Dense(3, 2)
+    with pytest.raises(TypeError, match=r"cannot mix arrays of numpy and torch"):
+        model(torch.ones(4, 3))
+    with pytest.raises(TypeError, match=r"cannot mix arrays of torch and numpy"):
+        nn.place(model, xp="torch")(np.ones((4, 3), np.float32))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import draws, recording
-from ..backend import device_of, is_array, isdtype, namespace_of
+from ..backend import common_library, device_of, is_array, isdtype, namespace_of
 from ..checks import checking
 from ..optim.tree import tree_map_with_path
 from ..primitive import Primitive, no_gradient
@@ -84,6 +84,11 @@ class Layer:
             self._refuse(x, expected)
 
     def _refuse(self, x, expected):
+        if not is_array(data(x)):
+            raise TypeError(
+                f"{self!r} expects an array of {expected}, got a {type(x).__name__}; convert it "
+                "with the library's asarray (np.asarray(x))"
+            )
         raise ValueError(f"{self!r} expects {expected}, got an input of shape {_shape(x)}")
 
 
@@ -108,6 +113,7 @@ def _shape(x):
 
 def _match_dtype(x, like):
     """Cast a (plain or tracked) input to the dtype of the layer's weight, as Flux does."""
+    common_library(namespace_of(data(like)), data(x))  # mixed libraries raise, naming them
     if data(x).dtype == like.dtype:
         return x
     return astype(x, data(like).dtype)
