@@ -579,3 +579,21 @@ def test_a_layer_given_an_array_of_another_library_says_which():
         model(torch.ones(4, 3))
     with pytest.raises(TypeError, match=r"cannot mix arrays of torch and numpy"):
         nn.place(model, xp="torch")(np.ones((4, 3), np.float32))
+
+
+@pytest.mark.parametrize("cls", [nn.BatchNorm, nn.InstanceNorm])
+@pytest.mark.parametrize(
+    "given, problem",
+    [
+        ({"momentum": float("nan")}, "momentum must be a number in"),
+        ({"momentum": -0.5}, "momentum must be a number in"),
+        ({"momentum": 2}, "momentum must be a number in"),
+        ({"eps": -1e-5}, "eps must be a finite number >= 0"),
+        ({"eps": float("inf")}, "eps must be a finite number >= 0"),
+        ({"running_mean": np.zeros(2, np.float32)}, "running_mean and running_var together"),
+    ],
+)
+def test_a_norms_running_settings_are_checked_when_it_is_made(cls, given, problem):
+    """A nan momentum made every running statistic nan at the first step, silently."""
+    with pytest.raises(ValueError, match=rf"{cls.__name__}: {problem}"):
+        cls(2, track_stats=True, **given) if cls is nn.InstanceNorm else cls(2, **given)

@@ -31,6 +31,7 @@ statistics are updated from float32 statistics too.
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -368,6 +369,7 @@ def _init_running(layer, given, cumulative):
     `given`: the arrays given (by dataclasses.replace, say), the others made like them."""
     scale, bias, mean, var = (given[k] for k in ("scale", "bias", "running_mean", "running_var"))
     xp, device, dtype, channels = given["xp"], given["device"], given["dtype"], given["channels"]
+    _check_running_settings(type(layer).__name__, given["eps"], given["momentum"], mean, var)
     placed = [a for a in (scale, mean) if a is not None]
     if placed:  # place the others like them
         xp, device, dtype = namespace_of(data(placed[0])), _device(placed[0]), placed[0].dtype
@@ -384,6 +386,17 @@ def _init_running(layer, given, cumulative):
     layer.momentum, layer.active = given["momentum"], given["active"]
     if "count" in given:
         layer.count = count
+
+
+def _check_running_settings(name, eps, momentum, mean, var):
+    """`eps` a number >= 0, `momentum` one in [0, 1] (or None): a nan made every running
+    statistic nan, silently; the running mean and variance given together."""
+    if not (isinstance(eps, numbers.Real) and 0 <= eps < math.inf):
+        raise ValueError(f"{name}: eps must be a finite number >= 0, got {eps!r}")
+    if momentum is not None and not (isinstance(momentum, numbers.Real) and 0 <= momentum <= 1):
+        raise ValueError(f"{name}: momentum must be a number in [0, 1] (or None), got {momentum!r}")
+    if (mean is None) != (var is None):
+        raise ValueError(f"{name}: give running_mean and running_var together, or neither")
 
 
 def _run(layer, x, axes, per_sample):
