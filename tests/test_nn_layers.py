@@ -590,7 +590,7 @@ def test_a_layer_given_an_array_of_another_library_says_which():
         ({"momentum": 2}, "momentum must be a number in"),
         ({"eps": -1e-5}, "eps must be a finite number >= 0"),
         ({"eps": float("inf")}, "eps must be a finite number >= 0"),
-        ({"running_mean": np.zeros(2, np.float32)}, "running_mean and running_var together"),
+        ({"running_mean": np.zeros(2, np.float32)}, "give running_mean and running_var together"),
     ],
 )
 def test_a_norms_running_settings_are_checked_when_it_is_made(cls, given, problem):
