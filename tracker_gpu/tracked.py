@@ -89,8 +89,8 @@ class TrackedArray:
     ndim = property(lambda self: self.data.ndim)
     size = property(lambda self: backend.size_of(self.data))
     device = property(lambda self: backend.device_of(self.data))
-    T = property(lambda self: permute_dims(self, tuple(range(self.ndim - 1, -1, -1))))
-    mT = property(lambda self: matrix_transpose(self))
+    T = property(lambda self: _viewed(self, permute_dims, tuple(range(self.ndim - 1, -1, -1))))
+    mT = property(lambda self: _viewed(self, matrix_transpose, _last_two_swapped(self.ndim)))
 
     def __array_namespace__(self, *, api_version=None):
         return _namespace_for(self._xp)
@@ -715,7 +715,7 @@ from .rules.elementwise import (  # noqa: E402
     remainder,
     subtract,
 )
-from .rules.indexed import write  # noqa: E402
+from .rules.indexed import Permuted, write  # noqa: E402
 from .rules.linalg_base import matmul, matrix_transpose  # noqa: E402
 from .rules.shape import getitem, permute_dims, to_device  # noqa: E402
 
@@ -731,6 +731,19 @@ def _makes_views(value, key):
         keys = key if type(key) is tuple else (key,)
         return len(keys) != value.ndim or any(type(k) is not int for k in keys)
     return not backend.is_lazy(value)
+
+
+def _viewed(x, transpose, axes):
+    """`transpose(x)`, its axes in the order `axes`: a view of `x`, as the library's transpose
+    is (not Dask's), so that a write into it reaches `x`."""
+    out = transpose(x) if transpose is matrix_transpose else transpose(x, axes)
+    if type(out) is TrackedArray and not backend.is_lazy(x.data):
+        out._base = (x, Permuted(axes), getattr(x, "_version", 0))
+    return out
+
+
+def _last_two_swapped(ndim):
+    return (*range(ndim - 2), ndim - 1, ndim - 2) if ndim >= 2 else tuple(range(ndim))
 
 
 def _basic(key):

@@ -64,6 +64,7 @@ from .shape import (
     _traced_parts,
     broadcast_to,
     getitem,
+    permute_dims,
     reshape,
     traced_key,
 )
@@ -255,7 +256,9 @@ def _write_through(part, written=None):
         return
     array, key, version = base
     fresh = getattr(array, "_version", 0) == version
-    if written is not None:
+    if type(key) is Permuted:
+        _write_permuted(part, array, key.inverse, written, fresh)
+    elif written is not None:
         write(array, key, where(_written_mask(part, written), part, getitem(array, key)))
     elif fresh:
         write(array, key, part)
@@ -263,6 +266,30 @@ def _write_through(part, written=None):
         raise ValueError(STALE_SLICE)
     if fresh:  # it still holds all of `array[key]`
         part._base = (array, key, array._version)
+
+
+class Permuted:
+    """The "key" of a transpose of an array (`x.T`, `x.mT`), as a slice has its basic index:
+    the axes it permuted, and the order that puts them back."""
+
+    __slots__ = ("axes", "inverse")
+
+    def __init__(self, axes):
+        self.axes = tuple(axes)
+        self.inverse = tuple(int(i) for i in np.argsort(self.axes))
+
+
+def _write_permuted(part, array, inverse, written, fresh):
+    """A write into a transpose, made in its array: the elements written (at `written`), or
+    the whole transpose computed from it while `array` is as it was read."""
+    back = permute_dims(part, inverse)
+    if written is not None:
+        mask = namespace_of(back.data).permute_dims(_written_mask(part, written), inverse)
+        write(array, ..., where(mask, back, array))
+    elif fresh:
+        write(array, ..., back)
+    else:
+        raise ValueError(STALE_SLICE)
 
 
 STALE_SLICE = (
