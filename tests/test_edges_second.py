@@ -117,6 +117,38 @@ def test_logaddexp_beside_an_infinity_has_pytorchs_gradient(backend):
         np.testing.assert_allclose(backend.to_numpy(a), e, rtol=1e-14)
 
 
+def _logistic_slope(t):
+    """sigmoid(t) (1 - sigmoid(t)), stably: e^-|t| / (1 + e^-|t|)^2."""
+    e = np.exp(-np.abs(t))
+    return e / (1 + e) ** 2
+
+
+SATURATED = np.array([-800.0, -100.0, -30.0, 0.0, 1.0, 30.0, 100.0, 800.0])
+# the second derivatives of the functions built on logaddexp, in closed form
+LOGADDEXP_FAMILY = {
+    "softplus": (tg.nn.softplus, _logistic_slope),
+    "logsigmoid": (tg.nn.logsigmoid, lambda t: -_logistic_slope(t)),
+    "logaddexp": (lambda x: tg.logaddexp(2.0 * x, x), _logistic_slope),  # x + softplus(x)
+    "logaddexp2": (  # log2(1 + 2**(2x)), whose 2**(-2x) overflows at -800
+        lambda x: tg.logaddexp2(2.0 * x, 0.0),
+        lambda t: 4 * math.log(2) * _logistic_slope(2 * t * math.log(2)),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", LOGADDEXP_FAMILY)
+def test_second_derivatives_of_softplus_and_its_family_where_exp_overflows(backend, name):
+    """softplus'' at -800 was nan (PyTorch's first-order formula 1 / (1 + exp(y - x))
+    differentiated again multiplies 0 by an overflowed exp); the nan spread through a
+    Hessian-vector product to every weight of a model with one confident logit."""
+    f, second = LOGADDEXP_FAMILY[name]
+    x = backend.asarray(SATURATED)
+    with np.errstate(over="ignore"):
+        found = tg.hvp(lambda x: tg.sum(f(x)), x, backend.asarray(np.ones_like(SATURATED)))
+    # (absolute: sigmoid's slope from its value, as PyTorch's, keeps 1e-16 of 0.25 beyond 30)
+    np.testing.assert_allclose(backend.to_numpy(found), second(SATURATED), rtol=1e-12, atol=1e-15)
+
+
 @pytest.mark.parametrize(
     "matrix", [np.eye(2), np.array([[2.0, 1.0, 0.0], [1.0, 2.0, 0.0], [0.0, 0.0, 3.0]])]
 )

@@ -460,13 +460,20 @@ hypot = _binary(
     lambda g, ans, x, y: nonzero_divide(g, y, ans),
     ("x ans", "y ans"),
 )
-# d/dx logaddexp(x, y) = 1 / (1 + exp(y - x)) (PyTorch's formula): 1 and 0 beside an infinite
-# argument, where exp(x - ans) would be exp(inf - inf)
+# d/dx logaddexp(x, y) = sigmoid(x - y): 1 and 0 beside an infinite argument, where
+# exp(x - ans) would be exp(inf - inf). PyTorch's 1 / (1 + exp(y - x)) has the same values, but
+# its own derivative multiplies 0 by an exp that overflows (nan for softplus'' at -800).
+def _logaddexp_vjp(g, ans, x, y):
+    from .nn import sigmoid  # (the activations are built on these rules)
+
+    return g * sigmoid(subtract(x, y))
+
+
 logaddexp = _binary(
     "logaddexp",
     _function("logaddexp"),
-    lambda g, ans, x, y: g / (1 + exp(subtract(y, x))),
-    lambda g, ans, x, y: g / (1 + exp(subtract(x, y))),
+    _logaddexp_vjp,
+    lambda g, ans, x, y: _logaddexp_vjp(g, ans, y, x),
     ("x y", "x y"),
 )
 # copysign(x, y) = |x| sign(y): flat at x = +-0, as abs (and PyTorch).

@@ -26,7 +26,6 @@ from .elementwise import (
     astype,
     atan2,
     divide,
-    exp,
     imag,
     is_complex,
     maximum,
@@ -41,6 +40,7 @@ from .linalg import tensordot
 from .linalg import trace as linalg_trace
 from .linalg_base import matmul
 from .manipulation import argsort, moveaxis, take_along_axis
+from .nn import sigmoid
 from .numpy_arrays import as_arrays
 from .shape import concat, getitem, reshape
 
@@ -95,15 +95,16 @@ def _logaddexp2_forward(xp, x, y):
 
 
 _LN2 = math.log(2)
-# d/dx logaddexp2(x, y) = 1 / (1 + 2**(y - x)): 1 and 0 beside an infinite argument, as
-# logaddexp's
+# d/dx logaddexp2(x, y) = sigmoid((x - y) ln 2): 1 and 0 beside an infinite argument, and
+# differentiable again where 2**(y - x) overflows, as logaddexp's
+def _logaddexp2_vjp(g, ans, x, y):
+    return g * sigmoid(multiply(subtract(x, y), _LN2))
+
+
 logaddexp2 = Primitive(
     "logaddexp2",
     _logaddexp2_forward,
-    (
-        lambda g, ans, x, y: g / (1 + exp(multiply(subtract(y, x), _LN2))),
-        lambda g, ans, x, y: g / (1 + exp(multiply(subtract(x, y), _LN2))),
-    ),
+    (_logaddexp2_vjp, lambda g, ans, x, y: _logaddexp2_vjp(g, ans, y, x)),
     saves=("x y", "x y"),
     signature=_binary_signature,
 )
