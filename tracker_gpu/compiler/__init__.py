@@ -247,7 +247,9 @@ class Compiled:
             # what the recording drew (as the one eager run would)
             draws.rewind(drawn)
             program, result = None, self._eager(args, kwargs)
-        guards = Guards() if program is None else guards_of(self.f, args, kwargs)
+        # guarded as the recording read them: a value another thread changed meanwhile makes
+        # the next call record anew (taken after, it would guard a program of the old value)
+        guards = Guards() if program is None else before
         self._warn_random(guards)
         self._warn_by_identity(guards)
         if program is not None:  # (run eagerly, f's changes are f's own)
