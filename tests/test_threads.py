@@ -188,7 +188,8 @@ def test_notrack_blocks_nest_and_exit_in_any_order_across_threads(backend):
 
 def test_sync_checks_is_per_thread_and_blocks_exit_in_any_order():
     """Thread A turns the checks off, thread B on; A leaves, then B: both threads, and this
-    one, are back to the default (a log of zero refused), and inside A's block only A skips (the gradient of log at 0, 1 / 0)."""
+    one, are back to the default (a log of zero refused), and inside A's block only A skips
+    (the gradient of log at 0, 1 / 0)."""
     x = np.array([0.0, 1.0])
     loss = lambda x: tg.sum(tg.log(x))  # noqa: E731
     a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
@@ -286,3 +287,33 @@ def test_a_dropout_shared_by_threads_inside_checkpoint_replays_its_own_mask(comp
     with ThreadPoolExecutor(THREADS) as pool:
         found = list(pool.map(job, range(200)))
     assert all(np.isclose(val, along, rtol=1e-12) for val, along in found)
+
+
+def test_a_refused_recording_run_again_does_not_wind_a_shared_generator_back():
+    """A recording refused inside NumPy's code runs f again eagerly with the draws it made; it
+    used to wind the generator back to before them, over another thread's draw in between,
+    which the next draw then repeated."""
+    from tracker_gpu import nn
+
+    drop = nn.trainmode(nn.Dropout(0.5, rng=np.random.default_rng(0)))
+    x, drawn, proceed, first = np.ones(64), threading.Event(), threading.Event(), [True]
+
+    def f(x, labels):
+        y = tg.sum(drop(x))
+        if first[0]:
+            first[0] = False
+            drawn.set()
+            proceed.wait(10)
+        return y + float(labels.astype(np.float64).sum()) * 0.0  # refused while recording
+
+    step = tg.compile(f, fallback=True)
+    worker = threading.Thread(target=lambda: step(x, np.arange(3)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        worker.start()
+        drawn.wait(10)
+        between = np.asarray(drop(x)) != 0  # another thread's draw
+        proceed.set()
+        worker.join(10)
+    after = np.asarray(drop(x)) != 0
+    assert not np.array_equal(after, between)

@@ -26,7 +26,7 @@ import numpy as np
 
 from . import backend, recording
 
-__all__ = ["uniform", "draw", "noted", "replayed", "rewind"]
+__all__ = ["uniform", "draw", "noted", "replayed"]
 
 _local = threading.local()
 _lock = threading.RLock()
@@ -96,14 +96,6 @@ def _replaying(rng):
     if not replays:
         return None
     return next(replays[-1].get(id(rng), iter(())), None)
-
-
-def rewind(states):
-    """Each generator of `states` back to its state before its first noted draw, to draw
-    again what it drew (a run that tg.compile could not record, run again eagerly)."""
-    with _lock:
-        for rng, noted in states.values():
-            _restore(rng, noted[0])
 
 
 def _state(rng):

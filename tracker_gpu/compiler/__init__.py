@@ -244,9 +244,10 @@ class Compiled:
             if not self.fallback:
                 raise
             # a refusal the run could not go on from eagerly: f runs again, eagerly, drawing
-            # what the recording drew (as the one eager run would)
-            draws.rewind(drawn)
-            program, result = None, self._eager(args, kwargs)
+            # what the recording drew (as the one eager run would), without winding a shared
+            # generator back over other threads' draws
+            with draws.replayed(drawn):
+                program, result = None, self._eager(args, kwargs)
         # guarded as the recording read them: a value another thread changed meanwhile makes
         # the next call record anew (taken after, it would guard a program of the old value)
         guards = Guards() if program is None else before
