@@ -514,6 +514,14 @@ def _identity_keyed(tree):
 
 
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# read once here: sysconfig fills its tables lazily, which threads recording at once for the
+# first time raced ("dictionary changed size during iteration")
+_PATHS = sysconfig.get_paths()
+_ROOTS = [_OWN] + [
+    _PATHS[k].rstrip(os.sep) + os.sep
+    for k in ("stdlib", "platstdlib", "purelib", "platlib")
+    if k in _PATHS
+]
 
 
 @functools.cache
@@ -525,6 +533,4 @@ def _in_library(path):
     if path.startswith("<"):  # typed in, or made by exec
         return False
     path = os.path.abspath(path)
-    paths = sysconfig.get_paths()
-    roots = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
-    return any(path.startswith(root.rstrip(os.sep) + os.sep) for root in [_OWN, *roots])
+    return any(path.startswith(root) for root in _ROOTS)
