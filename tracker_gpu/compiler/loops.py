@@ -537,10 +537,11 @@ def _split(function, arrays, lengths, count):
             executor = concurrent.futures.ThreadPoolExecutor(count - 1, "tracker_gpu-fused")
             _pool.append((os.getpid(), count - 1, executor))
         executor = _pool[0][2]
-    n = lengths[0]
-    cuts = [n * part // count for part in range(count + 1)]
-    futures = [executor.submit(function, *arrays, *lengths, cuts[p], cuts[p + 1])
-               for p in range(1, count)]  # fmt: skip
+        n = lengths[0]
+        cuts = [n * part // count for part in range(count + 1)]
+        # submitted under the lock: another thread growing the pool shuts this one down
+        futures = [executor.submit(function, *arrays, *lengths, cuts[p], cuts[p + 1])
+                   for p in range(1, count)]  # fmt: skip
     function(*arrays, *lengths, cuts[0], cuts[1])
     for future in futures:
         future.result()
