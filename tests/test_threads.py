@@ -317,3 +317,28 @@ def test_a_refused_recording_run_again_does_not_wind_a_shared_generator_back():
         worker.join(10)
     after = np.asarray(drop(x)) != 0
     assert not np.array_equal(after, between)
+
+
+def test_tg_broadcast_shared_by_threads_past_its_cache(monkeypatch):
+    """Its cache of traced functions evicted a function between another thread's lookup and
+    its move to the front: a KeyError, three times in every run of this at a cache of four."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("tracker_gpu.broadcast"), "_CACHE_SIZE", 4)
+    functions = [eval(f"lambda a: a * {k}.0 + 1.0") for k in range(7)]  # noqa: S307
+    x, errors = np.linspace(0.0, 1.0, 4), []
+
+    def job(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for k in rng.integers(0, len(functions), 1500):
+                assert np.array_equal(tg.broadcast(functions[k], x), x * float(k) + 1.0)
+        except Exception as error:  # noqa: BLE001
+            errors.append(repr(error))
+
+    threads = [threading.Thread(target=job, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []

@@ -15,6 +15,7 @@ array([2.        , 5.43656366])
 """
 
 import sys
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -388,6 +389,16 @@ _HOLOMORPHIC = frozenset(
 # Traced functions, least recently used first; define f once rather than a new lambda per call.
 _CACHE = OrderedDict()
 _CACHE_SIZE = 512
+_CACHE_LOCK = threading.Lock()  # threads share it: one may evict what another just found
+
+
+def _cached(key):
+    """The traced function of `key`, now the most recently used, or None."""
+    with _CACHE_LOCK:
+        compiled = _CACHE.get(key)
+        if compiled is not None:
+            _CACHE.move_to_end(key)
+        return compiled
 
 
 def broadcast(f, *args):
@@ -412,14 +423,14 @@ def broadcast(f, *args):
     array([2.-2.j])
     """
     key = (f, tuple(str(getattr(data(a), "dtype", type(a).__name__)) for a in args))
-    compiled = _CACHE.get(key)
+    compiled = _cached(key)
     if compiled is None:
         dtypes = [None if type(a) in SCALARS else data(a).dtype for a in args]
-        compiled = _CACHE[key] = _Compiled(f, len(args), dtypes)
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    else:
-        _CACHE.move_to_end(key)
+        compiled = _Compiled(f, len(args), dtypes)
+        with _CACHE_LOCK:
+            _CACHE[key] = compiled
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
     if compiled.not_holomorphic and any(is_complex(a) for a in args):
         raise TypeError(
             f"broadcast: with complex arguments f must be holomorphic, but it uses "
