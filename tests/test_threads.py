@@ -342,3 +342,19 @@ def test_tg_broadcast_shared_by_threads_past_its_cache(monkeypatch):
     for t in threads:
         t.join(60)
     assert errors == []
+
+
+def test_threads_making_the_first_call_at_once_keep_one_recording():
+    """Each recorded the signature and kept its own: past eight, a warning blamed a value
+    that changed from call to call ("None")."""
+    step = tg.compile(lambda x: tg.sum(tg.tanh(x) * x))
+    again = threading.Barrier(THREADS)  # released twice: the threads meet the call closer
+
+    def first_call(_):
+        again.wait(10)
+        return float(step(np.ones(5)).val)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        results = _in_threads(first_call, THREADS)
+    assert len(set(results)) == 1 and len(step.programs()) == 1

@@ -260,7 +260,11 @@ class Compiled:
         return _plain(result)
 
     def _keep(self, key, variant, changed):
-        """`variant` first among the key's, the least recently used signature evicted."""
+        """`variant` first among the key's, the least recently used signature evicted; a first
+        recording of a key that another thread recorded meanwhile is not kept twice."""
+        if changed is None and key in self._programs:
+            self._programs.move_to_end(key)
+            return
         variants = self._programs.setdefault(key, [])
         variants.insert(0, variant)
         if len(variants) > VARIANTS:
