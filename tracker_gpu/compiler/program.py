@@ -372,9 +372,8 @@ def _plain(x):
     return plain
 
 
-_PLAIN = (
-    TypeTable()
-)  # type -> whether a copy of its instances is a new object with the same __dict__
+# type -> whether a copy of its instances is a new object with the same __dict__
+_PLAIN = TypeTable()
 _new = object.__new__
 
 
