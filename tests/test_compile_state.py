@@ -77,6 +77,55 @@ def test_batchnorm_twice_in_one_step_reads_its_own_write():
         equal(layers[0], layers[1])
 
 
+READS = {  # ways a step reads a buffer after its forward wrote it
+    "as it is": lambda a: a,
+    "in an operation": lambda a: a + 0.0,
+    "through where": lambda a: tg.where(tg.isfinite(a), a, a),
+}
+
+
+@pytest.mark.parametrize("read", READS)
+@pytest.mark.parametrize("name", sorted(STATEFUL))
+def test_a_buffer_read_after_the_forward_wrote_it_is_the_written_value(name, read):
+    """The step's traced argument still stood for the buffer's value before the write: a
+    replay returned the statistics of the call before, and a placed LossScale's choice
+    (`where`) wrote those back, freezing them from the third step on."""
+    make, make_input = LAYERS[name]
+    layers = [nn.trainmode(make(np.random.default_rng(3))) for _ in range(2)]
+
+    def step(m, x):
+        loss, _ = tg.withgradient(lambda m: total(m(x)), m)
+        return loss, [READS[read](getattr(m, k)) for k in ("running_mean", "running_var")]
+
+    compiled = tg.compile(step, gradient=False)
+    for _ in range(CALLS):
+        x = make_input()
+        equal(step(layers[0], x), compiled(layers[1], x))
+        equal(layers[0], layers[1])
+
+
+def test_a_placed_loss_scale_keeps_a_batchnorms_statistics_moving_under_compile():
+    x, labels = floats(8, 4), np.arange(8) % 3
+
+    def step(scaler, state, model):
+        loss = lambda m: scaler.scaled(nn.logitcrossentropy(m(x), labels))  # noqa: E731
+        value, (g,) = tg.withgradient(loss, model)
+        scaler, state, model = scaler.update(state, model, g)
+        return value, scaler, state, model
+
+    def fresh():
+        rng = np.random.default_rng(0)
+        model = nn.Chain(nn.Dense(4, 6, tg.tanh, rng=rng, **F64), nn.BatchNorm(6, **F64),
+                         nn.Dense(6, 3, rng=rng, **F64))  # fmt: skip
+        return tg.LossScale(1.0).placed(x), optim.setup(optim.Adam(0.01), model), model
+
+    compiled, a, b = tg.compile(step, gradient=False), fresh(), fresh()
+    for _ in range(4):
+        _, *a = compiled(*a)
+        _, *b = step(*b)
+        equal(a[2], b[2])
+
+
 # --- arguments outside wrt: as eagerly
 @pytest.mark.parametrize("wrt", [(), (0,)])
 def test_modes_outside_wrt_as_eagerly(wrt):

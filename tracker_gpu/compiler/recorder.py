@@ -291,8 +291,12 @@ class Recorder:
             slot = written[0]
         elif slot is None:
             slot = self._new_slot(buffer)
-        self.writes[id(buffer)] = [slot, self._slot_of(value), value]
-        self._remember(buffer, self.writes[id(buffer)][1])  # read from now on: the value
+        value_slot = self._slot_of(value)
+        self.writes[id(buffer)] = [slot, value_slot, value]
+        self._remember(buffer, value_slot)  # read from now on: the value
+        for _, handle, node in self._handles:  # and through the argument's traced array
+            if handle.data is buffer:
+                self.slots[node.serial] = value_slot
         buffer[...] = value.data if type(value) is TrackedArray else value
 
     def written(self, x, key, value):
