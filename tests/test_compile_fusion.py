@@ -785,3 +785,40 @@ def _instructions(disassembly, names):
             instruction = line.split("\t", 1)[1].split("#")[0]
             kept.append(re.sub(r"(?<![\w@])[0-9a-f]+ (?=<)", "", instruction))
     return "\n".join(kept)
+
+
+def _bfloat16():
+    return pytest.importorskip("ml_dtypes").bfloat16
+
+
+COMPARED = {  # (array, Python number): where the namespace's conversion of the number differs
+    "bfloat16 with a float": (lambda: np.array([0.1, 0.0, 1.0, np.inf] * 512, _bfloat16()), 0.1),
+    "bfloat16 beyond its range": (lambda: np.array([np.inf, 1.0] * 1024, _bfloat16()), 1e39),
+    "uint8 with 300": (lambda: np.array([0, 3, 255] * 700, np.uint8), 300),
+    "int8 with -129": (lambda: np.array([-128, 0, 127] * 700, np.int8), -129),
+    "int64 with 2**70": (lambda: np.array([1, -1] * 1024, np.int64), 2**70),
+}
+COMPARISONS = {"<": lambda a, c: a < c, "==": lambda a, c: a == c, "!=": lambda a, c: a != c,
+               ">=": lambda a, c: a >= c, "tg.greater": lambda a, c: tg.greater(a, c)}  # fmt: skip
+
+
+@pytest.mark.parametrize("compare", COMPARISONS)
+@pytest.mark.parametrize("case", COMPARED)
+@pytest.mark.parametrize("fuse", [None, False, True])
+def test_a_comparison_with_a_python_number_replays_as_eagerly(case, compare, fuse):
+    """Recorded, `a == 0.1` went through the namespace's `equal` where eagerly NumPy's operator
+    compares (bfloat16(0.1) == 0.1 true compiled, false eagerly; uint8 < 300 an OverflowError),
+    and a fused comparison of bfloat16 with a float ran in float64 (inf > 1e39 true)."""
+    make, number = COMPARED[case]
+    a, w = make(), np.linspace(0.5, 1.5, make().size).astype(np.float32)
+    f = lambda w, a: tg.sum(w * tg.astype(COMPARISONS[compare](a, number), w.dtype))  # noqa: E731
+    if compare == "tg.greater" and "int" in case:
+        pytest.skip("the namespace's greater takes the number as an array of a's dtype")
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager = tg.withgradient(f, w, a, wrt=0)
+        step = tg.compile(f, wrt=0, fuse=fuse)
+        for _ in range(3):  # the recording, then replays
+            got = step(w, a)
+            assert float(got.val) == float(eager.val)
+            np.testing.assert_array_equal(got.grad[0], eager.grad[0])

@@ -222,24 +222,34 @@ class TrackedArray:
 
     # --- comparisons: boolean constants, with no gradient (traced ones while tg.compile records)
     def __lt__(self, other):
-        return _traced("less", self, other) if ACTIVE else _compared(self, other, operator.lt)
+        return _comparison("less", self, other) if ACTIVE else _compared(self, other, operator.lt)
 
     def __le__(self, other):
-        return _traced("less_equal", self, other) if ACTIVE else _compared(self, other, operator.le)
+        return (
+            _comparison("less_equal", self, other)
+            if ACTIVE
+            else _compared(self, other, operator.le)
+        )
 
     def __gt__(self, other):
-        return _traced("greater", self, other) if ACTIVE else _compared(self, other, operator.gt)
+        return (
+            _comparison("greater", self, other) if ACTIVE else _compared(self, other, operator.gt)
+        )
 
     def __ge__(self, other):
         return (
-            _traced("greater_equal", self, other) if ACTIVE else _compared(self, other, operator.ge)
+            _comparison("greater_equal", self, other)
+            if ACTIVE
+            else _compared(self, other, operator.ge)
         )
 
     def __eq__(self, other):
-        return _traced("equal", self, other) if ACTIVE else _compared(self, other, operator.eq)
+        return _comparison("equal", self, other) if ACTIVE else _compared(self, other, operator.eq)
 
     def __ne__(self, other):
-        return _traced("not_equal", self, other) if ACTIVE else _compared(self, other, operator.ne)
+        return (
+            _comparison("not_equal", self, other) if ACTIVE else _compared(self, other, operator.ne)
+        )
 
     __hash__ = None
 
@@ -535,6 +545,13 @@ def _untracked(tree):
 
 
 # --- Tracker's API on tracked values
+
+
+def _comparison(name, x, other):
+    """A comparison recorded while tg.compile records, as its operator computes it eagerly."""
+    from .rules.elementwise import comparison
+
+    return comparison(name, x, other)
 
 
 def _traced(name, *args):

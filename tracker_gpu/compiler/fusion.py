@@ -213,6 +213,9 @@ def _check_compare(op, out, kinds, step):
         return False
     if any(k[0] == "none" or (k[0] == "array" and k[1] not in VALUES) for k in kinds):
         return False
+    weak = any(k[0] == "weak" for k in kinds)
+    if weak and any(k[0] == "array" and str(k[1]) == "bfloat16" for k in kinds):
+        return False  # NumPy's result_type is float64 there, and neither eager path compares so
     promoted = _promoted(kinds)  # None is no dtype (though np.dtype(None) is float64)
     return promoted is not None and promoted in VALUES
 

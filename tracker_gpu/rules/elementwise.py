@@ -460,6 +460,8 @@ hypot = _binary(
     lambda g, ans, x, y: nonzero_divide(g, y, ans),
     ("x ans", "y ans"),
 )
+
+
 # d/dx logaddexp(x, y) = sigmoid(x - y): 1 and 0 beside an infinite argument, where
 # exp(x - ans) would be exp(inf - inf). PyTorch's 1 / (1 + exp(y - x)) has the same values, but
 # its own derivative multiplies 0 by an exp that overflows (nan for softplus'' at -800).
@@ -619,4 +621,44 @@ floor_divide = _plain_floor_divide = PLAIN_FUNCTIONS["floor_divide"]
 floor_divide_operator = no_gradient(
     "floor_divide_operator", lambda xp, x, y: x // y, signature=_binary_signature
 )
+
+
+def _operator_rule(name, compare):
+    return no_gradient(f"{name}_operator", lambda xp, x, y: compare(x, y),
+                       signature=_binary_signature)  # fmt: skip
+
+
+# `x < c` as the library's operator compares an array with a Python number where the
+# namespace's function does otherwise: ml_dtypes compares bfloat16 with a float in float32 (the
+# namespace in bfloat16: bfloat16(0.1) == 0.1), NumPy 2 an integer array with an int beyond its
+# range exactly (the namespace cannot make the int an array of that dtype)
+COMPARISON_OPERATORS = {
+    name: _operator_rule(name, compare)
+    for name, compare in (("less", operator.lt), ("less_equal", operator.le),
+                          ("greater", operator.gt), ("greater_equal", operator.ge),
+                          ("equal", operator.eq), ("not_equal", operator.ne))
+}  # fmt: skip
+
+
+def comparison(name, x, other):
+    """`x <op> other` as the tracked array's operator records it: the namespace's function,
+    or the library's operator where the two differ (above)."""
+    if _operator_differs(x, other):
+        return COMPARISON_OPERATORS[name](x, other)
+    return PLAIN_FUNCTIONS[name](x, other)
+
+
+def _operator_differs(x, other):
+    kind = type(other)
+    if kind is not int and kind is not float:
+        return False
+    dtype = data(x).dtype
+    if str(dtype).endswith("bfloat16"):
+        return kind is float
+    if kind is int and isdtype(namespace_of(data(x)), dtype, "integral"):
+        info = namespace_of(data(x)).iinfo(dtype)
+        return not info.min <= other <= info.max
+    return False
+
+
 _plain_signbit = PLAIN_FUNCTIONS["signbit"]
