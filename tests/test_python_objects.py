@@ -407,3 +407,19 @@ def test_an_in_place_numpy_operator_with_a_tracked_constant_is_numpys():
     with pytest.raises(TypeError, match="cannot write a tracked result"):
         np.add(a, a, out=tg.param(np.ones(3)))
     np.testing.assert_array_equal(a, [3.0, 5.0, 10.0])
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+@pytest.mark.parametrize("order", ["old first", "updated first"])
+def test_handles_that_an_update_set_apart_copy_with_their_own_values(backend, how, order):
+    """`tg.update(x, dx)` gives `x` a new value; a `copy.copy(x)` made before keeps the old one
+    while sharing the node. Copied together, both came back with whichever was copied first
+    (the updated parameter with its value from before the update)."""
+    x = tg.param(backend.asarray(np.array([1.0, 2.0])))
+    old = copy.copy(x)
+    tg.update(x, backend.asarray(np.array([10.0, 10.0])))
+    pair = [old, x] if order == "old first" else [x, old]
+    copied = pickle.loads(pickle.dumps(pair)) if how == "pickle" else copy.deepcopy(pair)
+    got = dict(zip(("old", "x") if order == "old first" else ("x", "old"), copied))
+    np.testing.assert_array_equal(backend.to_numpy(tg.data(got["x"])), [11.0, 12.0])
+    np.testing.assert_array_equal(backend.to_numpy(tg.data(got["old"])), [1.0, 2.0])

@@ -309,19 +309,20 @@ class TrackedArray:
         if node is None:
             return _restored, (self.data, "constant", None)
         grad = node.grad if node.rule is None else None
-        return _restored, (self.data, "leaf", grad, _place_of(node))
+        return _restored, (self.data, "leaf", grad, _place_of(node, self.data))
 
     def __deepcopy__(self, memo):
         _refuse_while_recording("pickle or copy.deepcopy of a tracked array")
         node = self._node
-        if node is not None and id(node) in memo:  # a second handle on a place copied
-            return alias(memo[id(node)])
+        key = ("tracked place", id(node), id(self.data))  # `tg.update` rebinds one handle only
+        if node is not None and key in memo:  # a second handle on a place copied
+            return alias(memo[key])
         restore, (value, kind, g, *_) = self.__reduce__()
         xp = self._xp
         copied = [None if a is None else xp.asarray(a, copy=True) for a in (value, g)]
         out = restore(copied[0], kind, copied[1])
         if node is not None:
-            memo[id(node)] = out
+            memo[key] = out
         return out
 
     def __copy__(self):
@@ -452,13 +453,16 @@ class _Place:
         return _Place, ()
 
 
-_PLACES = weakref.WeakValueDictionary()  # id(node) -> its place, while a pickle holds it
+_PLACES = weakref.WeakValueDictionary()  # (id(node), id(value)) -> its place, while pickled
 
 
-def _place_of(node):
-    place = _PLACES.get(id(node))
+def _place_of(node, value):
+    """The place of handles on `node` that hold `value` (after `tg.update(x, dx)`, a handle
+    copied before holds the old value: it comes back as a leaf of its own)."""
+    key = (id(node), id(value))
+    place = _PLACES.get(key)
     if place is None:
-        place = _PLACES[id(node)] = _Place()
+        place = _PLACES[key] = _Place()
     return place
 
 
