@@ -639,3 +639,28 @@ def test_with_a_gradient_a_change_to_a_differentiated_argument_is_to_a_copy_as_e
         assert float(got.val) == float(expected.val)
     assert step.cache_info().hits == 2
     np.testing.assert_array_equal(compiled_state["ema"], eager_state["ema"])
+
+
+@tg.compile
+def _decorated_step(x):
+    return tg.sum(tg.sin(x) * x)
+
+
+def _undecorated_step(x):
+    return tg.sum(tg.sin(x) * x)
+
+
+def test_a_decorated_compiled_function_pickles_by_its_name():
+    """`@tg.compile def step` raised a PicklingError (its module's `step` is the compiled
+    object, so `f` could not be found by that name): multiprocessing and joblib could not send
+    it. By name it comes back as itself; a compiled function made otherwise, by value."""
+    import pickle
+
+    x = np.array([0.5, 1.0])
+    expected = tg.withgradient(_undecorated_step, x)
+    assert pickle.loads(pickle.dumps(_decorated_step)) is _decorated_step
+    np.testing.assert_array_equal(_decorated_step(x).grad[0], expected.grad[0])
+    by_value = tg.compile(_undecorated_step)
+    copied = pickle.loads(pickle.dumps(by_value))
+    assert copied is not by_value
+    np.testing.assert_array_equal(copied(x).grad[0], expected.grad[0])

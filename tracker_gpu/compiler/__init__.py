@@ -39,6 +39,7 @@ CacheInfo(hits=1, misses=1, maxsize=32, currsize=1, eager=0)
 """
 
 import functools
+import sys
 import threading
 import warnings
 from collections import OrderedDict, namedtuple
@@ -205,6 +206,14 @@ class Compiled:
     def __setstate__(self, state):
         self.__dict__.update(state, _lock=threading.RLock())
 
+    def __reduce_ex__(self, protocol):
+        """By its name where `f` was decorated (`@tg.compile def step`): its module's `step` is
+        then this object, and `f` cannot be pickled by that name (multiprocessing, joblib);
+        else by value (`__getstate__`)."""
+        if _found_by_name(self):
+            return self.__qualname__
+        return super().__reduce_ex__(protocol)
+
     def cache_info(self):
         programs = [p for variants in self._programs.values() for _, p in variants]
         eager = sum(p is _EAGER for p in programs)
@@ -366,6 +375,14 @@ class Compiled:
 
     def __repr__(self):
         return f"<tg.compile of {getattr(self.f, '__name__', self.f)!r}: {self.cache_info()}>"
+
+
+def _found_by_name(compiled):
+    """Whether `compiled`'s module holds it under its qualified name."""
+    found = sys.modules.get(getattr(compiled, "__module__", None) or "")
+    for part in getattr(compiled, "__qualname__", "<lambda>").split("."):
+        found = getattr(found, part, None)
+    return found is compiled
 
 
 def record(
