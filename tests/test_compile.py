@@ -664,3 +664,23 @@ def test_a_decorated_compiled_function_pickles_by_its_name():
     copied = pickle.loads(pickle.dumps(by_value))
     assert copied is not by_value
     np.testing.assert_array_equal(copied(x).grad[0], expected.grad[0])
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int16"])
+def test_a_narrow_integer_index_replays_as_eagerly(backend, dtype):
+    """Traced, a uint8 index went to PyTorch as it was, which reads it as a mask (wrong values
+    and gradients in every replay, silently); int8 and int16 raised. Eagerly it is indices."""
+    x = backend.asarray(np.arange(4.0) + 1.0)
+    weights = backend.asarray(np.array([1.0, 10.0, 100.0]))
+    f = lambda x, i: tg.sum(x[i] * weights)  # noqa: E731
+    g = lambda i: tg.at(x * 1.0)[i].add(1.0)  # noqa: E731
+    step, adds = tg.compile(f, wrt=0), tg.compile(g, gradient=False)
+    for rows in ([2, 2, 0], [0, 1, 1], [1, 0, 2]):
+        i = backend.asarray(np.array(rows, dtype=dtype))
+        eager = tg.withgradient(f, x, i, wrt=0)
+        got = step(x, i)
+        assert float(got.val) == float(eager.val)
+        np.testing.assert_array_equal(
+            backend.to_numpy(got.grad[0]), backend.to_numpy(eager.grad[0])
+        )
+        np.testing.assert_array_equal(backend.to_numpy(adds(i)), backend.to_numpy(g(i)))

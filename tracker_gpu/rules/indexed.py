@@ -494,7 +494,7 @@ def _traced_update(x, idx, v, how):
     spec = traced_key(x, idx)
     plain = data(x)
     xp, device = namespace_of(plain), device_of(plain)
-    picked = plain[_fill(spec["key"], spec["where"], [k.data for k in traced])]
+    picked = plain[_fill(xp, spec["key"], spec["where"], [k.data for k in traced])]
     values = _values(v, plain, xp, device, tuple(picked.shape))
     out = _COMBINE[how](x, _index_adjoint_traced(values, *traced, shape=tuple(x.shape), **spec))
     return _in_dtype_of(x, out, how)

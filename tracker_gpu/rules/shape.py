@@ -281,16 +281,18 @@ def traced_key(x, key):
             "where": where}  # fmt: skip
 
 
-def _fill(key, where, indices):
+def _fill(xp, key, where, indices):
+    """`key` with the traced parts' values at `where`, integer arrays as eager keys take them
+    (`index_dtype`: PyTorch reads a uint8 array as a mask)."""
     parts = list(key)
     for i, k in zip(where, indices):
-        parts[i] = k
+        parts[i] = index_dtype(xp, k)
     return tuple(parts)
 
 
 _getitem_traced = Primitive(
     "getitem",
-    lambda xp, x, *indices, key, where: x[_fill(key, where, indices)],
+    lambda xp, x, *indices, key, where: x[_fill(xp, key, where, indices)],
     ByPosition(
         lambda i, g, ans, x, *indices, key, where: (
             _index_adjoint_traced(g, *indices, shape=x.shape, key=key, where=where)
@@ -304,7 +306,7 @@ _getitem_traced = Primitive(
 _index_adjoint_traced = Primitive(
     "index_adjoint_traced",
     lambda xp, g, *indices, shape, key, where: _index_adjoint.forward(
-        xp, g, shape, _fill(key, where, [data(k) for k in indices])
+        xp, g, shape, _fill(xp, key, where, [data(k) for k in indices])
     ),
     ByPosition(
         lambda i, gg, ans, g, *indices, shape, key, where: (
