@@ -373,3 +373,26 @@ def test_half_extrema_count_their_ties_exactly():
     t = torch.ones(257, dtype=torch.bfloat16, requires_grad=True)
     torch.amax(t).backward()
     assert torch.equal(tg.gradient(tg.max, torch.ones(257, dtype=torch.bfloat16))[0], t.grad)
+
+
+INTEGERS = {"uint8": [1, 2, 3, 250], "int8": [-100, 100, 0, 127], "int16": [-30000, 30000, 5, 7],
+            "uint32": [0, 3_000_000_000, 1, 2], "int64": [-5, 5, 2**40, 0],
+            "bool": [True, False, True, True]}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", INTEGERS)
+@pytest.mark.parametrize("name", ["softmax", "logsoftmax", "logsumexp"])
+def test_softmax_and_logsumexp_of_integers_are_of_their_values_in_float64(backend, name, dtype):
+    """The shift by the row's maximum ran in the integers' own dtype: uint8 wrapped (a
+    logsumexp of [1, 2, 3] was inf, its softmax nan), int8 overflowed. SciPy's reference, of
+    the same values as float64."""
+    special = pytest.importorskip("scipy.special")
+    if backend.name == "torch" and dtype == "uint32":
+        pytest.skip("PyTorch has no uint32 arrays to speak of")
+    values = np.array(INTEGERS[dtype], dtype=dtype)
+    x = backend.asarray(values)
+    got = backend.to_numpy(getattr(tg, name)(x))
+    reference = {"softmax": special.softmax, "logsoftmax": special.log_softmax,
+                 "logsumexp": special.logsumexp}[name](values.astype(np.float64))  # fmt: skip
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, reference, rtol=1e-14)

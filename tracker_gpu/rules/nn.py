@@ -12,7 +12,7 @@ array([0.5, 0.5])
 
 import math
 
-from ..backend import into, namespace_of
+from ..backend import into, isdtype, namespace_of
 from ..primitive import Primitive
 from ..tracked import TrackedArray
 from .elementwise import (
@@ -73,6 +73,7 @@ relu = Primitive(
 def _softmax_forward(xp, x, /, *, axis=-1):
     real_only("softmax", x)
     check_axes("softmax", axis, x.ndim)
+    x = _floating(xp, x)
     if _empty_along(x, axis):  # nothing to normalise (NumPy's max of nothing raises)
         return xp.zeros_like(x)
     e = into(xp, "exp", x - row_max(xp, x, axis))
@@ -83,10 +84,19 @@ def _softmax_forward(xp, x, /, *, axis=-1):
 def _logsoftmax_forward(xp, x, /, *, axis=-1):
     real_only("logsoftmax", x)
     check_axes("logsoftmax", axis, x.ndim)
+    x = _floating(xp, x)
     if _empty_along(x, axis):
         return xp.zeros_like(x)
     shifted, lse = logsoftmax_parts(xp, x, axis)
     return shifted - lse
+
+
+def _floating(xp, x):
+    """Integers and booleans as float64, as SciPy's softmax and logsumexp take them: in their own
+    dtype the shift by the maximum wraps (uint8) or overflows (int8)."""
+    if isdtype(xp, x.dtype, ("real floating", "complex floating")):
+        return x
+    return xp.astype(x, xp.float64)
 
 
 def _empty_along(x, axis):
@@ -138,6 +148,7 @@ logsoftmax = Primitive(
 def _logsumexp_forward(xp, x, /, *, axis=None, keepdims=False):
     real_only("logsumexp", x)
     check_axes("logsumexp", axis, x.ndim)
+    x = _floating(xp, x)
     if _reduces_nothing(x, axis):  # the log of an empty sum (NumPy's max of nothing raises)
         m = xp.full_like(xp.sum(x, axis=axis, keepdims=True), -math.inf)
         return m if keepdims else xp.squeeze(m, axis=_squeezed(axis, x.ndim))
