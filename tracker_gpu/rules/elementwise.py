@@ -466,8 +466,6 @@ hypot = _binary(
 # exp(x - ans) would be exp(inf - inf). PyTorch's 1 / (1 + exp(y - x)) has the same values, but
 # its own derivative multiplies 0 by an exp that overflows (nan for softplus'' at -800).
 def _logaddexp_vjp(g, ans, x, y):
-    from .nn import sigmoid  # (the activations are built on these rules)
-
     return g * sigmoid(subtract(x, y))
 
 
@@ -662,3 +660,29 @@ def _operator_differs(x, other):
 
 
 _plain_signbit = PLAIN_FUNCTIONS["signbit"]
+
+
+# --- the logistic function: stable both ways, the activation and logaddexp's derivative
+def real_only(name, x):
+    """Refuse complex `x`: activations, normalisers and losses order their inputs (max, > 0),
+    which complex numbers do not have."""
+    if is_complex(x):
+        raise TypeError(
+            f"{name} takes real data, got {x.dtype}: complex numbers have no order; apply it to "
+            "tg.real(z), tg.imag(z) or tg.abs(z)"
+        )
+
+
+def sigmoid_values(xp, x):
+    """The logistic function of a plain array, stably: e^-|x| never overflows."""
+    real_only("sigmoid", x)
+    e = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+sigmoid = Primitive(
+    "sigmoid",
+    sigmoid_values,
+    (lambda g, ans, x: g * ans * (1 - ans),),
+    saves="ans",
+)

@@ -19,8 +19,10 @@ from .elementwise import (
     add,
     divide,
     exp,
-    is_complex,
     multiply,
+    real_only,
+    sigmoid,
+    sigmoid_values,
     sqrt,
     subtract,
     tanh,
@@ -31,30 +33,6 @@ from .reductions import check_axes, expand, mean
 from .reductions import sum as _sum
 from .rows import row_max, row_mean, row_mean_of_products, row_sum, row_sum_of_products
 from .shape import concat, getitem
-
-
-def real_only(name, x):
-    """Refuse complex `x`: activations, normalisers and losses order their inputs (max, > 0),
-    which complex numbers do not have."""
-    if is_complex(x):
-        raise TypeError(
-            f"{name} takes real data, got {x.dtype}: complex numbers have no order; apply it to "
-            "tg.real(z), tg.imag(z) or tg.abs(z)"
-        )
-
-
-def _sigmoid_forward(xp, x):
-    real_only("sigmoid", x)
-    e = xp.exp(-xp.abs(x))
-    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e))
-
-
-sigmoid = Primitive(
-    "sigmoid",
-    _sigmoid_forward,
-    (lambda g, ans, x: g * ans * (1 - ans),),
-    saves="ans",
-)
 
 
 def _relu_forward(xp, x):
@@ -249,7 +227,7 @@ def _lstm_cell_forward(xp, z, c):
     real_only("lstm_cell", z)
     real_only("lstm_cell", c)
     hidden = c.shape[-1]
-    gates = _sigmoid_forward(xp, z)  # the cell's quarter is not used
+    gates = sigmoid_values(xp, z)  # the cell's quarter is not used
     i, f, _, o = _quarters(gates, hidden, lambda a, key: a[key])
     c_new = f * c + i * xp.tanh(z[..., 2 * hidden : 3 * hidden])
     return xp.concat([o * xp.tanh(c_new), c_new], axis=-1)
@@ -264,7 +242,7 @@ def _lstm_partials(g, ans, z, c):
     hidden = c.shape[-1]
     xp = _plain(g, ans, z, c)
     if xp is not None:
-        gates = _sigmoid_forward(xp, z)
+        gates = sigmoid_values(xp, z)
         i, f, _, o = _quarters(gates, hidden, lambda a, key: a[key])
         u = xp.tanh(z[..., 2 * hidden : 3 * hidden])
         t = xp.tanh(ans[..., hidden:])
