@@ -378,3 +378,40 @@ def test_a_float16_argument_gives_a_float16_value_and_gradient(name):
 
     grads = tg.gradient(loss, *(args[i] for i in moving))
     assert all(g is None or g.dtype == np.float16 for g in grads)
+
+
+def _coth_slope(x):
+    """-csch(x)^2 = -4 e^-2|x| / (1 - e^-2|x|)^2, even in x."""
+    e = np.exp(-2 * np.abs(x))
+    return -4 * e / (1 - e) ** 2
+
+
+def _csch_slope(x):
+    """-csch(x) coth(x) = -2 e^-|x| (1 + e^-2|x|) / (1 - e^-2|x|)^2, even in x."""
+    a = np.abs(x)
+    return -2 * np.exp(-a) * (1 + np.exp(-2 * a)) / (1 - np.exp(-2 * a)) ** 2
+
+
+TAILS = np.array([0.5, -3.0, 10.0, 15.0, -19.0, 40.0, 400.0, 800.0])
+
+
+@pytest.mark.parametrize("name, slope", [("coth", _coth_slope), ("csch", _csch_slope)])
+def test_slopes_of_coth_and_csch_in_their_tails(name, slope):
+    """coth's 1 - coth^2 cancelled (10: eight digits, 19 on: 0); csch's csch^2 cosh was
+    0 * inf beyond 710 (nan) and 0 from 355. Against closed forms in e^-|x|."""
+    with np.errstate(all="ignore"):
+        (got,) = tg.gradient(lambda x: tg.sum(getattr(tg.special, name)(x)), TAILS)
+        np.testing.assert_allclose(got, slope(TAILS), rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("name, sign", [("xlogy", 1.0), ("rel_entr", -1.0)])
+def test_the_tangent_in_y_of_xlogy_over_a_tiny_y_is_its_gradient(name, sign):
+    """jvp computed (t * x) / y, whose t / y overflowed (inf, and nan where x == 0), where
+    the gradient, x / y first, is finite."""
+    f = getattr(tg.special, name)
+    for x in (np.array([1e-300]), np.array([0.0])):
+        y = np.array([1e-310])
+        (gradient,) = tg.gradient(lambda y, x=x: tg.sum(f(x, y)), y)
+        _, tangent = tg.jvp(lambda y, x=x: f(x, y), (y,), (np.ones(1),))
+        np.testing.assert_array_equal(tangent, gradient)
+        np.testing.assert_allclose(gradient, sign * x / y, rtol=1e-15)

@@ -286,7 +286,7 @@ xlogy = _binary(
     "xlogy",
     (
         lambda g, ans, x, y: g * xlogy(_logarithm_taken(x, y, 0), y),
-        lambda g, ans, x, y: g * x / y,
+        lambda g, ans, x, y: g * (x / y),  # not (g * x) / y: a tangent over a tiny y overflows
     ),
     "x1 x2",
     "`x * log(y)`, and 0 where `x == 0`; the gradient in `x` is `log(y)`, 0 where `x == 0` "
@@ -307,7 +307,7 @@ rel_entr = _binary(
     "rel_entr",
     (
         lambda g, ans, x, y: g * (log(x) - log(y) + 1),
-        lambda g, ans, x, y: -g * x / y,
+        lambda g, ans, x, y: -g * (x / y),
     ),
     "x1 x2",
     "`x log(x / y)` for positive `x`, `y`; 0 where `x == 0 <= y`; inf elsewhere.",

@@ -18,7 +18,7 @@ import math
 
 from ..primitive import Primitive
 from . import special
-from .elementwise import _as_arrays, abs, cos, cosh, expm1, log, sin, sqrt, tanh
+from .elementwise import _as_arrays, abs, cos, expm1, log, sin, sinh, sqrt, tanh
 from .nn import sigmoid
 
 __all__ = (
@@ -99,9 +99,11 @@ ELEMENTARY = {
              "`atan(1 / x)` (pi/2 at +0)."),
     "sech": (lambda xp, x: 1 / xp.cosh(x), lambda g, ans, x: -g * (ans * tanh(x)), "x ans",
              "`1 / cosh(x)`."),
-    "csch": (lambda xp, x: 1 / xp.sinh(x), lambda g, ans, x: -g * (ans * ans * cosh(x)), "x ans",
+    # -csch coth and -csch^2: csch^2 cosh underflows times overflows (0 * inf), 1 - coth^2
+    # cancels, beyond x = 5
+    "csch": (lambda xp, x: 1 / xp.sinh(x), lambda g, ans, x: -g * (ans / tanh(x)), "x ans",
              "`1 / sinh(x)`."),
-    "coth": (lambda xp, x: 1 / xp.tanh(x), lambda g, ans, x: g * (1 - ans * ans), "ans",
+    "coth": (lambda xp, x: 1 / xp.tanh(x), lambda g, ans, x: -g * _csch_squared(x), "x",
              "`1 / tanh(x)`."),
     "asech": (lambda xp, x: xp.acosh(1 / x), lambda g, ans, x: -g / (x * sqrt(1 - x * x)), "x",
               "`acosh(1 / x)`, on (0, 1]."),
@@ -153,6 +155,11 @@ ELEMENTARY = {
                                         xp.log(-xp.expm1(x))),
                  lambda g, ans, x: g / -expm1(-x), "x", "`log(1 - exp(x))`, for `x < 0`."),
 }  # fmt: skip
+
+
+def _csch_squared(x):
+    c = 1 / sinh(x)
+    return c * c
 
 
 def _elementary(name, forward, vjp, saves, doc):
