@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
@@ -186,7 +187,9 @@ def compile_shared(text, tag, flags=()):
     target = Path(tempfile.gettempdir()) / "tracker_gpu_host" / f"{tag}-{digest}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        scratch = target.with_suffix(f".{os.getpid()}.so")
+        # the thread's own scratch file: threads building one library at once each write
+        # theirs, and each replaces the target with a whole one
+        scratch = target.with_suffix(f".{os.getpid()}.{threading.get_ident()}.so")
         compiler = os.environ.get("CXX", "g++")
         command = [compiler, "-O1", "-shared", "-fPIC", *flags, "-x", "c++", "-", "-o",
                    str(scratch)]  # fmt: skip
@@ -219,14 +222,20 @@ class HostLibrary:
         text = math_prelude(family.text) + SHIM + family.text + wrappers
         self.library = compile_shared(text, family.name, host_flags(family))
 
+    _lock = threading.Lock()  # threads share the cache: one may evict what another found
+
     @classmethod
     def get(cls, family):
-        library = cls._cache.get(family.digest)
-        if library is None:
-            library = cls._cache[family.digest] = cls(family)
+        with cls._lock:
+            library = cls._cache.get(family.digest)
+            if library is not None:
+                cls._cache.move_to_end(family.digest)
+                return library
+        library = cls(family)  # built outside the lock: a build takes a tenth of a second
+        with cls._lock:
+            cls._cache[family.digest] = library
             while len(cls._cache) > cls._CACHE_SIZE:
                 cls._cache.popitem(last=False)
-        cls._cache.move_to_end(family.digest)
         return library
 
     def launch(self, name, dtype, grid, block, args):
