@@ -415,3 +415,16 @@ def test_the_tangent_in_y_of_xlogy_over_a_tiny_y_is_its_gradient(name, sign):
         _, tangent = tg.jvp(lambda y, x=x: f(x, y), (y,), (np.ones(1),))
         np.testing.assert_array_equal(tangent, gradient)
         np.testing.assert_allclose(gradient, sign * x / y, rtol=1e-15)
+
+
+@pytest.mark.parametrize("a", [0.5, 1.0, 3.0, 40.0])
+@pytest.mark.parametrize("name, sign", [("gammainc", 1.0), ("gammaincc", -1.0)])
+def test_the_slope_of_the_incomplete_gamma_in_x_is_the_gamma_density_up_to_infinity(a, name, sign):
+    """At x = inf the density's exponent was inf - inf: a nan gradient where it is 0."""
+    stats = pytest.importorskip("scipy.stats")
+    x = np.array([np.inf, 1e300, 50.0, 2.0, 0.5, 1e-3])
+    with np.errstate(all="ignore"):
+        (got,) = tg.gradient(lambda x: tg.sum(getattr(tg.special, name)(a, x)), x)
+    with np.errstate(all="ignore"):  # (SciPy's pdf at inf is nan for a > 1; its limit is 0)
+        density = np.where(np.isinf(x), 0.0, stats.gamma.pdf(x, a))
+    np.testing.assert_allclose(got, sign * density, rtol=1e-12, atol=0)

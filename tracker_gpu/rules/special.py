@@ -256,8 +256,10 @@ beta = _binary(
 
 
 def _gammainc_density(a, x):
-    """`x**(a - 1) exp(-x) / gamma(a)`, the derivative of `gammainc(a, x)` in `x`."""
-    return exp(xlogy(a - 1, x) - x - gammaln(a))
+    """`x**(a - 1) exp(-x) / gamma(a)`, the derivative of `gammainc(a, x)` in `x`: 0 at
+    x = inf, where the exponent's terms are inf - inf."""
+    exponent = where(x == math.inf, -math.inf, xlogy(a - 1, x) - x)
+    return exp(exponent - gammaln(a))
 
 
 gammainc = _binary(
