@@ -428,3 +428,14 @@ def test_the_slope_of_the_incomplete_gamma_in_x_is_the_gamma_density_up_to_infin
     with np.errstate(all="ignore"):  # (SciPy's pdf at inf is nan for a > 1; its limit is 0)
         density = np.where(np.isinf(x), 0.0, stats.gamma.pdf(x, a))
     np.testing.assert_allclose(got, sign * density, rtol=1e-12, atol=0)
+
+
+def test_invdigamma_beyond_the_largest_float_is_infinite():
+    """From y = 709.8 the start exp(y) + 0.5 overflows and Newton's step was inf - inf: nan.
+    Below, digamma of the answer is y again; beyond, the answer (e^y) is past float64's."""
+    special = pytest.importorskip("scipy.special")
+    y = np.array([-5.0, 1.0, 700.0, 709.0, 710.0, 1000.0, np.inf])
+    with np.errstate(all="ignore"):
+        x = np.asarray(tg.special.invdigamma(y))
+        np.testing.assert_allclose(special.digamma(x[:4]), y[:4], rtol=1e-12)
+    assert np.isposinf(x[4:]).all()

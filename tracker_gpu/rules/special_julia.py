@@ -189,10 +189,11 @@ def _invdigamma_forward(xp, y, /):
     """Newton's method on the library's `digamma`, from Minka's start (as SpecialFunctions)."""
     (y,) = _as_arrays(xp, y)
     digamma = special.digamma
-    x = xp.where(y >= -2.22, xp.exp(y) + 0.5, -1 / (y - digamma(xp.ones_like(y))))
+    start = xp.where(y >= -2.22, xp.exp(y) + 0.5, -1 / (y - digamma(xp.ones_like(y))))
+    x = start
     for _ in range(6):
         x = x - (digamma(x) - y) / special.polygamma(1, x)
-    return x
+    return xp.where(xp.isinf(start), start, x)  # beyond y = 709.8: inf, not Newton's inf - inf
 
 
 invdigamma = Primitive(
