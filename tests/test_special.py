@@ -439,3 +439,36 @@ def test_invdigamma_beyond_the_largest_float_is_infinite():
         x = np.asarray(tg.special.invdigamma(y))
         np.testing.assert_allclose(special.digamma(x[:4]), y[:4], rtol=1e-12)
     assert np.isposinf(x[4:]).all()
+
+
+def _erfcx_slopes(x):
+    """erfcx' and erfcx'' for x >= 10 from its asymptotic series in float64 Python floats,
+    summed far beyond the rule's sixteen terms (60), so that the reference is independent."""
+    first, second = [], []
+    for t in x.tolist():
+        u, term, s1, s2 = 1 / (2 * t * t), 1.0, 0.0, 0.0
+        for k in range(1, 60):
+            term *= -(2 * k - 1) * u
+            s1 += term  # erfcx' = 2/sqrt(pi) sum_k c_k u^k, u = 1 / (2 t^2)
+            s2 += term * -2 * k / t  # d/dt u^k = -2k u^k / t
+        first.append(2 / math.sqrt(math.pi) * s1)
+        second.append(2 / math.sqrt(math.pi) * s2)
+    return np.array(first), np.array(second)
+
+
+def test_the_slopes_of_erfcx_and_dawson_where_the_textbook_rule_cancels():
+    """2 x erfcx(x) - 2/sqrt(pi) cancelled from x of 10 on (0 at 1e8, the second derivative
+    1e16 times too large); dawson's 1 - 2 x D(x) likewise. Against the asymptotic series
+    summed independently, and dawson against erfcx's (D' = -sum (2k-1)!! / (2x^2)^k, the same
+    terms without the alternating sign)."""
+    x = np.array([10.0, 12.0, 30.0, 100.0, 1e4, 1e8])
+    first, second = _erfcx_slopes(x)
+    (got,) = tg.gradient(lambda x: tg.sum(tg.special.erfcx(x)), x)
+    np.testing.assert_allclose(got, first, rtol=1e-14)
+    hvp = tg.hvp(lambda x: tg.sum(tg.special.erfcx(x)), x, np.ones_like(x))
+    np.testing.assert_allclose(hvp, second, rtol=1e-13)
+    for sign in (1.0, -1.0):
+        (dawson,) = tg.gradient(lambda x: tg.sum(tg.special.dawson(x)), sign * x)
+        u = 1 / (2 * x * x)
+        expected = -sum(math.prod(range(1, 2 * k, 2)) * u**k for k in range(1, 40))
+        np.testing.assert_allclose(dawson, expected, rtol=1e-14)

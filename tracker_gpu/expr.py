@@ -189,6 +189,22 @@ def _log_ndtr(a, out):
     return e("where", below, tail, _times(1 / _SQRT_2PI, body))
 
 
+def _erfcx_partial(a, out):
+    """erfcx': its asymptotic series from x = TAIL on, where `2 x out - 2/sqrt(pi)` cancels
+    (rules/special.py's `_tail`, operation for operation; each branch kept finite)."""
+    from .rules.special import TAIL
+
+    far = e("ge", a, const(TAIL))
+    clamped = e("where", e("ge", e("abs", a), const(TAIL)), a, const(TAIL))
+    u = e("divide", ONE, _times(2.0, e("multiply", clamped, clamped)))
+    term, total = ONE, ZERO
+    for k in range(1, 17):
+        term = e("multiply", term, e("multiply", u, const((2 * k - 1) * -1.0)))
+        total = e("add", total, term)
+    near = e("subtract", _times(2.0, e("multiply", a, out)), const(2 / _SQRT_PI))
+    return e("where", far, _times(2 / _SQRT_PI, total), near)
+
+
 def _ie_pair(a, out, name):
     return e("subtract", e(name, a), e("multiply", e("sign", a), out))
 
@@ -198,9 +214,7 @@ RULES.update({
     "erfc": lambda a, out: (_gauss(a[0], -2 / _SQRT_PI),),
     "erfinv": lambda a, out: (_times(_SQRT_PI / 2, e("exp", e("multiply", out, out))),),
     "erfcinv": lambda a, out: (_times(-_SQRT_PI / 2, e("exp", e("multiply", out, out))),),
-    "erfcx": lambda a, out: (
-        e("subtract", _times(2.0, e("multiply", a[0], out)), const(2 / _SQRT_PI)),
-    ),
+    "erfcx": lambda a, out: (_erfcx_partial(a[0], out),),
     "gammaln": lambda a, out: (e("digamma", a[0]),),
     "gamma": lambda a, out: (e("multiply", out, e("digamma", a[0])),),
     "digamma": lambda a, out: (e("polygamma", ONE, a[0]),),
