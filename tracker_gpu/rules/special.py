@@ -35,7 +35,6 @@ from .elementwise import (
     where,
 )
 from .elementwise import abs as _abs
-from .elementwise import abs as abs_
 from .special_libraries import library_function
 
 __all__ = (
@@ -142,7 +141,7 @@ TAIL = 10.0
 def _tail(x, sign):
     """`sum_{k=1..16} sign^k (2k-1)!! / (2 x^2)^k`, at |x| >= TAIL (x clamped there elsewhere,
     so that the branch not taken stays finite in a nested pass)."""
-    u = 1 / (square(where(abs_(x) >= TAIL, x, TAIL)) * 2)
+    u = 1 / (square(where(_abs(x) >= TAIL, x, TAIL)) * 2)
     term, total = 1.0, 0.0
     for k in range(1, 17):
         term = term * (u * ((2 * k - 1) * sign))
@@ -158,7 +157,7 @@ erfcx = _unary(
 )
 dawson = _unary(
     "dawson",
-    lambda g, ans, x: g * where(abs_(x) >= TAIL, -_tail(x, 1.0), 1 - x * ans * 2),
+    lambda g, ans, x: g * where(_abs(x) >= TAIL, -_tail(x, 1.0), 1 - x * ans * 2),
     "x ans",
     "Dawson's integral, `exp(-x**2) * integral of exp(t**2) from 0 to x` (SciPy's `dawsn`).",
 )
