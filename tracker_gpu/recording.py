@@ -165,8 +165,9 @@ class Journal:
                 buffer[...] = value
         elif journals:
             outer = journals[-1]
+            if outer.kept is None:
+                outer.kept = {}
             for key, kept in self.kept.items():
-                outer.kept = outer.kept or {}
                 outer.kept.setdefault(key, kept)
 
 

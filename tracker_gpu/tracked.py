@@ -89,8 +89,8 @@ class TrackedArray:
     ndim = property(lambda self: self.data.ndim)
     size = property(lambda self: backend.size_of(self.data))
     device = property(lambda self: backend.device_of(self.data))
-    T = property(lambda self: _viewed(self, permute_dims, tuple(range(self.ndim - 1, -1, -1))))
-    mT = property(lambda self: _viewed(self, matrix_transpose, _last_two_swapped(self.ndim)))
+    T = property(lambda self: _viewed(self, permute_dims(self, _reversed(self.ndim)), _reversed))
+    mT = property(lambda self: _viewed(self, matrix_transpose(self), _last_two_swapped))
 
     def __array_namespace__(self, *, api_version=None):
         return _namespace_for(self._xp)
@@ -754,17 +754,20 @@ def _makes_views(value, key):
     return not backend.is_lazy(value)
 
 
-def _viewed(x, transpose, axes):
-    """`transpose(x)`, its axes in the order `axes`: a view of `x`, as the library's transpose
-    is (not Dask's), so that a write into it reaches `x`."""
-    out = transpose(x) if transpose is matrix_transpose else transpose(x, axes)
+def _viewed(x, out, order):
+    """`out`, a transpose of `x` whose axes are in the order `order(x.ndim)`: a view of `x`, as
+    the library's transpose is (not Dask's), so that a write into it reaches `x`."""
     if type(out) is TrackedArray and not backend.is_lazy(x.data):
-        out._base = (x, Permuted(axes), getattr(x, "_version", 0))
+        out._base = (x, Permuted(order(x.ndim)), getattr(x, "_version", 0))
     return out
 
 
+def _reversed(ndim):
+    return tuple(range(ndim - 1, -1, -1))
+
+
 def _last_two_swapped(ndim):
-    return (*range(ndim - 2), ndim - 1, ndim - 2) if ndim >= 2 else tuple(range(ndim))
+    return (*range(ndim - 2), ndim - 1, ndim - 2)
 
 
 def _basic(key):

@@ -113,7 +113,8 @@ def _shape(x):
 
 def _match_dtype(x, like):
     """Cast a (plain or tracked) input to the dtype of the layer's weight, as Flux does."""
-    common_library(namespace_of(data(like)), data(x))  # mixed libraries raise, naming them
+    if type(data(x)) is not type(data(like)):  # mixed libraries raise, naming them
+        common_library(namespace_of(data(like)), data(x))
     if data(x).dtype == like.dtype:
         return x
     return astype(x, data(like).dtype)

@@ -10,14 +10,12 @@ matrix, so that convolutions and pools are matmuls and reductions, and `col2im` 
 import itertools
 import math
 
-import numpy as np
-
-from ..backend import HALF, NUMPY_FLOATS, added_into, device_of, dtype_name, into, namespace_of
+from ..backend import HALF, added_into, device_of, dtype_name, into, namespace_of
 from ..primitive import Primitive
 from ..rules.elementwise import add, astype, multiply, subtract, tanh
 from ..rules.linalg import matmul, matrix_transpose
 from ..rules.reductions import sum as _sum
-from ..rules.rows import leading_sum
+from ..rules.rows import is_numpy_float, leading_sum
 from ..rules.shape import reshape
 from ..tracked import TrackedArray, data
 
@@ -170,7 +168,7 @@ def _linear_vjp_weight(g, ans, x, weight, bias):
 def _linear_vjp_bias(g, ans, x, weight, bias):
     if len(g.shape) == 1:
         return g
-    if type(g) is np.ndarray and g.dtype in NUMPY_FLOATS:
+    if is_numpy_float(g):
         return leading_sum(g, len(g.shape) - 1)
     axes = tuple(range(len(g.shape) - 1))
     xp = _plain_namespace(g)

@@ -305,7 +305,6 @@ def _update(x, dx, leaf, path, done, skipped):
         return x, leaf
     found = structure(type(x))
     if found is None:
-        _check_not_complex(path, x, leaf)
         return x, _check_no_state(path, x, leaf)
     keys = found.keys(x)
     grads = matching(x, dx, keys, found, path, _UPDATE_NAMES, 1)
@@ -322,19 +321,6 @@ def _update(x, dx, leaf, path, done, skipped):
     return new_x, new_leaf
 
 
-def _check_not_complex(path, x, leaf):
-    """A complex parameter has no state (`setup` makes states for real floats): its gradient
-    would be dropped, and the parameter never trained."""
-    x = data(x)
-    if leaf is None and is_array(x) and isdtype(namespace_of(x), x.dtype, "complex floating"):
-        raise ValueError(
-            f"update: {name(path)} is complex ({x.dtype}) and has a gradient, but the optimisers "
-            "step real parameters only, so it would never be trained: keep its real and "
-            "imaginary parts as two real parameters, or give it the gradient None if it is a "
-            "constant"
-        )
-
-
 def _check_no_state(path, x, leaf):
     if leaf is not None:
         raise ValueError(
@@ -345,6 +331,14 @@ def _check_no_state(path, x, leaf):
         raise ValueError(
             f"update: no optimiser state for {name(path)}; make the state with "
             "setup(rule, model) for this model"
+        )
+    x = data(x)
+    if is_array(x) and isdtype(namespace_of(x), x.dtype, "complex floating"):
+        raise ValueError(  # `setup` makes states for real floats: it would never be trained
+            f"update: {name(path)} is complex ({x.dtype}) and has a gradient, but the optimisers "
+            "step real parameters only, so it would never be trained: keep its real and "
+            "imaginary parts as two real parameters, or give it the gradient None if it is a "
+            "constant"
         )
     return leaf
 

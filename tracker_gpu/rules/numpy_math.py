@@ -95,6 +95,8 @@ def _logaddexp2_forward(xp, x, y):
 
 
 _LN2 = math.log(2)
+
+
 # d/dx logaddexp2(x, y) = sigmoid((x - y) ln 2): 1 and 0 beside an infinite argument, and
 # differentiable again where 2**(y - x) overflows, as logaddexp's
 def _logaddexp2_vjp(g, ans, x, y):

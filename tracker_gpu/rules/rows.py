@@ -30,6 +30,7 @@ __all__ = [
     "row_sum_of_products",
     "row_mean_of_products",
     "leading_sum",
+    "is_numpy_float",
 ]
 
 # Rows longer than this take NumPy's pairwise sum: its per-row cost no longer dominates, and
@@ -97,6 +98,11 @@ def row_mean_of_products(xp, a, b, axis):
         total /= a.shape[-1]
         return total
     return xp.mean(a * b, axis=axis, keepdims=True)
+
+
+def is_numpy_float(x):
+    """Whether `x` is a NumPy float32 or float64 array (which `leading_sum` takes)."""
+    return type(x) is np.ndarray and x.dtype in NUMPY_FLOATS
 
 
 def leading_sum(x, lead):

@@ -15,7 +15,7 @@ from ..primitive import NOT_TRACKING, ByPosition, Primitive, fit_gradients_with,
 from ..recording import ACTIVE
 from ..tracked import TrackedArray, data
 from .elementwise import astype, real
-from .rows import leading_sum
+from .rows import is_numpy_float, leading_sum
 
 
 # The forwards carry the standard's signatures (the namespace shows them).
@@ -116,10 +116,6 @@ def fit(ga, a, name):
     return ga
 
 
-def _numpy_float(x):
-    return type(x) is np.ndarray and x.dtype in backend.NUMPY_FLOATS
-
-
 def unbroadcast(g, shape, name="?"):
     """Sum `g` over the axes along which an argument of `shape` was broadcast."""
     if len(shape) == 0:  # a gradient summed to a scalar: kept an array (NumPy's full sum is not)
@@ -137,7 +133,7 @@ def unbroadcast(g, shape, name="?"):
     axes = tuple(range(lead)) + tuple(
         lead + i for i, n in enumerate(shape) if n == 1 and gshape[lead + i] != 1
     )
-    if axes == tuple(range(lead)) and _numpy_float(g):
+    if axes == tuple(range(lead)) and is_numpy_float(g):
         return leading_sum(g, lead)
     if axes:
         from .reductions import sum
