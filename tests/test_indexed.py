@@ -25,6 +25,9 @@ KEYS = {
     "mask": MASK,
     "mask-rows": np.array([True, False, True, True]),
     "ellipsis": (Ellipsis, 2),
+    "empty-array": np.array([], dtype=np.int64),
+    "empty-slice": (slice(None), slice(3, 3)),
+    "empty-mask": np.zeros(SHAPE, dtype=bool),
 }
 METHODS = ["set", "add", "subtract", "multiply", "min", "max"]
 UFUNCS = {
@@ -214,3 +217,37 @@ def test_signed_zeros_are_written_as_numpy_writes_them(backend, name, method):
         backend.asarray(v)))  # fmt: skip
     np.testing.assert_array_equal(got, expected)
     assert np.array_equal(np.signbit(got), np.signbit(expected))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("dtype", ["bool", "int64", "float32"])
+def test_an_empty_selection_keeps_or_refuses_as_a_selection_of_one(backend, dtype, method):
+    """Nothing selected: x's values, in the dtype that selecting one element gives, or the
+    error selecting one raises (NumPy's `same_kind` casting refuses 1 into bool and 0.5 into
+    integers; array-api-strict, bool arithmetic)."""
+    x = backend.asarray(np.ones(SHAPE, dtype=dtype))
+    for v in [True, 1, 0.5]:
+        update = getattr(tg.at(x)[on(backend, np.array([1]))], method)
+        try:
+            one = update(v)
+        except Exception as refused:  # noqa: BLE001 (the library's own error, whichever)
+            with pytest.raises(type(refused)):
+                getattr(tg.at(x)[on(backend, KEYS["empty-array"])], method)(v)
+            continue
+        got = getattr(tg.at(x)[on(backend, KEYS["empty-array"])], method)(v)
+        assert got.dtype == one.dtype == x.dtype, (v, got.dtype, one.dtype)
+        np.testing.assert_array_equal(numpy_of(backend, got), np.ones(SHAPE, dtype=dtype))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("name", INTEGER_KEYS)
+def test_integer_updates_are_numpys(backend, name, method):
+    """Integers in, integers out, NumPy's values: repeated indices accumulate exactly (where
+    a library has no scatter, its sums are a product with a one-hot matrix)."""
+    key = KEYS[name]
+    x = np.arange(np.prod(SHAPE), dtype=np.int64).reshape(SHAPE) - 7
+    v = np.arange(np.prod(selected_shape(key)), dtype=np.int64).reshape(selected_shape(key)) % 5
+    expected = numpy_reference(x, key, v, method)
+    got = getattr(tg.at(backend.asarray(x))[on(backend, key)], method)(backend.asarray(v))
+    assert numpy_of(backend, got).dtype == np.int64
+    np.testing.assert_array_equal(numpy_of(backend, got), expected)

@@ -373,6 +373,8 @@ def one_hot_sum(xp, hits, values):
     def reached(found):
         return summed(xp.astype(found, values.dtype)) > 0
 
+    if not xp.isdtype(values.dtype, "real floating"):  # integers: every value is finite
+        return summed(values)
     total = summed(xp.where(xp.isfinite(values), values, zero))
     up, down = reached(values == float("inf")), reached(values == -float("inf"))
     nan = reached(xp.isnan(values)) | (up & down)

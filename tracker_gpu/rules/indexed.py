@@ -56,6 +56,7 @@ from .elementwise import (
     subtract,
     where,
 )
+from .reductions import sum as _summed
 from .shape import (
     _fill,
     _index_adjoint,
@@ -436,10 +437,10 @@ def _update(x, idx, v, how):
     n = int(np.prod(shape, dtype=np.int64))
     values = _values(v, plain, xp, device, positions.shape)
     flat_x = reshape(x, (n,))
-    flat_v = reshape(values, (positions.size,)) if positions.size else None
+    if not positions.size:
+        return _nothing_selected(x, flat_x, values, how, xp, device)
+    flat_v = reshape(values, (positions.size,))
     flat_p = positions.reshape(-1)
-    if flat_v is None:  # nothing selected: a copy of x
-        return multiply(x, 1)
     if how == "add":  # one scatter: repeated positions add up
         out = add(flat_x, _scatter(flat_v, n, flat_p, xp, device))
         return _in_dtype_of(x, reshape(out, shape), how)
@@ -454,6 +455,24 @@ def _update(x, idx, v, how):
             picked = _COMBINE[how](getitem(out, _on(xp, where_, device)), picked)
         out = where(mask, _placed(picked, n, where_, xp, device), out)
     return _in_dtype_of(x, reshape(out, shape), how)
+
+
+def _nothing_selected(x, flat_x, values, how, xp, device):
+    """`x` (a copy, in its dtype) where `idx` selects nothing. The update is made on the
+    zero elements selected, so that it is refused where a selection would be (a result that
+    x's dtype cannot hold, a promotion the library refuses), and `v` is joined to the result
+    by a zero term: its gradient is zeros of its shape, as where elements are selected."""
+    selected = reshape(getitem(flat_x, slice(0, 0)), tuple(values.shape))
+    if how == "set":
+        nowhere = xp.zeros(tuple(values.shape), dtype=xp.bool, device=device)
+        updated = where(nowhere, values, selected)
+    else:
+        updated = _COMBINE[how](selected, values)
+    _in_dtype_of(x, updated, how)  # raises for a result of a higher kind than x
+    out = astype(x, x.dtype)
+    if isdtype(xp, x.dtype, ("real floating", "complex floating")):
+        out = subtract(out, astype(_summed(updated), x.dtype))  # x - 0 is x, -0 and nan too
+    return out
 
 
 def _in_dtype_of(x, out, how):
