@@ -165,8 +165,9 @@ class Compiled:
                 self._programs.move_to_end(key)
                 if program is not _EAGER and not warned:
                     self._match_next(key, _matched(args, kwargs), _matched(original, kwargs_given))
+            else:
+                self._misses += 1  # counted under the lock: the churn warning reads it
         if program is None:
-            self._misses += 1
             return self._record(key, args, kwargs, variants)
         if program is _EAGER:
             return _plain(self._eager(args, kwargs))
@@ -180,7 +181,9 @@ class Compiled:
         program = None if arrays is None else _holding(variants)
         if program is None or program is _EAGER:
             return None
-        self._hits += 1  # moved to the end of the cache by the next call that is not fast
+        # unlocked (a lock per replay costs more than a rare lost count of a hit under threads);
+        # moved to the end of the cache by the next call that is not fast
+        self._hits += 1
         return program.run(arrays)
 
     def _match_next(self, key, args, original):
