@@ -30,7 +30,15 @@ from .loop import Interrupted
 from .mixed import DEFAULT, PRECISIONS, described
 from .plots import plot_text
 from .text_data import Text, baselines, corpus
-from .text_loop import TextConfig, compiled_text_step, mixed_text_step, text_step, train_text
+from .text_loop import (
+    TextConfig,
+    build,
+    compiled_text_step,
+    mixed_text_step,
+    other_text,
+    text_step,
+    train_text,
+)
 from .transformer import generate, parameter_count
 
 __all__ = ["main", "run", "parser"]
@@ -109,6 +117,8 @@ def _checked(p, argv):
         p.error(str(error))
     args.text = Text.of(corpus())
     args.config = _config(p, args)
+    if args.resume:
+        _check_checkpoint(p, args)
     _check_sample(p, args)
     check_folders(p, args, ["text.npz"], [_path(args.resume)] if args.resume else [])  # last:
     return args  # it makes the --save folder
@@ -198,8 +208,24 @@ def _saved_settings(p, args):
     settings = info.get("settings") or {}
     if settings.get("job") != "text":
         p.error(f"--resume: {path} is not a checkpoint of the text job")
+    message = other_text(path, settings, args.text)
+    if message:
+        p.error(f"--resume: {message}")
     args.done = info.get("step", 0)
     return settings
+
+
+def _check_checkpoint(p, args):
+    """The whole checkpoint (every array: its checksum, shape and dtype) read against the
+    model of this run, before any work: a file damaged past the header, or saved from
+    another vocabulary, is an error here, not a traceback after the job has started."""
+    from tracker_gpu import optim
+
+    model, _ = build(args.config, len(args.text.vocab))
+    try:
+        optim.read_checkpoint_info(_path(args.resume), model)
+    except ValueError as error:
+        p.error(f"--resume: {error}")
 
 
 def _check_sample(p, args):

@@ -197,10 +197,11 @@ class _Run:
                         mixed=_mixed_of(self.step), **self.place)  # fmt: skip
 
 
-def settings_of(config, backend, step_kind, precision=DEFAULT):
-    """What a checkpoint of the text job records of its run (JSON)."""
+def settings_of(config, backend, step_kind, precision=DEFAULT, text=None):
+    """What a checkpoint of the text job records of its run (JSON): `text`, the fingerprint
+    of the text it trains on (`Text.fingerprint`)."""
     return dict(asdict(config), job="text", backend=backend, step=step_kind,
-                precision=precision, version=tg.__version__)  # fmt: skip
+                precision=precision, version=tg.__version__, text=text)  # fmt: skip
 
 
 def train_text(config, text, *, xp=None, device=None, step=text_step, progress=False, save=None,
@@ -212,7 +213,7 @@ def train_text(config, text, *, xp=None, device=None, step=text_step, progress=F
     returns a signal number to stop there (the checkpoint written, `Interrupted` raised)."""
     start = time.perf_counter()
     if resume is not None:  # checked before any work
-        _check_settings(resume, optim.read_checkpoint_info(resume), config)
+        _check_settings(resume, optim.read_checkpoint_info(resume), config, text)
     model, model_rng = build(config, len(text.vocab), xp=xp, device=device)
     state = optim.setup(rule(config), model)
     history, done, partial = {"step": [], "loss": [], "valid_step": [], "valid_loss": []}, 0, []
@@ -223,7 +224,8 @@ def train_text(config, text, *, xp=None, device=None, step=text_step, progress=F
         model_rng = _drawn(model, model_rng, model_state)
         history, done, partial = info["history"], info["step"], info["partial"]
         restored(_mixed_of(step), info.get("loss_scale"))
-    settings = settings_of(config, _library_name(model), step_kind, _mixed_of(step).precision)
+    settings = settings_of(config, _library_name(model), step_kind, _mixed_of(step).precision,
+                           text.fingerprint())  # fmt: skip
     run = _Run(config, text, data_rng, model_rng, step, dict(xp=xp, device=device), save, stop,
                settings)  # fmt: skip
     with one_thread(model.position), on_device_of(model.position):
@@ -240,14 +242,17 @@ def train_text(config, text, *, xp=None, device=None, step=text_step, progress=F
 _RUN = tuple(f.name for f in fields(TextConfig) if f.name != "eval_every")  # make a run
 
 
-def _check_settings(path, info, config):
+def _check_settings(path, info, config, text):
     """Refuse to resume the checkpoint at `path` (its `info`) with a `config` whose settings
-    differ from those its run recorded, as the command line does: each would make another run
-    (the loaded optimiser keeps the saved schedule) under the old run's name. `eval_every`
-    (when the validation loss is taken) may change."""
+    differ from those its run recorded, or on another `text`, as the command line does: each
+    would make another run (the loaded optimiser keeps the saved schedule) under the old run's
+    name. `eval_every` (when the validation loss is taken) may change."""
     saved = info.get("settings") or {}
     if saved and saved.get("job") != "text":
         raise ValueError(f"{path} is not a checkpoint of the text job (train_text)")
+    message = other_text(path, saved, text)
+    if message:
+        raise ValueError(message)
     for key in _RUN:
         value = getattr(config, key)
         if key in saved and saved[key] != value:
@@ -256,6 +261,20 @@ def _check_settings(path, info, config):
                 f"{value}, which would make another run; give TextConfig({key}="
                 f"{saved[key]!r}) to go on as saved, or start a new run without resume"
             )
+
+
+def other_text(path, saved, text):
+    """Why the checkpoint at `path` (its `saved` settings) cannot go on with `text` (a `Text`):
+    it trained on another one; None where it is the same, or the file does not say."""
+    was, now = saved.get("text"), text.fingerprint()
+    if not was or was == now:
+        return None
+    return (
+        f"{path} was trained on a text of {was['characters']:,} characters ({was['distinct']} "
+        f"distinct), and this run's has {now['characters']:,} ({now['distinct']} distinct): "
+        "it would go on training, and validating, on another text (CPython's documentation "
+        "differs between versions); resume with the Python that made it, or start a new run"
+    )
 
 
 def _drawn(model, built, saved):

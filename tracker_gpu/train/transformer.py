@@ -105,7 +105,8 @@ def generate(model, prompt, length, *, temperature=1.0, rng):
     for _ in range(length):
         window = xp.asarray([tokens[-model.context :]], device=device)
         logits = nn.to_numpy(model(window)[0, -1]).astype(np.float64)
-        p = np.exp((logits - logits.max()) / temperature)  # shifted first: no inf - inf
+        with np.errstate(over="ignore"):  # a tiny temperature: -inf, exp 0 (greedy), no warning
+            p = np.exp((logits - logits.max()) / temperature)  # shifted first: no inf - inf
         tokens.append(int(rng.choice(p.size, p=p / p.sum())))
     return tokens[len(prompt) :]
 
