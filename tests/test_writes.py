@@ -183,6 +183,52 @@ def _scale_a_block_of_a_transpose(x, v):
     return y
 
 
+# --- the namespace's functions that move elements make views where the library's do: a
+# write reaches the array (NumPy's and PyTorch's reshape and permute_dims; not PyTorch's flip,
+# a copy, nor Dask's results), as the same program on plain arrays says
+def _through_a_reshape(x, v):
+    y = x * 1.0
+    flat = _ns(y).reshape(y, (12,))
+    flat[5:8] = v[:3] * 2.0
+    return y
+
+
+def _through_permute_dims(x, v):
+    y = x * 1.0
+    t = _ns(y).permute_dims(y, (1, 0))
+    t[1, :] = v[:3] ** 2
+    return y
+
+
+def _through_expand_dims_and_squeeze(x, v):
+    y = x * 1.0
+    xp = _ns(y)
+    inner = xp.squeeze(xp.expand_dims(y, axis=0), axis=0)  # a view of a view
+    inner[2, 1:] = v[1:] * inner[0, 1:]
+    return y
+
+
+def _through_a_flip(x, v):
+    y = x * 1.0
+    f = _ns(y).flip(y, axis=1)
+    f[0, :2] = v[2:]
+    return y
+
+
+def _scale_through_matrix_transpose(x, v):
+    y = x * 1.0
+    t = _ns(y).matrix_transpose(y)
+    t *= v[0]
+    return y
+
+
+def _a_reshape_copy_written(x, v):
+    y = x * 1.0
+    copied = _ns(y).reshape(y, (4, 3), copy=True)
+    copied[0, 0] = v[0]
+    return y * _ns(y).sum(copied)
+
+
 # --- what NumPy copies, a write leaves as it was (PyTorch's element is a view: it reaches y)
 def _a_running_total_from_an_element(x, v):
     y = x * 1.0
@@ -207,12 +253,14 @@ PROGRAMS = {
         _divide_subtract, _set_all, _read_after_write, _fill_created, _fill_rows,
         _through_a_row, _through_a_chained_index, _through_a_slice_of_a_slice, _scale_a_block,
         _rows_in_turn, _through_a_transpose, _scale_a_block_of_a_transpose,
+        _through_a_reshape, _through_permute_dims, _through_expand_dims_and_squeeze,
+        _through_a_flip, _scale_through_matrix_transpose, _a_reshape_copy_written,
         _a_running_total_from_an_element, _a_positive_copy_written,
     )
 }  # fmt: skip
 # Programs that write after a value was saved: PyTorch refuses to differentiate them.
 SAVED_THEN_WRITTEN = {"multiply_column", "power_mask", "divide_subtract", "read_after_write",
-                      "rows_in_turn"}  # fmt: skip
+                      "rows_in_turn", "through_expand_dims_and_squeeze"}  # fmt: skip
 LIBRARY_LACKS = {
     ("strict", "set_integer_list"), ("strict-device1", "set_integer_list"),
     ("dask", "set_integer_list"), ("dask", "set_row_mask"), ("dask", "set_mask"),
@@ -247,11 +295,15 @@ def test_a_write_is_differentiable_twice(backend, name):
     check_nested(backend, PROGRAMS[name], backend.asarray(X), backend.asarray(V))
 
 
-# What NumPy copies and PyTorch views (an element, +y): each library's own answer above.
+# What NumPy copies and PyTorch views (an element, +y), and the reverse (PyTorch's flip is a
+# copy): each library's own answer above.
 NUMPY_COPIES = {"a_running_total_from_an_element", "a_positive_copy_written"}
+TORCH_COPIES = {"through_a_flip"}
 
 
-@pytest.mark.parametrize("name", sorted(set(PROGRAMS) - SAVED_THEN_WRITTEN - NUMPY_COPIES))
+@pytest.mark.parametrize(
+    "name", sorted(set(PROGRAMS) - SAVED_THEN_WRITTEN - NUMPY_COPIES - TORCH_COPIES)
+)
 def test_a_write_differentiates_as_in_pytorch(name):
     torch = pytest.importorskip("torch")
     program = PROGRAMS[name]

@@ -14,6 +14,7 @@ and plain arrays alike: it records on the tape when an argument is tracked.
 """
 
 import builtins as _builtins
+import functools as _functools
 import math as _math
 import sys as _sys
 import types as _types
@@ -26,6 +27,7 @@ from . import tracked as _tracked
 from .rules import einsum as _einsum
 from .rules import elementwise as _elementwise
 from .rules import fft as _fft_rules
+from .rules import indexed as _indexed
 from .rules import linalg as _linalg_rules
 from .rules import manipulation as _manipulation
 from .rules import nn as _nn
@@ -60,11 +62,36 @@ _SHARED.update(
         _shape, "reshape permute_dims expand_dims squeeze flip broadcast_to concat stack to_device"
     )
 )
+
+
+def _viewing(primitive):
+    """The namespace's `primitive`, which moves the elements of its argument (a reshape, a
+    transpose, a flip): where the library's result is a view, a write into the tracked result
+    reaches the tracked argument too (`indexed.viewed`), laid back out by the pullback."""
+    back = primitive.vjps[0]
+
+    @_functools.wraps(primitive)
+    def function(x, /, *args, **kw):
+        out = primitive(x, *args, **kw)
+        if kw.get("copy") is True:
+            return out
+        return _indexed.viewed(x, out, lambda v: back(v, None, x, *args, **kw))
+
+    return function
+
+
+_SHARED.update(
+    {
+        name: _viewing(_SHARED[name])
+        for name in "reshape permute_dims expand_dims squeeze flip".split()
+    }
+)
 _SHARED["astype"] = _shape.astype_to  # astype(x, dtype, device=d): the gradient back to x's
 # The standard's linalg functions that also live at the top, and Tracker's extras.
 _SHARED.update(
     _names(_linalg_rules, "matmul matrix_transpose tensordot vecdot kron diagm logdet outer")
 )
+_SHARED["matrix_transpose"] = _viewing(_SHARED["matrix_transpose"])
 _SHARED.update(tril=_creation.tril, triu=_creation.triu, einsum=_einsum.einsum)
 _CONSTANTS = dict(e=_math.e, pi=_math.pi, inf=_math.inf, nan=_math.nan, newaxis=None)
 

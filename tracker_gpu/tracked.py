@@ -89,8 +89,8 @@ class TrackedArray:
     ndim = property(lambda self: self.data.ndim)
     size = property(lambda self: backend.size_of(self.data))
     device = property(lambda self: backend.device_of(self.data))
-    T = property(lambda self: _viewed(self, permute_dims(self, _reversed(self.ndim)), _reversed))
-    mT = property(lambda self: _viewed(self, matrix_transpose(self), _last_two_swapped))
+    T = property(lambda self: _transposed(self))
+    mT = property(lambda self: viewed(self, matrix_transpose(self), matrix_transpose))
 
     def __array_namespace__(self, *, api_version=None):
         return _namespace_for(self._xp)
@@ -736,7 +736,7 @@ from .rules.elementwise import (  # noqa: E402
     remainder,
     subtract,
 )
-from .rules.indexed import Permuted, write  # noqa: E402
+from .rules.indexed import viewed, write  # noqa: E402
 from .rules.linalg_base import matmul, matrix_transpose  # noqa: E402
 from .rules.shape import getitem, permute_dims, to_device  # noqa: E402
 
@@ -754,20 +754,10 @@ def _makes_views(value, key):
     return not backend.is_lazy(value)
 
 
-def _viewed(x, out, order):
-    """`out`, a transpose of `x` whose axes are in the order `order(x.ndim)`: a view of `x`, as
-    the library's transpose is (not Dask's), so that a write into it reaches `x`."""
-    if type(out) is TrackedArray and not backend.is_lazy(x.data):
-        out._base = (x, Permuted(order(x.ndim)), getattr(x, "_version", 0))
-    return out
-
-
-def _reversed(ndim):
-    return tuple(range(ndim - 1, -1, -1))
-
-
-def _last_two_swapped(ndim):
-    return (*range(ndim - 2), ndim - 1, ndim - 2)
+def _transposed(x):
+    """`x.T`: a view of `x`, as the library's transpose is (`viewed`)."""
+    axes = tuple(range(x.ndim - 1, -1, -1))  # its own inverse
+    return viewed(x, permute_dims(x, axes), lambda v: permute_dims(v, axes))
 
 
 def _basic(key):

@@ -39,6 +39,7 @@ array([0., 0., 0., 0.])
 import itertools
 import sys
 
+import array_api_compat
 import numpy as np
 
 from .. import backend, recording
@@ -65,7 +66,6 @@ from .shape import (
     _traced_parts,
     broadcast_to,
     getitem,
-    permute_dims,
     reshape,
     traced_key,
 )
@@ -257,8 +257,8 @@ def _write_through(part, written=None):
         return
     array, key, version = base
     fresh = getattr(array, "_version", 0) == version
-    if type(key) is Permuted:
-        _write_permuted(part, array, key.inverse, written, fresh)
+    if type(key) is Viewed:
+        _write_viewed(part, array, key.back, written, fresh)
     elif written is not None:
         write(array, key, where(_written_mask(part, written), part, getitem(array, key)))
     elif fresh:
@@ -269,26 +269,49 @@ def _write_through(part, written=None):
         part._base = (array, key, array._version)
 
 
-class Permuted:
-    """The "key" of a transpose of an array (`x.T`, `x.mT`), as a slice has its basic index:
-    the axes it permuted, and the order that puts them back."""
+class Viewed:
+    """The "key" of a view of a whole array made by moving its elements (a transpose, a reshape,
+    a flip), as a slice has its basic index: `back` lays a value of the view's shape out as
+    the array's. It is the function's pullback, which for a permutation of the elements (its
+    adjoint) is its inverse."""
 
-    __slots__ = ("axes", "inverse")
+    __slots__ = ("back",)
 
-    def __init__(self, axes):
-        self.axes = tuple(axes)
-        self.inverse = tuple(int(i) for i in np.argsort(self.axes))
+    def __init__(self, back):
+        self.back = back
 
 
-def _write_permuted(part, array, inverse, written, fresh):
-    """A write into a transpose, made in its array: the elements written (at `written`), or
-    the whole transpose computed from it while `array` is as it was read."""
-    back = permute_dims(part, inverse)
+def viewed(x, out, back):
+    """`out`, made from the tracked array `x` by moving its elements (`back`: `Viewed`), as a
+    view of `x`: a write into it reaches `x`, as with the library's view (not Dask's, whose
+    results are new arrays; not where the library's result is a copy)."""
+    if type(out) is TrackedArray and type(x) is TrackedArray and _library_view(out.data, x.data):
+        out._base = (x, Viewed(back), getattr(x, "_version", 0))
+    return out
+
+
+def _library_view(out, x):
+    """Whether the library's `out` shares `x`'s memory (NumPy's reshape copies where strides
+    cannot express it, PyTorch's flip always copies; Dask's results are new arrays)."""
+    if type(getattr(out, "_array", None)) is np.ndarray:  # array-api-strict's
+        out, x = out._array, getattr(x, "_array", x)
+    if type(out) is np.ndarray:
+        return np.may_share_memory(out, x)
+    if backend.is_cupy(out):
+        return sys.modules["cupy"].may_share_memory(out, x)
+    if array_api_compat.is_torch_array(out):
+        return out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    return False
+
+
+def _write_viewed(part, array, back, written, fresh):
+    """A write into a view of the whole array, made in the array: the elements written (at
+    `written`), or the whole view computed from it while `array` is as it was read."""
+    laid_out = back(part)
     if written is not None:
-        mask = namespace_of(back.data).permute_dims(_written_mask(part, written), inverse)
-        write(array, ..., where(mask, back, array))
+        write(array, ..., where(back(_written_mask(part, written)), laid_out, array))
     elif fresh:
-        write(array, ..., back)
+        write(array, ..., laid_out)
     else:
         raise ValueError(STALE_SLICE)
 
