@@ -93,9 +93,10 @@ class Exp:
 
 @dataclass(frozen=True)
 class Cosine:
-    """A linear warm-up from `eta / warmup` to `eta` over the first `warmup` steps, then half a
-    cosine from `eta` down to `eta_min` at step `steps` (and `eta_min` after it), as PyTorch's
-    cosine annealing after a linear warm-up."""
+    """A linear warm-up, `eta * (t + 1) / warmup` at step `t` (`eta` at the warm-up's last
+    step, `warmup - 1`), then half a cosine from `eta` at step `warmup` down to `eta_min` at
+    step `steps` (and `eta_min` after it): PyTorch's `CosineAnnealingLR(T_max=steps -
+    warmup)` after `LinearLR(start_factor=1 / warmup, total_iters=warmup - 1)`."""
 
     eta: float
     steps: int
