@@ -73,11 +73,15 @@ C = 1.0001
 
 # --- the chains
 def tracker_chain(kinds):
+    # the kinds as one string of their initials: tg.compile guards a string by value, where a
+    # list of 1,000 items would be checked by identity, with a warning
+    initials = "".join(kind[0] for kind in kinds)
+    ops = {"m": lambda y: y * C, "s": tg.sin, "a": lambda y: y + C, "t": tg.tanh}
+
     def f(x):
         y = x
-        for kind in kinds:
-            y = {"mul": lambda y: y * C, "sin": tg.sin, "add": lambda y: y + C,
-                 "tanh": tg.tanh}[kind](y)  # fmt: skip
+        for kind in initials:
+            y = ops[kind](y)
         return tg.sum(y)
 
     return f
