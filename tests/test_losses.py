@@ -294,3 +294,29 @@ def test_the_probability_losses_take_numpys_bfloat16():
         ours = loss(p.astype(ml_dtypes.bfloat16), t.astype(ml_dtypes.bfloat16))
         theirs = loss(*(torch.tensor(a, dtype=torch.bfloat16) for a in (p, t)))
         np.testing.assert_allclose(float(ours), float(theirs), rtol=1e-2)
+
+
+# the losses whose targets are shaped like the predictions (regression, binary, distributions)
+SHAPED_TARGETS = ["mse", "mae", "huber_loss", "smoothl1", "binarycrossentropy",
+                  "logitbinarycrossentropy", "kldivergence"]  # fmt: skip
+
+
+@pytest.mark.parametrize("target_dtype", ["int64", "bool"])
+@pytest.mark.parametrize("name", SHAPED_TARGETS)
+def test_integer_and_boolean_targets_are_the_predictions_dtype(backend, name, target_dtype):
+    """0/1 targets of integers or booleans give the loss of the same targets as floats of the
+    predictions' dtype: NumPy's promotion made a float32 model's loss float64, PyTorch and
+    array-api-strict refused booleans (Flux's promotion, the same on every library)."""
+    loss = getattr(tg.nn, name)
+    predicted = uniform((4, 3), (0.05, 0.95), seed=3).astype(np.float32)
+    if name in ("mse", "mae", "huber_loss", "smoothl1", "logitbinarycrossentropy"):
+        predicted = (predicted * 4.0 - 2.0).astype(np.float32)
+    y = (np.arange(12).reshape(4, 3) % 3 == 0).astype(target_dtype)
+    yhat = backend.asarray(predicted)
+    try:
+        expected = loss(yhat, backend.asarray(y.astype(np.float32)), reduction="none")
+    except NotImplementedError:  # kldivergence's xlogy: array-api-strict has no special ones
+        pytest.skip(f"{name} is not available on {backend.name}")
+    got = loss(yhat, backend.asarray(y), reduction="none")
+    assert got.dtype == expected.dtype == yhat.dtype, (got.dtype, expected.dtype)
+    np.testing.assert_array_equal(numpy_of(backend, got), numpy_of(backend, expected))

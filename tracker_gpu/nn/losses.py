@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from ..backend import SCALARS, namespace_of
+from ..backend import SCALARS, isdtype, namespace_of
 from ..checks import checking
 from ..primitive import Primitive
 from ..rules import losses as _rules
@@ -313,8 +313,7 @@ def kldivergence(
     >>> bool(np.isclose(kldivergence(q, p, eps=0.0), np.log(2.0)))
     True
     """
-    reduction = _reduction("kldivergence", reduction, agg)
-    _rules._check_same_shape("kldivergence", yhat, y)
+    reduction, y = _elementwise("kldivergence", yhat, y, reduction, agg)
     axis = _rules._axis("kldivergence", axis, len(_rules._shape(yhat)))
     if log_input:
         logq = yhat
@@ -329,9 +328,24 @@ def kldivergence(
 
 # --- elementwise
 def _elementwise(name, yhat, y, reduction, agg):
+    """`(reduction, y)`, checked; `y` in `yhat`'s dtype where it holds integers or booleans."""
     reduction = _reduction(name, reduction, agg)
     _rules._check_same_shape(name, yhat, y)
-    return reduction
+    return reduction, _as_targets(yhat, y)
+
+
+def _as_targets(yhat, y):
+    """Targets of integers or booleans (0/1 labels, counts) in the floating dtype of the
+    predictions, as Flux's promotion has it, the same on every library: NumPy's own would
+    make a float32 model's loss float64, PyTorch's and array-api-strict's refuse booleans."""
+    predicted, target = data(yhat), data(y)
+    if type(target) in SCALARS or type(predicted) in SCALARS:
+        return y
+    if not isdtype(namespace_of(predicted), predicted.dtype, "real floating"):
+        return y
+    if isdtype(namespace_of(target), target.dtype, ("real floating", "complex floating")):
+        return y
+    return astype(y, predicted.dtype)
 
 
 def mse(yhat, y, /, *, reduction=None, agg=None):
@@ -341,7 +355,7 @@ def mse(yhat, y, /, *, reduction=None, agg=None):
     >>> mse(np.array([1.0, 2.0]), np.array([1.0, 4.0]), reduction="none")
     array([0., 4.])
     """
-    reduction = _elementwise("mse", yhat, y, reduction, agg)
+    reduction, y = _elementwise("mse", yhat, y, reduction, agg)
     if reduction in ("mean", "sum"):
         return _rules.mse(yhat, y, agg=reduction)
     d = subtract(yhat, y)
@@ -355,7 +369,7 @@ def mae(yhat, y, /, *, reduction=None, agg=None):
     >>> float(mae(np.array([1.0, 2.0]), np.array([1.0, 4.0])))
     1.0
     """
-    reduction = _elementwise("mae", yhat, y, reduction, agg)
+    reduction, y = _elementwise("mae", yhat, y, reduction, agg)
     return _reduce(_abs(subtract(yhat, y)), reduction)
 
 
@@ -375,7 +389,7 @@ def huber_loss(yhat, y, /, *, delta=1.0, reduction=None, agg=None):
     >>> huber_loss(np.array([0.5, 3.0]), np.zeros(2), reduction="none")
     array([0.125, 2.5  ])
     """
-    reduction = _elementwise("huber_loss", yhat, y, reduction, agg)
+    reduction, y = _elementwise("huber_loss", yhat, y, reduction, agg)
     if not (isinstance(delta, int | float) and delta > 0):
         raise ValueError(f"huber_loss: delta must be a positive number, got {delta!r}")
     return _reduce(_huber(subtract(yhat, y), delta), reduction)
@@ -389,7 +403,7 @@ def smoothl1(yhat, y, /, *, beta=1.0, reduction=None, agg=None):
     >>> smoothl1(np.array([0.5, 3.0]), np.zeros(2), beta=2.0, reduction="none")
     array([0.0625, 2.    ])
     """
-    reduction = _elementwise("smoothl1", yhat, y, reduction, agg)
+    reduction, y = _elementwise("smoothl1", yhat, y, reduction, agg)
     if not (isinstance(beta, int | float) and beta >= 0):
         raise ValueError(f"smoothl1: beta must be a number >= 0, got {beta!r}")
     d = subtract(yhat, y)
@@ -408,7 +422,7 @@ def binarycrossentropy(yhat, y, /, *, reduction=None, agg=None, eps=None, weight
     ...                    reduction="none").round(4)
     array([0.6931, 1.3863])
     """
-    reduction = _elementwise("binarycrossentropy", yhat, y, reduction, agg)
+    reduction, y = _elementwise("binarycrossentropy", yhat, y, reduction, agg)
     _check_broadcasts("binarycrossentropy", "weight", weight, _rules._shape(yhat))
     _rules._check_probabilities("binarycrossentropy", yhat, "logitbinarycrossentropy")
     eps = _rules._eps("binarycrossentropy", yhat, eps)
@@ -431,7 +445,7 @@ def logitbinarycrossentropy(logits, y, /, *, reduction=None, agg=None, weight=No
     array([2.0794, 0.6931])
     """
     name = "logitbinarycrossentropy"
-    reduction = _elementwise(name, logits, y, reduction, agg)
+    reduction, y = _elementwise(name, logits, y, reduction, agg)
     for what, value in (("weight", weight), ("pos_weight", pos_weight)):
         _check_broadcasts(name, what, value, _rules._shape(logits))
     softplus_of_negative = logaddexp(negative(logits), 0.0)  # -logsigmoid(logits)
