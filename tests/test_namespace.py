@@ -128,6 +128,15 @@ def generic_eigh_function(a):
     return xp.sum((vectors * xp.exp(values / 4)) @ xp.matrix_transpose(vectors))
 
 
+def generic_filled(x):
+    """Arrays filled with tracked values, as NumPy takes them (`full` and `full_like` dropped
+    the fill's gradient)."""
+    xp, device = array_api_compat.array_namespace(x), array_api_compat.device(x)
+    rows = xp.full((2, 3), x[0] * x[1], dtype=x.dtype, device=device)
+    like = xp.full_like(x, xp.sum(x * x))
+    return xp.sum(rows * xp.reshape(x[:3], (1, 3))) + xp.sum(like * x)
+
+
 GENERIC = {
     "logsumexp": (generic_logsumexp, (3, 4)),
     "layernorm": (generic_layernorm, (3, 5)),
@@ -150,6 +159,13 @@ def test_generic_code_is_differentiated(backend, name):
     assert gradcheck(fn, x)
     (g,) = tg.gradient(lambda x: tg.sum(fn(x)), x)
     assert array_api_compat.device(tg.data(g)) == backend.device
+
+
+def test_a_tracked_fill_has_its_gradient(backend):
+    if backend.name.startswith("strict"):
+        pytest.skip("the standard's full and full_like take a Python scalar (array-api-strict's)")
+    x = backend.asarray(np.random.default_rng(4).uniform(-1.0, 1.0, 4))
+    assert gradcheck(generic_filled, x)
 
 
 def test_generic_logsumexp_is_stable(backend):

@@ -22,6 +22,7 @@ from .backend import (
     dtype_name,
     is_array,
     is_complex_dtype,
+    isdtype,
     library_of_device,
     namespace_of,
 )
@@ -48,6 +49,9 @@ def bound_functions(default):
 
     def full(shape, fill_value, *, dtype=None, device=None):
         xp, dt = target(device, dtype)
+        if _differentiable(fill_value, dt, xp):  # NumPy's dtype: the fill's, unless given
+            ones = xp.ones(shape, dtype=fill_value.dtype if dt is None else dt, device=device)
+            return _filled(fill_value, ones, xp)
         if _traced(fill_value):  # a replay fills with the new value
             fill = lambda lib, v: lib.full(shape, v, dtype=dt, device=device)
             return no_gradient("full", fill)(fill_value)
@@ -232,11 +236,32 @@ def _traced(value):
 def _full_like(x, /, fill_value, *, dtype=None, device=None):
     value = data(x)
     xp = namespace_of(value)
+    dt = dtype_in(xp, dtype)
+    if _differentiable(fill_value, value.dtype if dt is None else dt, xp):
+        return _filled(fill_value, xp.ones_like(value, dtype=dt, device=device), xp)
     if _traced(fill_value):  # a replay fills with the new value
         fill = lambda lib, v: lib.full_like(value, v, dtype=dtype_in(lib, dtype), device=device)
         return no_gradient("full_like", fill)(fill_value)
-    made = xp.full_like(value, data(fill_value), dtype=dtype_in(xp, dtype), device=device)
+    made = xp.full_like(value, data(fill_value), dtype=dt, device=device)
     return constant(made, x._xp) if isinstance(x, TrackedArray) else made
+
+
+def _differentiable(fill_value, dtype, xp):
+    """Whether an array of `dtype` filled with `fill_value` is a function of it: the fill on
+    the tape (or traced), the dtype floating (or None: the fill's own)."""
+    if not _on_tape(fill_value):
+        return False
+    dtype = fill_value.dtype if dtype is None else dtype
+    return isdtype(xp, dtype, ("real floating", "complex floating"))
+
+
+def _filled(fill_value, ones, xp):
+    """The array of `ones`' shape and dtype filled with the tracked `fill_value`: ones times
+    the fill in that dtype (NumPy's values, -0.0 and nan included), so that the fill's
+    gradient is the sum of the array's, and a replay fills with the new value."""
+    from .rules.elementwise import astype, multiply
+
+    return multiply(constant(ones, xp), astype(fill_value, ones.dtype))
 
 
 def _dtype_functions(default):
