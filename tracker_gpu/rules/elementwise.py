@@ -213,11 +213,26 @@ def standard_promotion(function):
 # The conjugates are taken factor by factor, so that on real data each vjp multiplies in the
 # order the fused kernels do (the same inf and nan at the edges of the domain).
 # At x = 0, d/dx x**0 = 0 and d/dy x**y = 0 (y > 0), not 0 * inf and -inf * 0 (as JAX, PyTorch).
+def _widened(g, *values):
+    """`values` in the dtype of `g` (the result's) where they are floating arrays of another:
+    a derivative that computes with one operand alone (`y - 1`, `log(x)`, `x * x`) rounded a
+    float64 result's gradient to a float16 or float32 operand's precision."""
+    out = []
+    for v in values:
+        plain = data(v)
+        if type(plain) not in SCALARS and plain.dtype != data(g).dtype:
+            if isdtype(namespace_of(plain), plain.dtype, ("real floating", "complex floating")):
+                v = astype(v, data(g).dtype)
+        out.append(v)
+    return out
+
+
 def _pow_vjp_x(g, ans, x, y):
     """`g y x ** (y - 1)`, 0 where `y == 0` (PyTorch's). A number `y == 0` is a constant: 0
     (`0 * x ** 1` was nan at an infinite `x`). An array's keeps its slope in `y` (the mixed
     second derivative, `1 / x` there): `x ** 1` stands for `x ** -1` where `x == 0` alone (a
     subnormal `x`, whose `x ** -1` overflows, gives nan there, PyTorch 0)."""
+    x, y = _widened(g, x, y)
     if type(y) in SCALARS:
         if y == 0:
             return zeros_like(g)
@@ -231,6 +246,7 @@ def _pow_vjp_x(g, ans, x, y):
 def _pow_vjp_y(g, ans, x, y):
     """`g log(x) x ** y`, and 0 where `x == 0` and `y >= 0` (where `x == 0` and `y < 0`,
     log(0) times an infinite power: -inf, PyTorch's)."""
+    x, y = _widened(g, x, y)
     if is_complex(y):  # no order: log(1) wherever x == 0
         at_zero = x == 0
     else:  # y first: a tracked y's operator takes a plain x's comparison, not the reverse
@@ -446,13 +462,17 @@ def nonzero_divide(g, numerator, denominator):
 
 # atan2 and hypot divide by what vanishes at (0, 0): their gradient there is 0 (PyTorch's for
 # atan2 and for the 2-norm of (x, y); PyTorch's hypot gives nan).
-atan2 = _binary(
-    "atan2",
-    _function("atan2"),
-    lambda g, ans, y, x: nonzero_divide(g, x, add(x * x, y * y)),
-    lambda g, ans, y, x: -nonzero_divide(g, y, add(x * x, y * y)),
-    "x y",
-)
+def _atan2_vjp_y(g, ans, y, x):
+    y, x = _widened(g, y, x)
+    return nonzero_divide(g, x, add(x * x, y * y))
+
+
+def _atan2_vjp_x(g, ans, y, x):
+    y, x = _widened(g, y, x)
+    return -nonzero_divide(g, y, add(x * x, y * y))
+
+
+atan2 = _binary("atan2", _function("atan2"), _atan2_vjp_y, _atan2_vjp_x, "x y")
 hypot = _binary(
     "hypot",
     _function("hypot"),
