@@ -379,6 +379,11 @@ LIST_OPERANDS = {
     "x - nested list": lambda x: x - [[1.0], [2.0]],
     "x @ list": lambda x: x @ [1.0, 2.0, 3.0],
     "list @ x": lambda x: [1.0, 2.0, 3.0] @ x,
+    # NumPy's functions of the operators take a list on either side too
+    "np.multiply(list, x)": lambda x: np.multiply([1.0, 2.0, 3.0], x),
+    "np.power(x, list)": lambda x: np.power(x, [2, 3, 1]),
+    "np.subtract(tuple, x)": lambda x: np.subtract((1.0, 2.0, 4.0), x),
+    "np.matmul(list, x)": lambda x: np.matmul([[1.0, 2.0, 3.0]], x),
 }
 
 

@@ -137,8 +137,8 @@ class TrackedArray:
                 raise TypeError(OUT_REFUSED)
             return getattr(ufunc, method)(*(data(a) for a in inputs), **kwargs)  # constants
         if method == "__call__" and not kwargs:
-            if ufunc.__name__ in _OPERATOR_UFUNCS:
-                return _OPERATOR_UFUNCS[ufunc.__name__](*inputs)
+            if ufunc.__name__ in _OPERATOR_UFUNCS:  # a list operand as the operators take it
+                return _OPERATOR_UFUNCS[ufunc.__name__](*(as_operand(self, a) for a in inputs))
             if ufunc.__name__ in _COMPARISONS or ufunc.__name__ in _BITWISE:
                 if ACTIVE:  # traced while tg.compile records: every replay compares anew
                     name = _STANDARD_BITWISE.get(ufunc.__name__, ufunc.__name__)
