@@ -227,6 +227,13 @@ def test_a_numpy_function_on_a_tracked_array():
         np.concatenate([x, x])
     with pytest.raises(TypeError, match=r"no differentiable median: write it with"):
         np.median(x)
+    a = np.array([[1.0, 2.0], [3.0, -4.0]])
+    with pytest.raises(TypeError, match=r"vector_norm\(x, ord=...\).*matrix_norm\(x, ord=...\)"):
+        np.linalg.norm(tg.param(a), 2)
+    # the hint's two functions give NumPy's norms of a matrix, without and with an ord
+    assert float(tg.linalg.vector_norm(a)) == np.linalg.norm(a)
+    for order in ("fro", "nuc", 2, -2, 1, -1, np.inf, -np.inf):
+        assert np.isclose(float(tg.linalg.matrix_norm(a, ord=order)), np.linalg.norm(a, order))
     assert np.array_equal(tg.grad(x), np.zeros(3))
     y = np.ones(3) * x  # a NumPy array on the left of an operator records
     assert tg.istracked(y) and not tg.istracked(np.ones(3) < x)

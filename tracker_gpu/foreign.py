@@ -68,8 +68,19 @@ _TORCH_NN_NAMES = {"cross_entropy": "logitcrossentropy", "nll_loss": "nll", "mse
                    "log_softmax": "logsoftmax"}  # fmt: skip
 
 
+# NumPy's norm is a vector's or a matrix's by its arguments; the standard has one of each.
+_NORM_HINT = (
+    "call tg.linalg.vector_norm(x, ord=...) for a vector's norm (NumPy's norm of a matrix "
+    "without ord is the vector norm of its elements, Frobenius'), or tg.linalg.matrix_norm(x, "
+    "ord=...) for a matrix's (NumPy's norm of a matrix with ord 2, 1, inf, 'nuc'...): both record "
+    "it"
+)
+
+
 def _function_error(library, name, found):
-    if found is not None and found.startswith("nn."):
+    if found == "linalg.vector_norm" and name == "norm":
+        hint = _NORM_HINT
+    elif found is not None and found.startswith("nn."):
         hint = f"call tg.{found}(...) instead (`tracker_gpu.nn`): it records"
     elif found is not None:
         hint = (
