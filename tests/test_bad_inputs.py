@@ -954,9 +954,9 @@ def test_numpys_linear_algebra_on_a_tracked_array_names_ours(name):
     x = tg.param(np.eye(3) + 0.25)
     second = _SECOND_ARGUMENT.get(name)
     args = (x,) if second is None else (x, x if second == "x" else second)
-    with pytest.raises(TypeError, match=r"call tg\.([\w.]+)\(x\) instead") as raised:
+    with pytest.raises(TypeError, match=r"call tg\.([\w.]+)\(x[,)]") as raised:
         getattr(np.linalg, name)(*args)
-    named = re.search(r"call tg\.([\w.]+)\(x\)", str(raised.value)).group(1)
+    named = re.search(r"call tg\.([\w.]+)\(x[,)]", str(raised.value)).group(1)
     found = tg
     for part in named.split("."):
         found = getattr(found, part)
