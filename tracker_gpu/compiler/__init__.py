@@ -159,7 +159,7 @@ class Compiled:
             return self._inlined(original, kwargs_given)
         with self._lock:  # the cache, shared by the threads that call: replays run outside
             variants = self._programs.get(key)
-            program = None if variants is None else _holding(variants)
+            program = None if variants is None else _holding(variants, arrays)
             if program is not None:
                 self._hits += 1
                 self._programs.move_to_end(key)
@@ -168,7 +168,7 @@ class Compiled:
             else:
                 self._misses += 1  # counted under the lock: the churn warning reads it
         if program is None:
-            return self._record(key, args, kwargs, variants)
+            return self._record(key, args, kwargs, variants, arrays)
         if program is _EAGER:
             return _plain(self._eager(args, kwargs))
         return _plain(program.run(arrays))
@@ -178,7 +178,7 @@ class Compiled:
         call that replayed (`last`) and its guards hold (`fastpath.py`), else None."""
         _, match, variants = last  # the signature's variants, while it is cached
         arrays = match(given)
-        program = None if arrays is None else _holding(variants)
+        program = None if arrays is None else _holding(variants, arrays)
         if program is None or program is _EAGER:
             return None
         # unlocked (a lock per replay costs more than a rare lost count of a hit under threads);
@@ -233,11 +233,12 @@ class Compiled:
         self._matchers, self._matcher = {}, None
         self._hits = self._misses = 0
 
-    def _record(self, key, args, kwargs, variants):
+    def _record(self, key, args, kwargs, variants, arrays):
         """Record `f` for a new signature, or anew for one whose recordings' guards (the
         globals and closure they read, `guards.py`) no longer hold: one more variant."""
-        changed = None if variants is None else variants[0][0].failing()
+        changed = None if variants is None else variants[0][0].failing(arrays)
         before = guards_of(self.f, args, kwargs)  # what f reads, as it reads it
+        before.note_aliases(arrays)
         try:
             # notrack() is f's own; a recording that raises leaves the layers' buffers as they were
             with draws.noted() as drawn, nesting.resumed(), recording.Journal():
@@ -521,10 +522,11 @@ def _top_level_number(x):
     return isinstance(x, (list, tuple)) and any(type(v) is float for v in x)
 
 
-def _holding(variants):
-    """The first program of one signature whose guards hold (None if none does)."""
+def _holding(variants, arrays):
+    """The first program of one signature whose guards hold for a call of `arrays` (None if
+    none does)."""
     for guards, program in variants:
-        if guards.holds():
+        if guards.holds(arrays):
             return program
     return None
 

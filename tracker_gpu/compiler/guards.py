@@ -71,17 +71,19 @@ class Guards:
     generators (or `np.random`) the recorded code reads, whose draws a replay repeats;
     `by_identity` the dicts, lists and tuples too large to compare item by item."""
 
-    __slots__ = ("entries", "names", "random", "by_identity", "_seen")
+    __slots__ = ("entries", "names", "random", "by_identity", "aliases", "_seen")
 
     def __init__(self):
         self.entries = []  # (source: a dict or a cell, name or None for a cell, value, kind, key)
         self.names = []
         self.random = []
         self.by_identity = []
+        self.aliases = []  # (position among the arguments' arrays, the array, its guard's name)
         self._seen = set()
 
-    def holds(self):
-        """Whether every value guarded is still the one the recording read."""
+    def holds(self, arrays=None):
+        """Whether every value guarded is still the one the recording read, and, given the
+        call's `arrays`, each argument that was a guarded array then is that array again."""
         for source, name, value, kind, key in self.entries:
             now = source.get(name, _MISSING) if name is not None else _contents(source)
             if now is value:
@@ -93,20 +95,40 @@ class Guards:
                     return False
             elif kind != _VALUE or _value_key(now) != key:
                 return False
+        if arrays is not None:
+            for position, array, _ in self.aliases:
+                if arrays[position] is not array:
+                    return False
         return True
 
-    def failing(self):
-        """The name of the first guard that does not hold (None when all do)."""
-        return next(iter(self.changed()), None)
+    def note_aliases(self, arrays):
+        """Note the arguments' `arrays` (by position) that are arrays a guarded value holds
+        (`x0` read as a global and given as the argument): the recording cannot tell the two
+        apart, and reads both as the argument, so it holds only where that argument is
+        that array again (`holds`)."""
+        given = {id(a): k for k, a in enumerate(arrays)}
+        for (_, _, value, _, _), label in zip(self.entries, self.names):
+            for array in _arrays_in(value):
+                position = given.get(id(array))
+                if position is not None:
+                    self.aliases.append((position, array, label))
 
-    def changed(self):
-        """The names of the guards that do not hold."""
+    def failing(self, arrays=None):
+        """The name of the first guard that does not hold (None when all do)."""
+        return next(iter(self.changed(arrays)), None)
+
+    def changed(self, arrays=None):
+        """The names of the guards that do not hold (an aliased argument's, given `arrays`)."""
         found = []
         for entry, name in zip(self.entries, self.names):
             probe = Guards()
             probe.entries = [entry]
             if not probe.holds():
                 found.append(name)
+        if arrays is not None:
+            found += [f"{label} (given as an argument when recorded)"
+                      for position, array, label in self.aliases
+                      if arrays[position] is not array]  # fmt: skip
         return found
 
     def add(self, source, name, value, label):
@@ -311,6 +333,20 @@ def _kind(value):
     if not backend.is_array(value):
         return _SAME, None
     return _ARRAY, (value.shape, value.dtype)
+
+
+def _arrays_in(value):
+    """The arrays a guarded value is or holds (in containers and dataclasses)."""
+    if backend.is_array(value):
+        return [value]
+    if type(value) not in _CONTAINERS and not (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    ):
+        return []
+    try:
+        return signature_and_arrays(value)[1]
+    except (TypeError, RecursionError):  # a tracked array inside, a cycle
+        return []
 
 
 def _fields_key(x):
