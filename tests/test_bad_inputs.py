@@ -6,6 +6,7 @@ before, and the graph is either still usable or clearly spent. Rows whose answer
 exception (integers promoted, a mask getting `None`) check that behaviour instead.
 """
 
+import inspect
 import os
 import re
 import subprocess
@@ -237,6 +238,29 @@ def test_a_numpy_function_on_a_tracked_array():
     assert np.array_equal(tg.grad(x), np.zeros(3))
     y = np.ones(3) * x  # a NumPy array on the left of an operator records
     assert tg.istracked(y) and not tg.istracked(np.ones(3) < x)
+
+
+def test_a_call_with_an_argument_too_many_names_the_function_and_writes_nothing():
+    """Every function of the namespace with a fixed number of positional arguments, given one
+    more (a NumPy array): a TypeError that names the function (an internal name before:
+    `_reduction_without_dtype.<locals>.forward() takes 2 positional arguments`), and the
+    array left as it was (NumPy's ufuncs take `out` second: `tg.isnan(x, y)` wrote into y)."""
+    x = tg.param(np.ones(3))
+    checked = 0
+    for name in tg.namespace.__all__:
+        f = getattr(tg.namespace, name)
+        if not callable(f) or isinstance(f, type):
+            continue
+        parameters = inspect.signature(f).parameters.values()
+        if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+            continue
+        positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
+        extra = np.full(3, 7.0)
+        with pytest.raises(TypeError, match=rf"^{name}\("):
+            f(*[x] * positional, extra)
+        assert np.array_equal(extra, np.full(3, 7.0)), name
+        checked += 1
+    assert checked > 150
 
 
 def test_writing_a_tracked_result_into_a_numpy_array():

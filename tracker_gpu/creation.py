@@ -110,6 +110,8 @@ def bound_functions(default):
     functions.update({name: _like(name) for name in ("zeros_like", "ones_like", "empty_like")})
     functions["full_like"] = _full_like
     functions.update(_dtype_functions(default))
+    for name, function in functions.items():  # as a wrong call names it: `zeros() takes ...`
+        function.__name__ = function.__qualname__ = name
     functions.update(
         {name: getattr(default, name) for name in DTYPE_NAMES if hasattr(default, name)}
     )

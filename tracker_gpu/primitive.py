@@ -21,6 +21,7 @@ True
 import functools
 import importlib
 import inspect
+import math
 import pickle
 import sys
 import threading
@@ -83,6 +84,7 @@ class Primitive:
         )
         fused_forward = dispatch.FORWARDS.get(name)
         self.forward = forward if fused_forward is None else _fused_first(fused_forward, forward)
+        self._own_forward = forward  # its signature tells a caller's mistake from its own
         self.vjps = vjps
         self._first_vjp = next(iter(vjps), None)  # a variadic primitive's is by position
         if isinstance(vjps, tuple) and len(vjps) in (1, 2):
@@ -93,22 +95,30 @@ class Primitive:
         self._plans = {}
 
     def __call__(self, *args, **kw):
-        if len(args) == 1 and not NOT_TRACKING:
-            kind = type(args[0])
-            if kind is TrackedArray and (not ACTIVE or self._as_eager(args[0]._node)):
-                return _record_one(self, args[0], kw)  # the hot path: nothing to check
-            if kind is np.ndarray:  # a plain NumPy array, as in a vjp (sin's reads cos(x))
-                return self.forward(np, args[0], **kw) if kw else self.forward(np, args[0])
-        for a in args:
-            if type(a) is TrackedArray:
-                return _record(self, args, kw)
-        xp = _namespace_of_plain(args)
-        if xp is None:  # Python numbers in, a Python number out
-            _check_number(self.name, args)
-            return _as_number(self.forward(np, *args, **kw))
-        if type(xp) is not ModuleType and hasattr(xp, "traced_rule"):  # tg.broadcast's values
-            return xp.traced_rule(self, args, kw)
-        return self.forward(xp, *args, **kw)
+        try:  # free where nothing is raised
+            if len(args) == 1 and not NOT_TRACKING:
+                kind = type(args[0])
+                if kind is TrackedArray and (not ACTIVE or self._as_eager(args[0]._node)):
+                    return _record_one(self, args[0], kw)  # the hot path: nothing to check
+                if kind is np.ndarray:  # a plain NumPy array, as in a vjp (sin's of cos(x))
+                    return self.forward(np, args[0], **kw) if kw else self.forward(np, args[0])
+            for a in args:
+                if type(a) is TrackedArray:
+                    return _record(self, args, kw)
+            xp = _namespace_of_plain(args)
+            if xp is None:  # Python numbers in, a Python number out
+                _check_number(self.name, args)
+                return _as_number(self.forward(np, *args, **kw))
+            if type(xp) is not ModuleType and hasattr(xp, "traced_rule"):  # tg.broadcast's
+                return xp.traced_rule(self, args, kw)
+            return self.forward(xp, *args, **kw)
+        except TypeError as error:
+            mismatch = _arguments_mismatch(
+                self.name, self.__signature__, self._own_forward, error, args, kw
+            )
+            if mismatch is None:
+                raise
+            raise mismatch from None
 
     def _as_eager(self, node):
         """Whether, while tg.compile records, an operation on a tracked array of `node` is
@@ -433,7 +443,7 @@ def no_gradient(name, forward, *, signature=None, shaped_by_data=False):
     traced = Primitive(name, forward, ByPosition(lambda i, *a, **k: None), saves="",
                        differentiable=False)  # fmt: skip
 
-    def function(*args, **kw):
+    def computed(args, kw):
         tracked = next((a for a in args if type(a) is TrackedArray), None)
         if tracked is not None and ACTIVE and recording.current() is not None:
             if shaped_by_data:
@@ -445,11 +455,45 @@ def no_gradient(name, forward, *, signature=None, shaped_by_data=False):
         value = traced.forward(xp, *values, **kw)  # a fused forward registered first
         return value if tracked is None else constants(value, tracked._xp)
 
+    shown = None if signature is None else inspect.signature(signature)
+    most, keywords = _what_fits(shown)
+
+    def function(*args, **kw):
+        # checked first: the forward passes what it gets to the library, whose functions may
+        # take more (NumPy's ufuncs take `out` second: tg.isnan(x, y) wrote into y)
+        if len(args) > most or (kw and keywords is not None and not kw.keys() <= keywords):
+            raise _arguments_mismatch(name, shown, None, TypeError(), args, kw)
+        try:
+            return computed(args, kw)
+        except TypeError as error:
+            mismatch = _arguments_mismatch(name, shown, None, error, args, kw)
+            if mismatch is None:
+                raise
+            raise mismatch from None
+
     function.__name__ = function.__qualname__ = name
-    if signature is not None:
+    function.primitive = traced  # what a recording records (`compiler.fusion` reads it)
+    if shown is not None:
         function.__doc__ = f"The standard's `{name}`; not differentiable (a constant out)."
-        function.__signature__ = inspect.signature(signature)
+        function.__signature__ = shown
     return function
+
+
+def _what_fits(signature):
+    """`(most, keywords)`: how many positional arguments `signature` takes at most, and the
+    names it takes by keyword (None: any)."""
+    if signature is None:
+        return math.inf, None
+    parameters = signature.parameters.values()
+    kinds = {p.kind for p in parameters}
+    keywords = None
+    if inspect.Parameter.VAR_KEYWORD not in kinds:
+        keywords = frozenset(p.name for p in parameters
+                             if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))  # fmt: skip
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        return math.inf, keywords
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in positional for p in parameters), keywords
 
 
 def _record_one(prim, x, kw):
@@ -540,6 +584,26 @@ def _signature_without_namespace(forward):
         return inspect.Signature(parameters)
     except (TypeError, ValueError):
         return None
+
+
+def _arguments_mismatch(name, signature, own, error, args, kw):
+    """A TypeError naming the function's `signature` (the standard's) where `error` came of
+    `args` and `kw` that do not fit it (`tg.max(x, 0)` said `_reduction_without_dtype.<locals>.
+    forward() takes 2 positional arguments`); None for any other error: a subclass (a refusal
+    to record), or one raised inside a forward (`own`, its function, takes the arguments)."""
+    if type(error) is not TypeError or signature is None:
+        return None
+    if own is not None:
+        try:
+            inspect.signature(own).bind(None, *args, **kw)  # None for the namespace
+            return None
+        except (TypeError, ValueError):
+            pass
+    try:
+        signature.bind(*args, **kw)
+    except TypeError as mismatch:
+        return TypeError(f"{name}{signature}: {mismatch}")
+    return None
 
 
 def _fused_first(fused, forward):

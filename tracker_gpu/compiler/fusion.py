@@ -110,11 +110,9 @@ _COMPARE = {"greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": 
 
 
 def _plain_forward(function):
-    """The forward a no-gradient function records (the Primitive in its closure), or None."""
-    for cell in getattr(function, "__closure__", None) or ():
-        if isinstance(cell.cell_contents, Primitive):
-            return cell.cell_contents.forward
-    return None
+    """The forward a no-gradient function records (`no_gradient`'s primitive), or None."""
+    primitive = getattr(function, "primitive", None)
+    return primitive.forward if isinstance(primitive, Primitive) else None
 
 
 OPS = {rule.forward: ("binary", name) for rule, name in _BINARY.items()}

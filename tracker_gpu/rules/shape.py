@@ -388,4 +388,7 @@ def astype_to(x, dtype, /, *, copy=True, device=None):
     return y if device is None else to_device(y, device)
 
 
+astype_to.__qualname__ = "astype"  # the namespace's astype, as a wrong call names it
+
+
 fit_gradients_with(fit)
