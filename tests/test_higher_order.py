@@ -87,6 +87,31 @@ def test_hessian_matches_finite_differences(backend, name):
     assert np.allclose(H, numeric_hessian(f, x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("wrt", [(0, 1), (1, 0), (1,)])
+def test_hessian_blocks_of_several_arguments_match_finite_differences(backend, wrt):
+    """`wrt` a tuple (as the README promises, JAX's argnums): the blocks of the Hessian of `f`
+    in all its arguments, `h[a][b]` of shape `x_a.shape + x_b.shape` (it was refused)."""
+
+    def f(x, y, c):  # tg.multiply: array-api-strict refuses a tracked right operand
+        return tg.sum(tg.multiply(tg.sin(x)[:, None], y**2)) * tg.sum(x * x) + c * tg.sum(tg.exp(y))
+
+    rng = np.random.default_rng(9)
+    args = (rng.uniform(-1.0, 1.0, 2), rng.uniform(-1.0, 1.0, (2, 3)), 0.5)
+    shapes, sizes = [(2,), (2, 3)], [2, 6]
+    flat = lambda z: f(z[:2], tg.reshape(z[2:], (2, 3)), 0.5)  # noqa: E731
+    full = numeric_hessian(flat, np.concatenate([args[0], args[1].ravel()]))
+    starts = [0, 2]
+    blocks = tg.hessian(f, *(backend.asarray(a) for a in args[:2]), args[2], wrt=wrt)
+    assert len(blocks) == len(wrt)
+    for a, row in zip(wrt, blocks):
+        assert len(row) == len(wrt)
+        for b, block in zip(wrt, row):
+            expected = full[starts[a] : starts[a] + sizes[a], starts[b] : starts[b] + sizes[b]]
+            got = backend.to_numpy(block)
+            assert got.shape == shapes[a] + shapes[b]
+            assert np.allclose(got.reshape(expected.shape), expected, rtol=1e-5, atol=1e-6)
+
+
 FORWARD_OVER_REVERSE = ("logsumexp", "mlp", "matmul", "indexing with repeats", "det")
 
 

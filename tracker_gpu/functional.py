@@ -169,8 +169,10 @@ def _check_real_to_real(x, y):
 
 @nesting.transform
 def hessian(f, *args, wrt=0):
-    """The Hessian of the scalar `f` at the array `args[wrt]` (one position; the other
-    arguments are data): the Jacobian of its nested gradient, of shape `x.shape + x.shape`.
+    """The Hessian of the scalar `f` at the array `args[wrt]` (the other arguments are data):
+    the Jacobian of its nested gradient, of shape `x.shape + x.shape`. `wrt` a tuple of
+    positions gives the blocks, `h[a][b]` the derivative in the `b`-th of the gradient in the
+    `a`-th, of shape `x_a.shape + x_b.shape` (JAX's `argnums`).
 
     Reverse over reverse: the nested gradient is recorded once, then walked back once per row.
     Forward over reverse (`jacfwd` of the nested gradient) gives the same matrix but measured
@@ -184,10 +186,25 @@ def hessian(f, *args, wrt=0):
     """
     if not args:
         raise TypeError("hessian needs the point: tg.hessian(f, x)")
+    if isinstance(wrt, tuple):  # JAX's argnums: blocks[i][j] of shape x_i.shape + x_j.shape
+        positions(wrt, len(args))  # checked
+        return tuple(tuple(_hessian_block(f, args, i, j) for j in wrt) for i in wrt)
     if not isinstance(wrt, int) or isinstance(wrt, bool):
-        raise TypeError(f"hessian takes one argument's position as wrt, got {wrt!r}")
+        raise TypeError(
+            f"hessian takes an argument's position, or a tuple of them, as wrt; got {wrt!r}"
+        )
     along, x = _along(f, args, wrt)
     return _jacobian(lambda x: _gradient_or_zeros(along, x), x)
+
+
+def _hessian_block(f, args, i, j):
+    """The Jacobian, in the argument at `j`, of the gradient of `f` in the one at `i`."""
+
+    def gradient_in_i(x_j):
+        along, x_i = _along(f, (*args[:j], x_j, *args[j + 1 :]), i)
+        return _gradient_or_zeros(along, x_i)
+
+    return _jacobian(gradient_in_i, args[j])
 
 
 def _gradient_or_zeros(f, x):
