@@ -204,6 +204,26 @@ def test_a_float16_run_resumes_from_a_checkpoint_bit_for_bit(name, tmp_path):
             assert a.dtype == b.dtype == np.float32 and np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", _names())
+def test_a_float32_run_loaded_into_half_parameters_keeps_its_state_in_float32(
+    name, dtype, tmp_path
+):
+    """As `setup` makes the state of half-precision parameters: float32 (the moments were cast
+    to float16 on loading, and Adam's second moment underflowed to 0)."""
+    rule = make_rule(name)
+    model = make_model("float32")
+    trained, state = train(model, optim.setup(rule, model), 2, 0)
+    optim.save_checkpoint(tmp_path / "run.npz", trained, state)
+    half = make_model(BF16 if dtype == "bfloat16" else np.float16)
+    _, loaded_state, _ = optim.load_checkpoint(tmp_path / "run.npz", half)
+    fresh = optim.setup(rule, half)
+    for k in ("w", "b"):
+        kept = state_arrays(loaded_state[k].state)
+        made = state_arrays(fresh[k].state)
+        assert [a.dtype for a in kept] == [a.dtype for a in made], (k, name)
+
+
 @pytest.mark.parametrize("name", ["Adam", "AdamW", "NAdam", "AMSGrad", "AdaBelief", "AdaMax"])
 def test_adam_in_float16_moves_where_float16_arithmetic_would_not(name):
     """The test above can fail: Adam stepped in float16 itself gives nan (epsilon is 0)."""

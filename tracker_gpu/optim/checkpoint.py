@@ -46,7 +46,7 @@ from ..files import Archive, BadFileError, as_bits, write_npz
 from ..tracked import data
 from . import adaptive, rules, schedules, variants
 from .lbfgs import LBFGSState
-from .state import Leaf
+from .state import Leaf, fresh_state
 from .tree import arrays_by_path, put_once, tree_map_with_path
 
 __all__ = ["save_checkpoint", "load_checkpoint", "read_checkpoint_info", "Checkpoint"]
@@ -400,7 +400,7 @@ def _check_leaf(key, rule, state, frozen, template):
     structure, numbers and array shapes of `rule.init` for the parameter."""
     if not isinstance(rule, rules.Rule) or not isinstance(frozen, bool):
         raise ValueError(f"the state of {key} has the rule {rule!r} (frozen {frozen!r})")
-    kept = rule.init(template)
+    kept = fresh_state(rule, template)  # float32 moments for a half-precision parameter
     if not _alike(state, kept, shapes=True):
         raise ValueError(f"the state of {key} is not what {type(rule).__name__} keeps")
     return kept

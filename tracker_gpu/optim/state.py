@@ -201,6 +201,12 @@ def _widened(x):
     return x if wide is None else namespace_of(x).astype(x, wide)
 
 
+def fresh_state(rule, x):
+    """`rule`'s state for the parameter `x` (plain), as `setup` makes it: of the dtype `x`
+    steps in (float32 for a half-precision `x`)."""
+    return rule.init(_widened(x))
+
+
 # --- setup
 def setup(rule, model):
     """The optimiser state for `model`: shaped like it, a `Leaf` at each floating array (a
@@ -222,7 +228,7 @@ def _setup(rule, x, seen):
             return None
         key = id(data(x))
         if key not in seen:
-            seen[key] = Leaf(rule, rule.init(_widened(data(x))))
+            seen[key] = Leaf(rule, fresh_state(rule, data(x)))
         return seen[key]
     keys = found.keys(x)
     train = found.trainable
