@@ -127,3 +127,28 @@ def test_rounding_into_a_narrower_float_still_loads(kind, tmp_path):
     loaded = _save_and_load(kind, tmp_path, {"w": saved}, {"w": np.zeros(3, np.float32)})
     assert loaded["w"].dtype == np.float32
     assert np.array_equal(loaded["w"], saved.astype(np.float32))
+
+
+def _counted_models():
+    """Models holding a count of batches (an integer) beside their floating arrays."""
+    rng = np.random.default_rng(0)
+    return {
+        "BatchNorm": nn.BatchNorm(2, momentum=None),
+        "InstanceNorm": nn.InstanceNorm(2, track_stats=True),
+        "Chain": nn.Chain(nn.Dense(3, 2, rng=rng), nn.BatchNorm(2, momentum=None)),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("name", list(_counted_models()))
+def test_load_with_a_dtype_casts_what_place_casts(name, dtype, tmp_path):
+    """`nn.load(..., dtype=)` cast every array, a BatchNorm's integer count too (float16 stops
+    counting at 2048); it casts the real floating ones, as `nn.place` does."""
+    model = _counted_models()[name]
+    nn.save(tmp_path / "m.npz", model)
+    loaded = nn.load(tmp_path / "m.npz", _counted_models()[name], dtype=dtype)
+    placed = nn.place(model, dtype=dtype)
+    got, want = optim.tree.arrays_by_path(loaded), optim.tree.arrays_by_path(placed)
+    assert list(got) == list(want)
+    for path in got:
+        assert str(got[path].dtype) == str(want[path].dtype), path

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from ..backend import device_of, namespace_of
+from ..backend import device_of, isdtype, namespace_of
 from ..files import Archive, BadFileError, as_bits, write_npz
 from ..optim.tree import arrays_by_path, tree_map_with_path
 from .placement import asarray, lossy_cast, to_numpy
@@ -87,7 +87,9 @@ def load(path, model=None, *, xp=None, device=None, dtype=None):
 
     def placed(key):
         values, template = saved[key], expected[key]
-        into = dtype or (values.dtype if explicit else template.dtype)
+        floating = isdtype(namespace_of(template), template.dtype, "real floating")
+        cast = dtype if floating else None  # as `place`: a count of batches stays an integer
+        into = cast or (values.dtype if explicit else template.dtype)
         why = lossy_cast(values, into)
         if why is not None:
             raise BadFileError(f"load: {path}: its array {key} does not fit the model: {why}")
