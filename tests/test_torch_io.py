@@ -379,6 +379,41 @@ def test_load_state_dict_refuses_what_does_not_fit():
         nn.load_state_dict(nn.LSTM(3, 4), lstm.state_dict())
 
 
+ACTIVATED = {
+    "Dense": (lambda: nn.Dense(3, 2, nn.relu, dtype="float64"), (4, 3)),
+    "Conv": (lambda: nn.Conv((3,), 2, 3, nn.tanh, dtype="float64"), (2, 2, 7)),
+    "Chain": (
+        lambda: nn.Chain(nn.Dense(3, 4, nn.relu, dtype="float64"), nn.Dense(4, 2, dtype="float64")),
+        (4, 3),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", ACTIVATED)
+def test_load_state_dict_takes_the_names_to_torch_gives(name):
+    """A layer with an activation is a Sequential of the layer and the activation in PyTorch
+    ("0.weight"): its state_dict was refused as naming arrays the model lacks."""
+    build, shape = ACTIVATED[name]
+    model = build()
+    module = nn.to_torch(model)
+    state = {k: v + 0.5 for k, v in module.state_dict().items()}
+    loaded = nn.load_state_dict(model, state)
+    module.load_state_dict(state)
+    x = np.random.default_rng(5).standard_normal(shape)
+    np.testing.assert_allclose(loaded(x), module(torch.tensor(x)).detach().numpy(), rtol=1e-12)
+
+
+def test_load_state_dict_refuses_a_value_the_model_cannot_hold():
+    """As nn.load refuses it: PyTorch's copy wrote inf into float16, and dropped imaginary
+    parts with a warning."""
+    half = nn.Dense(2, 1, dtype="float16", bias=False)
+    with pytest.raises(ValueError, match="weight does not fit .*would become inf"):
+        nn.load_state_dict(half, {"weight": torch.tensor([[1e5, 0.5]])})
+    real = nn.Dense(2, 1, dtype="float64", bias=False)
+    with pytest.raises(ValueError, match="imaginary parts"):
+        nn.load_state_dict(real, {"weight": torch.tensor([[1 + 2j, 3j]])})
+
+
 # --- refusals
 class Custom(T.Module):
     def __init__(self):

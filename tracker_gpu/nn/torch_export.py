@@ -26,7 +26,7 @@ from .conv import Conv, ConvTranspose
 from .io import _parameters
 from .layers import Chain, Dense, Dropout, Embedding, Flatten, Layer
 from .normalise import BatchNorm, GroupNorm, InstanceNorm, LayerNorm
-from .placement import _dtype_name, asarray, to_numpy
+from .placement import _dtype_name, asarray, lossy_cast, to_numpy
 from .pool import AdaptiveMaxPool, AdaptiveMeanPool, MaxPool, MeanPool
 from .recurrent import GRUCell, LSTMCell, Recurrence, RNNCell
 from .torch_io import (
@@ -399,6 +399,7 @@ def load_state_dict(model, state_dict):
     array([[1., 2.]])
     """
     module = to_torch(model)
+    _held_without_loss(module, state_dict)
     try:
         module.load_state_dict(state_dict, strict=True)
     except RuntimeError as error:
@@ -407,7 +408,7 @@ def load_state_dict(model, state_dict):
             f"those of nn.to_torch(model).state_dict()): {error}"
         ) from None
     _same_where_tied(module, state_dict)
-    new, old = _parameters(from_torch(module)), _parameters(model)
+    new, old = _by_place(_parameters(from_torch(module)), _parameters(model))
     if set(new) != set(old):
         raise ValueError(
             f"load_state_dict: the state_dict gives {sorted(set(new) - set(old))} which the "
@@ -434,6 +435,28 @@ def load_state_dict(model, state_dict):
         return array
 
     return tree_map_with_path(placed, model)
+
+
+def _held_without_loss(module, state_dict):
+    """Refuse a value that the module's tensor cannot hold (complex into real, beyond float16's
+    range, a fraction into integers), as `nn.load` refuses it: PyTorch's copy writes inf, or
+    drops the imaginary parts with a warning."""
+    own = module.state_dict()
+    for name, value in state_dict.items():
+        if name in own:
+            why = lossy_cast(to_numpy(value), own[name].dtype)
+            if why is not None:
+                raise ValueError(f"load_state_dict: {name} does not fit the model: {why}")
+
+
+def _by_place(new, old):
+    """The arrays read back from the module (`new`, by path), by the model's paths (`old`): a
+    layer with an activation comes back from `to_torch`'s Sequential as a Chain of the layer
+    and the activation, its arrays the same, in the same order, under other paths."""
+    shapes = [tuple(a.shape) for a in new.values()]
+    if set(new) != set(old) and shapes == [tuple(a.shape) for a in old.values()]:
+        return dict(zip(old, new.values())), old
+    return new, old
 
 
 def _same_where_tied(module, state_dict):
