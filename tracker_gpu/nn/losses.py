@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from ..backend import SCALARS, isdtype, namespace_of
+from ..backend import HALF, SCALARS, dtype_name, isdtype, namespace_of
 from ..checks import checking
 from ..primitive import Primitive
 from ..rules import losses as _rules
@@ -85,15 +85,25 @@ def _reduction(name, reduction, agg):
     )
 
 
-def _reduce(per, reduction, total=None):
-    """`per` reduced; a mean divides by `total` when given (0 where `total` is 0)."""
+def _reduce(per, reduction, counted=None):
+    """`per` reduced; a mean divides by the sum of `counted` when given (by 1 where that is
+    0). Half precision is summed in float32 and rounded once, as PyTorch sums it (NumPy's
+    bfloat16 sum adds in bfloat16: a mean of 4,096 ones was 0.0625)."""
     if reduction == "none":
         return per
+    if not isinstance(reduction, str):
+        return reduction(per)
+    if dtype_name(per.dtype) in HALF:
+        wide = namespace_of(data(per)).float32
+        return astype(_reduce(astype(per, wide), reduction, counted), per.dtype)
     if reduction == "sum":
         return _sum(per)
-    if reduction == "mean":
-        return mean(per) if total is None else _sum(per) / where(total == 0, 1.0, total)
-    return reduction(per)
+    if counted is None:
+        return mean(per)
+    if dtype_name(counted.dtype) in HALF:  # (NumPy's bfloat16 mixed with a float is float32)
+        counted = astype(counted, namespace_of(data(counted)).float32)
+    total = _sum(counted)
+    return _sum(per) / where(total == 0, 1.0, total)
 
 
 def _check_smoothing(name, smoothing):
@@ -185,10 +195,10 @@ def _class_loss(name, logp, labels, axis, reduction, weight, ignore_index, smoot
         targets = add(multiply(targets, 1.0 - smoothing), multiply(kept, smoothing / classes))
     terms = multiply(targets, where(_counts(logp, targets), negative(logp), 0.0))
     per = _sum(terms if w is None else multiply(terms, w), axis=axis)
-    total = None
+    counted = None
     if onehot is not None and reduction == "mean":
-        total = _sum(onehot if w is None else multiply(onehot, w))
-    return _reduce(per, reduction, total)
+        counted = onehot if w is None else multiply(onehot, w)
+    return _reduce(per, reduction, counted)
 
 
 def _class_options(name, axis, ndim, ignore_index, smoothing):

@@ -185,6 +185,10 @@ def _in_library(xp, labels, like):
 # --- mse: one primitive
 def _mse_forward(xp, yhat, y, *, agg="mean"):
     d = yhat - y
+    if dtype_name(d.dtype) in HALF:  # summed in float32, as PyTorch's (NumPy's bfloat16 sum
+        total = xp.sum(d * d, dtype=xp.float32)  # adds in bfloat16: it stops at 256)
+        n = _size(_shape(d))
+        return xp.astype(total / n if agg == "mean" else total, d.dtype)
     return xp.mean(d * d) if agg == "mean" else xp.sum(d * d)
 
 
