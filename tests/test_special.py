@@ -12,7 +12,7 @@ import pytest
 from helpers import check, check_nested, numpy_of, on_backend, uniform
 
 import tracker_gpu as tg
-from tracker_gpu.rules import special_libraries
+from tracker_gpu.rules import special_julia, special_libraries
 
 sp = pytest.importorskip("scipy.special", reason="SciPy gives the reference values")
 optimize = pytest.importorskip("scipy.optimize", reason="SciPy gives the reference values")
@@ -472,3 +472,14 @@ def test_the_slopes_of_erfcx_and_dawson_where_the_textbook_rule_cancels():
         u = 1 / (2 * x * x)
         expected = -sum(math.prod(range(1, 2 * k, 2)) * u**k for k in range(1, 40))
         np.testing.assert_allclose(dawson, expected, rtol=1e-14)
+
+
+@pytest.mark.parametrize("name", sorted(special_julia.ELEMENTARY))
+def test_julias_elementary_functions_refuse_complex_input(name):
+    """Their forwards reduce half turns and square as reals do (`abs2(1+2j)` was -3+4j,
+    `sinpi(1+2j)` 0), and their derivatives are not conjugated: refused, naming the function,
+    as `cbrt` and `expit` refuse it."""
+    with pytest.raises(TypeError, match=rf"tg.special.{name} takes real arrays"):
+        getattr(tg.special, name)(np.array([0.25 + 0.5j]))
+    with np.errstate(invalid="ignore", divide="ignore"):  # acoth(0.25) is nan
+        assert getattr(tg.special, name)(np.array([0.25])).dtype == np.float64  # reals go on

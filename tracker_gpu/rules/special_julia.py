@@ -18,7 +18,7 @@ import math
 
 from ..primitive import Primitive
 from . import special
-from .elementwise import _as_arrays, abs, cos, expm1, log, sin, sinh, sqrt, tanh
+from .elementwise import _as_arrays, abs, cos, expm1, is_complex, log, sin, sinh, sqrt, tanh
 from .nn import sigmoid
 
 __all__ = (
@@ -165,6 +165,11 @@ def _csch_squared(x):
 def _elementary(name, forward, vjp, saves, doc):
     def forward_of_arrays(xp, x, /):
         (x,) = _as_arrays(xp, x)
+        if is_complex(x):  # their forwards reduce half turns and square as reals do, and
+            raise TypeError(  # their derivatives are not conjugated
+                f"tg.special.{name} takes real arrays, got {x.dtype}; for complex values, write "
+                "it with the namespace's functions (tg.cos, tg.sin, tg.tanh, tg.abs, ...)"
+            )
         return forward(xp, x)
 
     return Primitive(name, forward_of_arrays, (vjp,), doc=doc, saves=saves)
