@@ -160,15 +160,22 @@ def test_hvp_refuses_a_direction_not_shaped_like_its_point(v, form):
             tg.hvp(lambda d: CUBE(d["x"]), {"x": x}, {"x": v})
 
 
+@pytest.mark.parametrize("direction", [np.ones(2), np.array([1, 0]), np.array([False, True])])
 @pytest.mark.parametrize("transform", ["jvp", "hvp"])
-def test_a_float_direction_of_an_integer_point_is_refused_not_dropped(transform):
-    """An integer array is data, as gradient takes it: jvp's tangent was zeros, hvp None."""
-    x, v = np.array([1, 2]), np.ones(2)
+def test_a_direction_of_an_integer_point_is_refused_not_dropped(transform, direction):
+    """An integer array is data, as gradient takes it: jvp's tangent was zeros, hvp None, for
+    a float direction, and for integers or booleans that are not all zero."""
+    x, v = np.array([1, 2]), direction
     with pytest.raises(ValueError, match=r"of dtype int64 is data.*astype\(float\)"):
         if transform == "jvp":
             tg.jvp(lambda x: x * 3.0, (x,), (v,))
         else:
             tg.hvp(CUBE, x, v)
+    with pytest.raises(ValueError, match=r"of dtype int is data"):  # a Python integer
+        if transform == "jvp":
+            tg.jvp(lambda x: x * 3.0, (3,), (1,))
+        else:
+            tg.hvp(CUBE, (3,), (1,))
     # integer data beside a float argument, with an integer direction: the data's part is zero
     y, w = np.array([0.5, 1.5]), np.array([1.0, -1.0])
     if transform == "jvp":

@@ -246,7 +246,7 @@ def check_directions(primals, tangents, what="jvp"):
             f"{len(tangents)} {direction}s"
         )
     if all(type(p) is np.ndarray and type(t) is np.ndarray and p.shape == t.shape
-           and (p.dtype.kind in "fc" or t.dtype.kind not in "fc")
+           and (p.dtype.kind in "fc" or (t.dtype.kind not in "fc" and not t.any()))
            for p, t in zip(primals, tangents)):  # fmt: skip
         return  # NumPy arrays, checked at once (hvp's cost per call)
     pairs = []
@@ -258,12 +258,27 @@ def check_directions(primals, tangents, what="jvp"):
                 f"{what}: a {direction} must be shaped like its {point}: {point} "
                 f"{tuple(p.shape)}, got {shape}"
             )
-        if _is_array(p) and not _is_floating_dtype(p) and _is_floating_dtype(t):
+        if _dropped(p, t):
+            kind = data(p).dtype if _is_array(p) else type(p).__name__
+            given = data(t).dtype if _is_array(t) else type(t).__name__
             raise ValueError(
-                f"{what}: a {point} of dtype {data(p).dtype} is data, as gradient takes integer "
-                f"arrays, so its {direction} of dtype {data(t).dtype} would be dropped: pass "
-                f"the {point} as floats (x.astype(float)) to differentiate along it"
+                f"{what}: a {point} of dtype {kind} is data, as gradient takes integers, so "
+                f"its {direction} of {given} would be dropped: pass the {point} as floats "
+                f"(x.astype(float)) to differentiate along it (a zero integer {direction} is "
+                "taken, as JAX's float0)"
             )
+
+
+def _dropped(p, t):
+    """Whether `t` is a direction that would be dropped: a float direction, or integers not all
+    zero, for a `p` of integers or booleans (data)."""
+    if type(p) in (int, bool):  # a Python integer is data, as gradient takes it
+        return t != 0
+    if not _is_array(p) or _is_floating_dtype(p):
+        return False
+    if _is_floating_dtype(t):
+        return True
+    return bool(backend.namespace_of(data(t)).any(data(t) != 0))
 
 
 def _is_floating_dtype(x):
