@@ -380,6 +380,34 @@ def test_a_rule_whose_pullback_reads_plain_values_refuses_a_nested_pass(name):
     np.testing.assert_allclose(NESTED_OF_A_RULE[name](convolve_by_tg, x), expected, atol=1e-12)
 
 
+@tg.rule
+def cube_reading_the_cotangent(x):  # still tracked through x, but not through g
+    return x**3, lambda g: (tg.data(g) * 3.0 * x**2,)
+
+
+@tg.rule
+def cube(x):
+    return x**3, lambda g: (g * 3.0 * x**2,)
+
+
+@pytest.mark.parametrize("name", NESTED_OF_A_RULE)
+def test_a_rule_whose_pullback_reads_its_cotangent_refuses_a_nested_pass(name):
+    """Its gradient stayed tracked through the argument, so it was not marked as a plain one:
+    jvp and jacfwd were zeros, the Hessian lacked its term in the cotangent, silently."""
+    x = np.array([0.5, 1.5, -2.0])
+    with pytest.raises(tg.PullbackError, match="custom rule 'cube_reading_the_cotangent'"):
+        NESTED_OF_A_RULE[name](cube_reading_the_cotangent, x)
+    expected = {  # d/dx of 3 x^2 g with g = 2 x^3: 30 x^4 on the diagonal
+        "jacfwd": np.diag(3 * x**2),
+        "jvp": 3 * x**2,
+        "hessian": np.diag(30 * x**4),
+        "hvp": 30 * x**4,
+    }[name]
+    np.testing.assert_allclose(NESTED_OF_A_RULE[name](cube, x), expected, rtol=1e-12)
+    (g,) = tg.gradient(lambda x: tg.sum(cube_reading_the_cotangent(x)), x)  # first order
+    np.testing.assert_allclose(g, 3 * x**2, rtol=1e-15)
+
+
 def test_notrack_and_stop_gradient():
     x = tg.param(np.array([1.0, 2.0]))
     with tg.notrack():

@@ -10,6 +10,7 @@ from . import backend
 from .api import nobacksies
 from .backend import namespace_of
 from .primitive import fitted, record_saving_arguments, resolve, tracked_values
+from .rules.elementwise import subtract
 from .tape import Node
 from .tracked import TrackedArray, data, istracked
 
@@ -38,6 +39,7 @@ class _CustomRule:
             )
         if nested:
             grads = self._marked_if_plain(grads, (g, *values))
+            grads = self._marked_if_apart_from(grads, g)
         return [
             None if ga is None or type(a) is not Node else self._checked(ga, a, data(v))
             for a, v, ga in zip(args, values, grads)
@@ -63,6 +65,27 @@ class _CustomRule:
             for ga in grads
         )
 
+    def _marked_if_apart_from(self, grads, g):
+        """A nested pass's tracked gradients that do not depend on the tracked cotangent `g`
+        (the pullback read `tg.data(g)`): the term in `g` is lost, so a jvp, a jacfwd or a
+        Hessian through them was silently wrong. Each is given a zero term whose derivative
+        in `g` raises: its value and its derivative in the arguments stay as they are."""
+        if not istracked(g) or g._node is None:
+            return grads
+        message = (
+            f"the pullback of custom rule {self.name!r} read the plain value of its cotangent "
+            "(tg.data(g), NumPy) in a nested pass (a Hessian, jvp, jacfwd, hvp or nest=True), "
+            "so its derivative in g is lost; write the pullback with tracker_gpu functions "
+            "(tg.*, operators) of g, and it is differentiable again"
+        )
+        marked = []
+        for ga in grads:
+            if istracked(ga) and ga._node is not None and not _depends_on(ga._node, g._node):
+                zero = namespace_of(data(ga)).zeros_like(data(ga))
+                ga = subtract(ga, nobacksies(message, zero, parent=g))  # ga - 0 is ga
+            marked.append(ga)
+        return tuple(marked)
+
     def replay(self, kw):
         """`(value, ctx)` of the rule on plain values, for tg.compile's replay."""
 
@@ -84,6 +107,20 @@ class _CustomRule:
                 f"on the argument's device"
             )
         return fitted(ga, node, self.name)
+
+
+def _depends_on(node, target):
+    """Whether `node` is `target` or is computed from it (nodes older than `target` are not)."""
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n is target:
+            return True
+        if id(n) in seen or n.serial < target.serial:
+            continue
+        seen.add(id(n))
+        stack.extend(a for a in n.args if type(a) is Node)
+    return False
 
 
 def rule(fn):
