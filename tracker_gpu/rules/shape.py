@@ -127,8 +127,8 @@ def unbroadcast(g, shape, name="?"):
     if lead < 0 or any(n not in (1, m) for n, m in zip(shape, gshape[lead:])):
         raise ValueError(
             f"the pullback of {name!r} returned a gradient of shape {gshape} for an argument "
-            f"of shape {tuple(shape)}; a gradient must have its argument's shape "
-            "(or broadcast to it)"
+            f"of shape {tuple(shape)}; a gradient must have its argument's shape (or the shape "
+            "the argument was broadcast to, which is summed back to it)"
         )
     axes = tuple(range(lead)) + tuple(
         lead + i for i, n in enumerate(shape) if n == 1 and gshape[lead + i] != 1
