@@ -140,6 +140,38 @@ def test_a_batch_norm_in_training_is_refused_naming_it(client):
     assert np.isclose(val, tg.data(tg.mean(nn.testmode(model)(x))), rtol=1e-12)
 
 
+def _kept(model, x):
+    h = model(x)
+    return tg.mean(h**2), (tg.data(h) != 0).astype(float)  # each example's Dropout mask
+
+
+def _dropped_out():
+    return nn.Chain(nn.Dense(8, 8, rng=np.random.default_rng(1), dtype="float64"),
+                    nn.Dropout(0.5, rng=np.random.default_rng(0)))  # fmt: skip
+
+
+def test_a_dropout_draws_anew_in_each_shard_and_step_and_runs_reproduce(client):
+    """The workers' copies of the model's generator drew the same numbers at every step and
+    in every shard, in an order the scheduling chose, and the model's own never moved: two
+    shards got one mask, and two runs ended with different models."""
+    x = np.ones((4, 8))
+    runs = []
+    for _ in range(2):
+        model, masks = _dropped_out(), []
+        state = optim.setup(optim.Descent(1e-3), model)
+        before = model.layers[1].rng.bit_generator.state["state"]["state"]
+        for _ in range(3):
+            (_, kept), model, state = tgd.step(client, _kept, model, state, x, shards=2)
+            masks.append(kept)
+        assert model.layers[1].rng.bit_generator.state["state"]["state"] != before
+        runs.append((model, masks))
+    (model, masks), (again, masks_again) = runs
+    assert all(not np.array_equal(k[:2], k[2:]) for k in masks)  # the shards' masks differ
+    assert not any(np.array_equal(a, b) for a, b in zip(masks, masks[1:]))  # and the steps'
+    assert all(np.array_equal(a, b) for a, b in zip(masks, masks_again))
+    assert_trees_close(model, again, rtol=0)
+
+
 def test_a_gradient_is_the_same_bits_whatever_its_arrays_offsets_in_a_message(client):
     """Arrays arrive at any offset of a message's frame; an unaligned one took NumPy's other
     matmul loop, so the same step gave other last bits from one call to the next."""

@@ -233,7 +233,8 @@ def withgradient(client, f, model, *batch, shards=None, mean=True, timeout=STEP_
     part = _shard_gradient_task(f, mean, total)
     model_node = _as_node(model)
     columns = [b.to_delayed().ravel() for b in blocks]
-    parts = [part(model_node, *row) for row in zip(*columns)]
+    seeds = _shard_seeds(model, len(columns[0]))
+    parts = [part(model_node, shard_seeds, *row) for shard_seeds, row in zip(seeds, zip(*columns))]
     loss, grad, aux = _result(client, client.compute(_tree_sum(parts)), timeout)
     return WithGradient((loss, *aux) if aux is not None else loss, (grad,))
 
@@ -414,12 +415,53 @@ def _as_node(model):
     return dask.delayed(model, name=f"model-{uuid.uuid4().hex}", traverse=False)
 
 
+_GENERATORS = (np.random.Generator, np.random.RandomState)
+
+
+def _shard_seeds(model, shards):
+    """`[{path: seed}]`, one per shard: for each NumPy generator of the model (a Dropout's), a
+    seed per shard drawn from it, here, in a fixed order. Each shard then draws from its own
+    generator (the workers' copies of the model's drew the same numbers at every step and in
+    every shard, in an order that depended on the scheduling), a run is reproducible, and the
+    model's generators move on, as they do in one process (whose masks are other numbers)."""
+    drawn, seeds = {}, [{} for _ in range(shards)]
+
+    def note(path, x):
+        if isinstance(x, _GENERATORS):
+            if id(x) not in drawn:
+                draw = x.integers if isinstance(x, np.random.Generator) else x.randint
+                drawn[id(x)] = draw(0, 2**62, size=shards, dtype=np.int64).tolist()
+            for shard, seed in zip(seeds, drawn[id(x)]):
+                shard[path or "_"] = seed
+        return x
+
+    tree_map_with_path(note, model)
+    return seeds
+
+
+def _reseeded(model, seeds):
+    """`model` with each generator a new one from its shard's seed (`_shard_seeds`); the
+    places of one generator share the new one."""
+    made = {}
+
+    def fill(path, x):
+        if not isinstance(x, _GENERATORS):
+            return x
+        seed = seeds[path or "_"]
+        if seed not in made:
+            made[seed] = np.random.default_rng(seed)
+        return made[seed]
+
+    return tree_map_with_path(fill, model) if seeds else model
+
+
 def _shard_gradient_task(f, mean, total):
     import dask
 
-    def shard_gradient(model, *arrays):
+    def shard_gradient(model, seeds, *arrays):
         """`(loss, grad, aux)` of one shard, weighted by its share of the batch."""
         weight = arrays[0].shape[0] / total if mean else 1.0
+        model = _reseeded(model, seeds)
         model, arrays = tree_map(_aligned, model), [_aligned(a) for a in arrays]
         val, (grad,) = _withgradient(lambda m: f(m, *arrays), model)
         loss, aux = (val[0], val[1:]) if isinstance(val, tuple) else (val, None)
