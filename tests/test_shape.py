@@ -198,6 +198,10 @@ KEYS = {
     "int arrays pair": (lambda b: (int_index(b, [0, 1, 1]), int_index(b, [2, 0, 2])), (2, 3)),
     "slice int array": (lambda b: (slice(None), int_index(b, [1, 1, 0])), (2, 3)),
     "int array negative": (lambda b: int_index(b, [-1, 0, -1]), (3,)),
+    # a one-element index: Dask's own index array of it gave the result a wrong lazy shape
+    "slice one-element list": (lambda b: (slice(None), [0]), (3, 4)),
+    "one-element list slice": (lambda b: ([0], slice(None)), (3, 4)),
+    "Ellipsis one-element list": (lambda b: (Ellipsis, [1]), (2, 3, 2)),
     "bool mask 1d": (lambda b: b.asarray(np.array([True, False, True])), (3,)),
     "bool mask rows": (lambda b: b.asarray(np.array([False, True, True])), (3, 2)),
     "bool mask full": (lambda b: b.asarray(np.array([[True, False], [False, True]])), (2, 2)),
@@ -207,7 +211,9 @@ KEYS = {
 
 # Keys that the array library itself refuses, on plain arrays too: torch has no negative steps,
 # the standard (array-api-strict) no integer array indexing fewer than all axes of an array.
-STRICT_REFUSES = {"slice int array", "int array rows", "int array 2d", "int array empty"}
+STRICT_REFUSES = {"slice int array", "int array rows", "int array 2d", "int array empty",
+                  "slice one-element list", "one-element list slice",
+                  "Ellipsis one-element list"}  # fmt: skip
 REFUSED = {
     "torch": {"negative step", "reversed step"},
     "strict": STRICT_REFUSES,

@@ -8,6 +8,7 @@ array([1., 0., 2.])
 import builtins
 
 import numpy as np
+from array_api_compat import is_dask_namespace
 
 from .. import backend, recording
 from ..backend import device_of, isdtype, namespace_of
@@ -343,8 +344,11 @@ def _normalize_index(xp, x, k):
         k = k.data  # integers and booleans carry no gradient
     array = backend.is_array(k)
     if isinstance(k, list) or (array and namespace_of(k) is not xp):
-        device = x.device if isinstance(x, TrackedArray) else device_of(x)
-        k, array = xp.asarray(np.asarray(k), device=device), True
+        if is_dask_namespace(xp) and not backend.is_lazy(k):  # NumPy's, as Dask takes it: a
+            k, array = np.asarray(k), True  # one-element dask index (`x[:, [0]]`) is misshapen
+        else:
+            device = x.device if isinstance(x, TrackedArray) else device_of(x)
+            k, array = xp.asarray(np.asarray(k), device=device), True
     return index_dtype(xp, k) if array else k
 
 
