@@ -373,6 +373,8 @@ def one_hot_sum(xp, hits, values):
     def reached(found):
         return summed(xp.astype(found, values.dtype)) > 0
 
+    if xp.isdtype(values.dtype, "bool"):  # NumPy's add of booleans: True where any is
+        return summed(xp.astype(values, xp.int64)) > 0
     if not xp.isdtype(values.dtype, "real floating"):  # integers: every value is finite
         return summed(values)
     total = summed(xp.where(xp.isfinite(values), values, zero))
