@@ -684,3 +684,30 @@ def test_a_narrow_integer_index_replays_as_eagerly(backend, dtype):
             backend.to_numpy(got.grad[0]), backend.to_numpy(eager.grad[0])
         )
         np.testing.assert_array_equal(backend.to_numpy(adds(i)), backend.to_numpy(g(i)))
+
+
+@tg.rule
+def _power(x, *, p):
+    return x**p, lambda g: (g * p * x ** (p - 1),)
+
+
+@tg.rule
+def _power_positional(x, p):
+    return x**p, lambda g: (g * p * x ** (p - 1), None)
+
+
+def test_a_custom_rules_keyword_computed_from_the_arguments_is_refused_naming_the_fix():
+    """A keyword is a constant of the rule: a data argument given by keyword was refused as a
+    "tracked keyword" to pass positionally; it now names the recording's reason and the fix,
+    and the positional form replays each call's value, as fallback=True runs eagerly."""
+    f = lambda a, p: tg.sum(_power(a, p=p))  # noqa: E731
+    x = np.array([0.5, 1.5, 2.0])
+    with pytest.raises(tg.RecordingError, match=r"keyword argument p=.*positionally"):
+        tg.compile(f, wrt=0)(x, np.array(3.0))
+    eager = tg.compile(f, wrt=0, fallback=True)
+    positional = tg.compile(lambda a, p: tg.sum(_power_positional(a, p)), wrt=0)
+    for p in (3.0, 2.0):
+        expected = tg.withgradient(f, x, np.array(p), wrt=0)
+        for got in (eager(x, np.array(p)), positional(x, np.array(p))):
+            assert float(got.val) == float(expected.val)
+            np.testing.assert_array_equal(got.grad[0], expected.grad[0])

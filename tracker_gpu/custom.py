@@ -6,7 +6,7 @@ recorded too.
 
 import functools
 
-from . import backend
+from . import backend, recording
 from .api import nobacksies
 from .backend import namespace_of
 from .primitive import fitted, record_saving_arguments, resolve, tracked_values
@@ -184,6 +184,12 @@ def _constant_keywords(name, kw):
     out = dict(kw)
     for key, value in kw.items():
         if isinstance(value, TrackedArray):
+            if value._node is not None and recording.current() is not None:
+                recording.refuse(
+                    f"custom rule {name!r}'s keyword argument {key}= computed from f's "
+                    "arguments (a replay would keep its recorded value; pass it to the rule "
+                    "positionally, its pullback returning None for it)"
+                )
             if value._node is not None:
                 raise TypeError(
                     f"custom rule {name!r} got the tracked keyword argument {key}=: keyword "
