@@ -111,6 +111,8 @@ def asarray(values, *, xp=None, device=None, dtype=None):
         )
     if values.dtype.name == "bfloat16" and target is not np:  # ml_dtypes' is NumPy's alone
         values = values.astype(np.float32)  # exact: bfloat16 is float32 with fewer digits
+    elif name == "float16" and values.dtype == np.float64:  # rounded once, here: PyTorch
+        values = values.astype(np.float16)  # rounds float64 to float16 through float32, twice
     return target.asarray(values, dtype=_dtype_in(target, name), device=device)
 
 
