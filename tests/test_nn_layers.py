@@ -597,3 +597,48 @@ def test_a_norms_running_settings_are_checked_when_it_is_made(cls, given, proble
     """A nan momentum made every running statistic nan at the first step, silently."""
     with pytest.raises(ValueError, match=rf"{cls.__name__}: {problem}"):
         cls(2, track_stats=True, **given) if cls is nn.InstanceNorm else cls(2, **given)
+
+
+INTEGER_INPUTS = ["int8", "int16", "int64", "uint8", "bool"]
+NORMS = {
+    "LayerNorm": lambda: nn.LayerNorm(4, dtype="float64"),
+    "LayerNorm without affine": lambda: nn.LayerNorm(4, affine=False),
+    "GroupNorm": lambda: nn.GroupNorm(2, 1, affine=False),
+    "InstanceNorm": lambda: nn.InstanceNorm(2),
+    "BatchNorm without statistics": lambda: nn.BatchNorm(2, affine=False, track_stats=False),
+}
+
+
+@pytest.mark.parametrize("dtype", INTEGER_INPUTS)
+@pytest.mark.parametrize("name", NORMS)
+def test_a_norm_of_integers_is_the_norm_of_their_values(name, dtype):
+    """Integers normalise to floats: cast back to the input's dtype, they were rounded to -1, 0
+    and 1 (and a LayerNorm's scale got the gradient of the rounded values)."""
+    x = np.array([[[1, 2, 3, 4], [0, 5, 1, 1]], [[2, 2, 0, 7], [3, 1, 4, 1]]]).astype(dtype)
+    if name.startswith("LayerNorm"):
+        x = x.reshape(-1, 4)
+    got = NORMS[name]()(x)
+    expected = NORMS[name]()(x.astype(np.float64))
+    assert np.asarray(got).dtype.kind == "f"
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-12, atol=1e-12)
+
+
+POOLS = {
+    "MaxPool padded": lambda: nn.MaxPool((3,), pad=1),
+    "MaxPool ceil_mode": lambda: nn.MaxPool((2,), ceil_mode=True),
+    "MeanPool ceil_mode": lambda: nn.MeanPool((2,), ceil_mode=True),
+    "MeanPool padding not counted": lambda: nn.MeanPool((3,), pad=1, count_include_pad=False),
+}
+
+
+@pytest.mark.parametrize("dtype", INTEGER_INPUTS)
+@pytest.mark.parametrize("name", POOLS)
+def test_a_pool_of_integers_is_the_pool_of_their_values(name, dtype):
+    """A maximum's padding of int8 or int16 was -inf cast to 0, above every negative element;
+    a mean's counts of a bool input were all True (window sums, not means)."""
+    x = np.array([[[-5, -3, 7, -2, -9]], [[4, 0, 1, 1, 2]]]).astype(dtype)
+    got, expected = POOLS[name]()(x), POOLS[name]()(x.astype(np.float64))
+    if name.startswith("MaxPool"):
+        assert got.dtype == x.dtype
+        expected = expected.astype(x.dtype)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .. import recording
-from ..backend import device_of, namespace_of
+from ..backend import device_of, isdtype, namespace_of
 from ..primitive import detached, no_gradient
 from ..rules.elementwise import add, astype, divide, multiply, sqrt, subtract
 from ..rules.nn import normalise
@@ -70,9 +70,13 @@ def _wide(x):
 
 def _normalised(x, axes, eps):
     """`normalise(x, axes=axes, eps=eps)`, in float32 for a half-precision `x`, in `x`'s
-    dtype."""
+    dtype where it is floating (integers normalise to floats, as `normalise` gives them: cast
+    back, they were rounded to -1, 0 and 1)."""
     y = normalise(_wide(x), axes=axes, eps=eps)
-    return y if y.dtype == data(x).dtype else astype(y, data(x).dtype)
+    plain = data(x)
+    if y.dtype == plain.dtype or not isdtype(namespace_of(plain), plain.dtype, "real floating"):
+        return y
+    return astype(y, plain.dtype)
 
 
 def _affine(size, affine, dtype, device, xp):

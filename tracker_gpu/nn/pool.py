@@ -13,7 +13,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from ..backend import device_of, namespace_of
+from ..backend import device_of, isdtype, namespace_of
 from ..rules.elementwise import divide
 from ..rules.reductions import max as _max
 from ..rules.reductions import mean
@@ -106,12 +106,24 @@ class MaxPool(_Pool):
         self.dilation = self._geometry(window, stride, pad, ceil_mode, dilation)
 
     def __call__(self, x):
-        rows, shape, _ = self._rows(x, -math.inf, self.dilation)
+        rows, shape, _ = self._rows(x, _lowest(x), self.dilation)
         return reshape(_max(rows, axis=-1), shape)
 
     def _extra_repr(self):
         extra = super()._extra_repr()
         return extra + ("" if set(self.dilation) == {1} else f", dilation={self.dilation}")
+
+
+def _lowest(x):
+    """What no element of `x` is below, padding for a maximum: -inf, or the least value of an
+    integer dtype (-inf cast to int8 was 0, above every negative element), or False."""
+    plain = data(x)
+    xp = namespace_of(plain)
+    if isdtype(xp, plain.dtype, "bool"):
+        return False
+    if isdtype(xp, plain.dtype, "integral"):
+        return int(xp.iinfo(plain.dtype).min)
+    return -math.inf
 
 
 @dataclass(init=False, repr=False)
@@ -161,7 +173,9 @@ class MeanPool(_Pool):
         values = [math.prod(c) for c in itertools.product(*per_axis)]
         plain = data(x)
         xp = namespace_of(plain)
-        counts = xp.asarray(values, dtype=plain.dtype, device=device_of(plain))
+        floating = isdtype(xp, plain.dtype, "real floating")  # else integers: a true division
+        dtype = plain.dtype if floating else None  # (a bool's counts were all True, 1)
+        counts = xp.asarray(values, dtype=dtype, device=device_of(plain))
         return xp.reshape(counts, (1, 1, *out))
 
     def _extra_repr(self):
