@@ -328,3 +328,63 @@ def test_a_python_complex_on_the_left_of_a_0d_real_value(operation):
     expected = [(plain(x + e) - plain(x - e)) / (2 * eps) for e in np.eye(2) * eps]
     np.testing.assert_allclose(g, expected, rtol=1e-7)
     assert float(tg.data(f(tg.param(x)))) == plain(x)  # the plain expression's value
+
+
+def _special_functions_of_complex():
+    """The `tg.special` functions that take a complex array (others refuse it, naming it)."""
+    z, found = np.array([0.3 + 0.4j]), []
+    for name in tg.special.__all__:
+        try:
+            with np.errstate(all="ignore"):
+                getattr(tg.special, name)(z)
+        except (TypeError, NotImplementedError, ValueError):
+            continue
+        found.append(name)
+    return found
+
+
+@pytest.mark.parametrize("name", _special_functions_of_complex())
+def test_a_special_function_of_a_complex_array_has_the_conjugated_gradient(name):
+    """Holomorphic: `g * conj(f'(z))`, as PyTorch's convention and finite differences along
+    both axes say (every special function taking complex arrays gave `g * f'(z)`)."""
+    f = getattr(tg.special, name)
+    z = np.array([0.3 + 0.4j, -0.7 + 0.2j])
+    if name == "sinc":
+        z = z + 0.25  # away from its removable point
+    if name == "digamma":  # its derivative, polygamma, is SciPy's real one only
+        with pytest.raises(tg.PullbackError, match="polygamma takes real arrays"):
+            tg.gradient(lambda z: tg.sum(tg.real(f(z))), z)
+        return
+    assert gradcheck(f, z)
+
+
+# points of the real axis beyond the branch cuts, cast to complex (+0j): the function is real
+# along them and its slope there is one-sided, the side the value was taken on
+CUTS = {"acos": [-2.0, 2.0], "asin": [-2.0, 2.0], "acosh": [-2.0, 0.5], "atanh": [-2.0, 2.0],
+        "log": [-2.0], "sqrt": [-2.0]}  # fmt: skip
+
+
+@pytest.mark.parametrize("part", ["real", "imag"])
+@pytest.mark.parametrize("name", ["asinh", "acos", "asin"])
+def test_the_slope_on_an_imaginary_cut_is_the_side_of_the_value(name, part):
+    """asinh's cuts lie on the imaginary axis beyond +-i: at iy it took the other side's."""
+    y, h = np.array([-2.0, 2.0, 0.5]), 1e-7
+
+    def f(a):
+        return tg.sum(getattr(tg, part)(getattr(tg, name)(a * 1j)))
+
+    expected = [(float(f(y + h * e)) - float(f(y - h * e))) / (2 * h) for e in np.eye(y.size)]
+    np.testing.assert_allclose(tg.gradient(f, y)[0], expected, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("part", ["real", "imag"])
+@pytest.mark.parametrize("name", CUTS)
+def test_the_slope_on_a_branch_cut_is_the_side_of_the_value(name, part):
+    """Taken at conj(z), across the cut, the slope had the wrong sign (acos at -2 + 0j)."""
+    x, h = np.array(CUTS[name]), 1e-7
+
+    def f(a):  # real along the axis: tracked, or plain for the finite differences
+        return tg.sum(getattr(tg, part)(getattr(tg, name)(tg.astype(a, tg.complex128))))
+
+    expected = [(float(f(x + h * e)) - float(f(x - h * e))) / (2 * h) for e in np.eye(x.size)]
+    np.testing.assert_allclose(tg.gradient(f, x)[0], expected, rtol=1e-6, atol=1e-9)

@@ -17,7 +17,6 @@ from array_api_compat import is_torch_array
 
 from ..backend import SCALARS, device_of, is_complex_dtype, is_cupy, isdtype, namespace_of
 from ..primitive import Primitive, no_gradient
-from ..tape import Node
 from ..tracked import TrackedArray, data
 
 __all__ = [
@@ -82,23 +81,25 @@ def _unary(name, vjp, saves):
 
 def _analytic(name, vjp, saves, complex_vjp=None):
     """A unary function holomorphic off its branch cuts, whose `vjp` is `g * f'(x)` written
-    with `ans` and `x`. The standard's functions have real coefficients (`conj(f'(z))` is
-    `f'(conj(z))`), so for complex values the vjp, `g * conj(f'(z))`, is the same formula (or
-    `complex_vjp`, where the real one takes another branch) on the conjugates: real values
-    pay one dtype test, no array operation."""
+    with `ans` and `x` (`complex_vjp` for complex values, where the real one takes another
+    branch): `conjugated`."""
+    return _unary(name, conjugated(vjp, complex_vjp), saves)
+
+
+def conjugated(vjp, complex_vjp=None):
+    """The vjp `g * conj(f'(z))` of a holomorphic function from its `vjp(g, ans, *args)`,
+    `g * f'(z)` (or `complex_vjp` for complex values): `conj(vjp(conj(g), ...))`, `f'` at `z`
+    itself (taken at `conj(z)`, as `f'(conj(z))` is `conj(f'(z))` for real coefficients, it
+    is across a branch cut from `z` on the cut: acos(-2 + 0j)'s slope had the wrong sign).
+    Real values pay one dtype test, no array operation."""
     holomorphic = complex_vjp or vjp
 
-    def conjugating_vjp(g, ans, x):
+    def conjugating_vjp(g, ans, *args):
         if g.dtype.kind != "c" if type(g) is np.ndarray else not is_complex(g):
-            return vjp(g, ans, x)
-        return holomorphic(g, _conj_saved(ans), _conj_saved(x))
+            return vjp(g, ans, *args)
+        return conj(holomorphic(conj(g), ans, *args))
 
-    return _unary(name, conjugating_vjp, saves)
-
-
-def _conj_saved(v):
-    """The conjugate of a saved value; a stand-in (the node of a value not saved) as it is."""
-    return v if type(data(v)) is Node else conj(v)
+    return conjugating_vjp
 
 
 def _binary(name, forward, vjp_x, vjp_y, saves):
@@ -324,18 +325,47 @@ reciprocal = _analytic("reciprocal", lambda g, ans, x: -g * ans * ans, "ans")
 sin = _analytic("sin", lambda g, ans, x: g * cos(x), "x")
 cos = _analytic("cos", lambda g, ans, x: -g * sin(x), "x")
 tan = _analytic("tan", lambda g, ans, x: g * (ans * ans + 1), "ans")
-asin = _analytic("asin", lambda g, ans, x: g / sqrt(1 - x * x), "x")
-acos = _analytic("acos", lambda g, ans, x: -g / sqrt(1 - x * x), "x")
+
+
+def _beside_the_axis(z):
+    """Complex `z` with a zero imaginary part moved off the real axis, by the least normal
+    amount, to the side its zero's sign says: on a branch cut `1 - z * z` loses that sign
+    (0 - 0 is +0), and the slope there took the other side's branch (acos at -2 + 0j)."""
+    plain = data(z)
+    xp = namespace_of(plain)
+    im = xp.imag(plain)
+    least = xp.asarray(xp.finfo(im.dtype).smallest_normal * 4, dtype=im.dtype)
+    nudge = xp.where(im == 0, xp.copysign(least, im), xp.zeros_like(im))
+    return z + xp.astype(nudge, plain.dtype) * 1j
+
+
+asin = _analytic(
+    "asin",
+    lambda g, ans, x: g / sqrt(1 - x * x),
+    "x",
+    lambda g, ans, x: (lambda z: g / sqrt(1 - z * z))(_beside_the_axis(x)),
+)
+acos = _analytic(
+    "acos",
+    lambda g, ans, x: -g / sqrt(1 - x * x),
+    "x",
+    lambda g, ans, x: (lambda z: -g / sqrt(1 - z * z))(_beside_the_axis(x)),
+)
 atan = _analytic("atan", lambda g, ans, x: g / (x * x + 1), "x")
 sinh = _analytic("sinh", lambda g, ans, x: g * cosh(x), "x")
 cosh = _analytic("cosh", lambda g, ans, x: g * sinh(x), "x")
 tanh = _analytic("tanh", lambda g, ans, x: g * (1 - ans * ans), "ans")
-asinh = _analytic("asinh", lambda g, ans, x: g / sqrt(x * x + 1), "x")
+asinh = _analytic(
+    "asinh",
+    lambda g, ans, x: g / sqrt(x * x + 1),
+    "x",
+    lambda g, ans, x: (lambda z: g / sqrt(z * z + 1))(_beside_the_axis(x)),
+)
 acosh = _analytic(
     "acosh",
     lambda g, ans, x: g / sqrt(x * x - 1),
-    "x",
-    lambda g, ans, x: g / (sqrt(x - 1) * sqrt(x + 1)),  # the branch of acosh(z) off the reals
+    "x",  # the branch of acosh(z) off the reals
+    lambda g, ans, x: (lambda z: g / (sqrt(z - 1) * sqrt(z + 1)))(_beside_the_axis(x)),
 )
 atanh = _analytic("atanh", lambda g, ans, x: g / (1 - x * x), "x")
 

@@ -27,8 +27,10 @@ from .elementwise import PLAIN_FUNCTIONS as _PLAIN
 from .elementwise import (
     _as_arrays,
     add,
+    conjugated,
     cos,
     exp,
+    is_complex,
     log,
     sign,
     square,
@@ -53,7 +55,7 @@ def _unary(name, vjp, saves, doc):
         (x,) = _as_arrays(xp, x)
         return _half_kept(xp, library_function(name, x)(x), x)
 
-    return Primitive(name, forward, (vjp,), doc=doc, saves=saves)
+    return Primitive(name, forward, (conjugated(vjp),), doc=doc, saves=saves)
 
 
 def _half_kept(xp, value, *args):
@@ -73,7 +75,8 @@ def _binary(name, vjps, saves, doc):
         x1, x2 = _as_arrays(xp, x1, x2)
         return _half_kept(xp, library_function(name, x1)(x1, x2), x1, x2)
 
-    rule = Primitive(name, forward, vjps, doc=doc, saves=saves)
+    holomorphic = tuple(None if vjp is None else conjugated(vjp) for vjp in vjps)
+    rule = Primitive(name, forward, holomorphic, doc=doc, saves=saves)
     constant = [i for i, vjp in enumerate(vjps) if vjp is None]
     return rule if not constant else _constant_in(rule, constant[0])
 
@@ -217,6 +220,8 @@ def _like(xp, value, x):
 
 def _polygamma_forward(xp, n, x, /):
     (x,) = _as_arrays(xp, x)
+    if is_complex(x):  # SciPy's has no complex loops (nor digamma's derivative, this)
+        raise TypeError(f"tg.special.polygamma takes real arrays, got {x.dtype}")
     return _like(xp, library_function("polygamma", x)(_order("polygamma", n), x), x)
 
 
