@@ -8,6 +8,7 @@ import array_api_compat
 import numpy as np
 import pytest
 from conftest import BACKENDS
+from helpers import numpy_of
 
 import tracker_gpu as tg
 from tracker_gpu.rules import decompositions, numpy_arrays, numpy_math
@@ -377,3 +378,15 @@ def test_logaddexp2_gradient_at_ties_and_beside_infinities():
     gx, gy = back(np.ones(4))
     np.testing.assert_array_equal(gx, [0.5, 1.0, 1.0, 0.0])
     np.testing.assert_array_equal(gy, [0.5, 0.0, 0.0, 1.0])
+
+
+@pytest.mark.parametrize("posinf", [None, 7.0])
+def test_nan_to_num_of_complex_values_is_numpys_bits(backend, posinf):
+    """Rebuilt as re + im * 1j, -2 - 0j became -2 + 0j (the sign of sqrt's result flips on
+    it); a finite value is now kept as it is."""
+    z = np.array([complex(-2.0, -0.0), complex(1.0, np.inf), complex(np.nan, 2.0), -0.0 + 1j])
+    got = numpy_of(backend, tg.nan_to_num(tg.param(backend.asarray(z)), posinf=posinf))
+    expected = np.nan_to_num(z, posinf=posinf)
+    for part in (np.real, np.imag):
+        np.testing.assert_array_equal(part(got), part(expected))
+        np.testing.assert_array_equal(np.signbit(part(got)), np.signbit(part(expected)))

@@ -253,6 +253,8 @@ def _pow_vjp_y(g, ans, x, y):
     else:  # y first: a tracked y's operator takes a plain x's comparison, not the reverse
         at_zero = (y >= 0) & (x == 0)
     if type(x) in SCALARS:
+        if type(x) is not complex and x < 0 and is_complex(y):  # (-2.0) ** z: log(-2 + 0j)
+            x = complex(x)  # (the real log of a negative number is nan)
         factor = log(x) if x != 0 else where(at_zero, 0.0, -math.inf)
         return g * _conj(factor) * _conj(ans)
     return g * _conj(log(where(at_zero, 1.0, x))) * _conj(ans)

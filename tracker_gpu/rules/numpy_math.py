@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 _isnan, _isinf = PLAIN_FUNCTIONS["isnan"], PLAIN_FUNCTIONS["isinf"]
+_isfinite = PLAIN_FUNCTIONS["isfinite"]
 _greater, _less = PLAIN_FUNCTIONS["greater"], PLAIN_FUNCTIONS["less"]
 _and = PLAIN_FUNCTIONS["logical_and"]
 
@@ -147,10 +148,11 @@ def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
     """
     (x,) = as_arrays(x)
     xp = namespace_of(data(x))
-    if is_complex(x):
+    if is_complex(x):  # part by part (the gradient of a finite part passes), x itself where
         parts = [nan_to_num(p, nan=nan, posinf=posinf, neginf=neginf) for p in (real(x), imag(x))]
-        unit = xp.asarray(1j, dtype=x.dtype, device=device_of(data(x)))
-        return add(astype(parts[0], x.dtype), multiply(astype(parts[1], x.dtype), unit))
+        unit = xp.asarray(1j, dtype=x.dtype, device=device_of(data(x)))  # finite: rebuilt,
+        rebuilt = add(astype(parts[0], x.dtype), multiply(astype(parts[1], x.dtype), unit))
+        return where(_isfinite(x), x, rebuilt)  # -2 - 0j was -2 + 0j
     if not isdtype(xp, x.dtype, "real floating"):
         return x
     info = finfo(xp, x.dtype)
