@@ -263,6 +263,26 @@ def test_a_call_with_an_argument_too_many_names_the_function_and_writes_nothing(
     assert checked > 150
 
 
+def test_tensordot_vecdot_and_cross_refuse_axes_that_do_not_fit():
+    """tensordot took contracted axes of equal products for equal (a (2, 3) against a (3, 2):
+    the sum of every product, a number) and an out-of-range axis modulo the rank; vecdot's and
+    cross's positive axis counted in each operand forward (NumPy's), in the broadcast shape
+    in vecdot's gradient and in cross's value: wrong for operands of different ranks."""
+    a, b = np.arange(6.0).reshape(2, 3), np.arange(6.0).reshape(3, 2)
+    with pytest.raises(ValueError, match=r"contracted axes .* must pair off with equal sizes"):
+        tg.tensordot(tg.param(a), b, axes=2)
+    with pytest.raises(ValueError, match=r"axes \(3,\) out of range for x1 of 2 dims"):
+        tg.tensordot(a, b, axes=([3], [0]))
+    with pytest.raises(ValueError, match="duplicate axes"):
+        tg.tensordot(a, b, axes=([0, 0], [0, 1]))
+    assert np.array_equal(tg.tensordot(a, b, axes=(1, 0)), np.tensordot(a, b, axes=(1, 0)))
+    x, y = np.ones((2, 3, 3)), np.ones((3, 3))
+    for f in (tg.vecdot, tg.linalg.cross):
+        with pytest.raises(ValueError, match=r"axis=1 is a different axis .* axis=-2"):
+            f(tg.param(x), y, axis=1)
+        np.testing.assert_array_equal(f(x, x, axis=1), f(x, x, axis=-2))  # equal ranks: one axis
+
+
 def test_writing_a_tracked_result_into_a_numpy_array():
     x, a = tg.param(np.ones(3)), np.zeros(3)
     with pytest.raises(TypeError, match=r"cannot write a tracked result into a NumPy array"):

@@ -48,6 +48,8 @@ import math
 import operator
 from collections import namedtuple
 
+import numpy as np
+
 from ..backend import device_of
 from ..primitive import Primitive, no_gradient, tracking
 from ..tracked import data, istracked
@@ -115,12 +117,7 @@ def _as_matrix(v):
 # --- products (matrix_transpose and matmul are in linalg_base)
 def tensordot(x1, x2, /, *, axes=2):
     """Contract `axes` of `x1` with those of `x2` (an int: the last of x1 with the first of x2)."""
-    if isinstance(axes, int):
-        a1 = tuple(range(x1.ndim - axes, x1.ndim))
-        a2 = tuple(range(axes))
-    else:
-        a1 = tuple(a % x1.ndim for a in axes[0])
-        a2 = tuple(a % x2.ndim for a in axes[1])
+    a1, a2 = _contracted(x1, x2, axes)
     free1 = tuple(a for a in range(x1.ndim) if a not in a1)
     free2 = tuple(a for a in range(x2.ndim) if a not in a2)
     rows, k, cols = (math.prod(x1.shape[a] for a in free1), math.prod(x1.shape[a] for a in a1),
@@ -131,10 +128,55 @@ def tensordot(x1, x2, /, *, axes=2):
     return reshape(matmul(left, right), out_shape)
 
 
+def _contracted(x1, x2, axes):
+    """tensordot's `axes` as two tuples of axes of `x1` and `x2`, checked as NumPy checks them
+    (a wrong pair was reshaped into a product of other axes, silently)."""
+    if isinstance(axes, (int, np.integer)) and not isinstance(axes, bool):
+        n = int(axes)
+        if not 0 <= n <= min(x1.ndim, x2.ndim):
+            raise ValueError(f"tensordot: axes={n} contracts more axes than x1 ({x1.ndim}) or "
+                             f"x2 ({x2.ndim}) has")  # fmt: skip
+        pairs = (tuple(range(x1.ndim - n, x1.ndim)), tuple(range(n)))
+    else:
+        first, second = axes
+        pairs = tuple(tuple(p) if isinstance(p, (list, tuple)) else (p,) for p in (first, second))
+    found = []
+    for name, x, part in (("x1", x1, pairs[0]), ("x2", x2, pairs[1])):
+        if any(not -x.ndim <= int(a) < x.ndim for a in part):
+            raise ValueError(f"tensordot: axes {part} out of range for {name} of {x.ndim} dims")
+        part = tuple(int(a) % x.ndim for a in part)
+        if len(set(part)) != len(part):
+            raise ValueError(f"tensordot: duplicate axes {part} of {name}")
+        found.append(part)
+    sizes = [tuple(x.shape[a] for a in part) for x, part in zip((x1, x2), found)]
+    if sizes[0] != sizes[1]:
+        raise ValueError(
+            f"tensordot: the contracted axes {found[0]} of x1 (sizes {sizes[0]}) and {found[1]} "
+            f"of x2 (sizes {sizes[1]}) must pair off with equal sizes"
+        )
+    return found
+
+
+def _from_the_end(name, x1, x2, axis):
+    """`axis` counted from the end (negative). A positive one counts in each operand (NumPy's
+    meaning), which differs between operands of different ranks: refused, as the standard
+    (array-api-strict) refuses it (the gradient took it in the broadcast shape)."""
+    if axis < 0:
+        return axis
+    if x1.ndim != x2.ndim:
+        raise ValueError(
+            f"{name}: axis={axis} is a different axis of x1 ({x1.ndim} dims) and x2 ({x2.ndim} "
+            f"dims); count it from the end, as the standard does: axis={axis - x1.ndim} (x1's) "
+            f"or axis={axis - x2.ndim} (x2's)"
+        )
+    return axis - x1.ndim
+
+
 def vecdot(x1, x2, /, *, axis=-1):
     """The dot product of `x1` and `x2` along `axis`, broadcasting the other axes: the sum of
     `conj(x1) * x2` (the standard conjugates the first argument). The contracted axis must
     have the same size in both, as the standard says."""
+    axis = _from_the_end("vecdot", x1, x2, axis)
     if x1.shape[axis] != x2.shape[axis]:
         raise ValueError(
             f"vecdot: axis {axis} has size {x1.shape[axis]} in x1 and {x2.shape[axis]} in x2; "
@@ -148,9 +190,7 @@ def vecdot(x1, x2, /, *, axis=-1):
 
 
 def _vecdot_vjp(other):
-    def vjp(g, ans, x1, x2, axis=-1):
-        if axis >= 0:  # counted from the end of the broadcast shape, where g lacks it
-            axis -= max(x1.ndim, x2.ndim)
+    def vjp(g, ans, x1, x2, axis=-1):  # axis < 0 (`_from_the_end`): where g lacks it
         if other:  # x1's: out = sum(conj(x1) * x2) is conjugate-linear in x1: conj(g) * x2
             g = _conj(g)
         return multiply(expand_dims(g, axis=axis), (x1, x2)[other])
@@ -190,8 +230,7 @@ def kron(x1, x2, /):
 
 def cross(x1, x2, /, *, axis=-1):
     """The cross product of 3-vectors along `axis`, with broadcasting."""
-    if axis >= 0:
-        axis -= max(x1.ndim, x2.ndim)
+    axis = _from_the_end("cross", x1, x2, axis)
     if x1.shape[axis] != 3 or x2.shape[axis] != 3:
         raise ValueError(
             f"cross needs vectors of length 3 along axis {axis}, got shapes "
