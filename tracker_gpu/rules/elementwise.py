@@ -336,7 +336,7 @@ def _beside_the_axis(z):
     plain = data(z)
     xp = namespace_of(plain)
     im = xp.imag(plain)
-    least = xp.asarray(xp.finfo(im.dtype).smallest_normal * 4, dtype=im.dtype)
+    least = xp.asarray(xp.finfo(im.dtype).smallest_normal * 4, dtype=im.dtype, device=device_of(im))
     nudge = xp.where(im == 0, xp.copysign(least, im), xp.zeros_like(im))
     return z + xp.astype(nudge, plain.dtype) * 1j
 
