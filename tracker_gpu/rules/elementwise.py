@@ -341,17 +341,27 @@ def _beside_the_axis(z):
     return z + xp.astype(nudge, plain.dtype) * 1j
 
 
+def _one_minus_square(x):
+    z = _beside_the_axis(x)
+    return 1 - z * z
+
+
+def _square_plus_one(x):
+    z = _beside_the_axis(x)
+    return z * z + 1
+
+
 asin = _analytic(
     "asin",
     lambda g, ans, x: g / sqrt(1 - x * x),
     "x",
-    lambda g, ans, x: (lambda z: g / sqrt(1 - z * z))(_beside_the_axis(x)),
+    lambda g, ans, x: g / sqrt(_one_minus_square(x)),
 )
 acos = _analytic(
     "acos",
     lambda g, ans, x: -g / sqrt(1 - x * x),
     "x",
-    lambda g, ans, x: (lambda z: -g / sqrt(1 - z * z))(_beside_the_axis(x)),
+    lambda g, ans, x: -g / sqrt(_one_minus_square(x)),
 )
 atan = _analytic("atan", lambda g, ans, x: g / (x * x + 1), "x")
 sinh = _analytic("sinh", lambda g, ans, x: g * cosh(x), "x")
@@ -361,15 +371,19 @@ asinh = _analytic(
     "asinh",
     lambda g, ans, x: g / sqrt(x * x + 1),
     "x",
-    lambda g, ans, x: (lambda z: g / sqrt(z * z + 1))(_beside_the_axis(x)),
+    lambda g, ans, x: g / sqrt(_square_plus_one(x)),
 )
 acosh = _analytic(
     "acosh",
     lambda g, ans, x: g / sqrt(x * x - 1),
-    "x",  # the branch of acosh(z) off the reals
-    lambda g, ans, x: (lambda z: g / (sqrt(z - 1) * sqrt(z + 1)))(_beside_the_axis(x)),
+    "x",
+    lambda g, ans, x: _acosh_slope(g, _beside_the_axis(x)),
 )
 atanh = _analytic("atanh", lambda g, ans, x: g / (1 - x * x), "x")
+
+
+def _acosh_slope(g, z):
+    return g / (sqrt(z - 1) * sqrt(z + 1))  # the branch of acosh(z) off the reals
 
 
 def _abs_vjp(g, ans, x):

@@ -148,11 +148,12 @@ def nan_to_num(x, copy=True, nan=0.0, posinf=None, neginf=None):
     """
     (x,) = as_arrays(x)
     xp = namespace_of(data(x))
-    if is_complex(x):  # part by part (the gradient of a finite part passes), x itself where
+    if is_complex(x):  # part by part (a finite part's gradient passes), rebuilt where a part
+        # was replaced; a finite value is x itself (rebuilt as re + im * 1j, -2 - 0j was -2 + 0j)
         parts = [nan_to_num(p, nan=nan, posinf=posinf, neginf=neginf) for p in (real(x), imag(x))]
-        unit = xp.asarray(1j, dtype=x.dtype, device=device_of(data(x)))  # finite: rebuilt,
+        unit = xp.asarray(1j, dtype=x.dtype, device=device_of(data(x)))
         rebuilt = add(astype(parts[0], x.dtype), multiply(astype(parts[1], x.dtype), unit))
-        return where(_isfinite(x), x, rebuilt)  # -2 - 0j was -2 + 0j
+        return where(_isfinite(x), x, rebuilt)
     if not isdtype(xp, x.dtype, "real floating"):
         return x
     info = finfo(xp, x.dtype)
