@@ -43,6 +43,7 @@ import numpy as np
 from . import backend, optim
 from .api import WithGradient
 from .api import withgradient as _withgradient
+from .optim.checkpoint import GENERATORS
 from .optim.tree import tree_map_with_path
 from .pytree import tree_leaves, tree_map
 from .tracked import data
@@ -415,9 +416,6 @@ def _as_node(model):
     return dask.delayed(model, name=f"model-{uuid.uuid4().hex}", traverse=False)
 
 
-_GENERATORS = (np.random.Generator, np.random.RandomState)
-
-
 def _shard_seeds(model, shards):
     """`[{path: seed}]`, one per shard: for each NumPy generator of the model (a Dropout's), a
     seed per shard drawn from it, here, in a fixed order. Each shard then draws from its own
@@ -427,7 +425,7 @@ def _shard_seeds(model, shards):
     drawn, seeds = {}, [{} for _ in range(shards)]
 
     def note(path, x):
-        if isinstance(x, _GENERATORS):
+        if isinstance(x, GENERATORS):
             if id(x) not in drawn:
                 draw = x.integers if isinstance(x, np.random.Generator) else x.randint
                 drawn[id(x)] = draw(0, 2**62, size=shards, dtype=np.int64).tolist()
@@ -445,7 +443,7 @@ def _reseeded(model, seeds):
     made = {}
 
     def fill(path, x):
-        if not isinstance(x, _GENERATORS):
+        if not isinstance(x, GENERATORS):
             return x
         seed = seeds[path or "_"]
         if seed not in made:

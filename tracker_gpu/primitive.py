@@ -443,18 +443,6 @@ def no_gradient(name, forward, *, signature=None, shaped_by_data=False):
     traced = Primitive(name, forward, ByPosition(lambda i, *a, **k: None), saves="",
                        differentiable=False)  # fmt: skip
 
-    def computed(args, kw):
-        tracked = next((a for a in args if type(a) is TrackedArray), None)
-        if tracked is not None and ACTIVE and recording.current() is not None:
-            if shaped_by_data:
-                recording.refuse(f"{name}(x) of a traced array (its shape depends on the data)")
-            return traced(*args, **kw)
-        values = [data(a) for a in args]
-        kw = {k: data(v) for k, v in kw.items()} if kw else kw
-        xp = tracked._xp if tracked is not None else _namespace_of_plain(values)
-        value = traced.forward(xp, *values, **kw)  # a fused forward registered first
-        return value if tracked is None else constants(value, tracked._xp)
-
     shown = None if signature is None else inspect.signature(signature)
     most, keywords = _what_fits(shown)
 
@@ -463,8 +451,17 @@ def no_gradient(name, forward, *, signature=None, shaped_by_data=False):
         # take more (NumPy's ufuncs take `out` second: tg.isnan(x, y) wrote into y)
         if len(args) > most or (kw and keywords is not None and not kw.keys() <= keywords):
             raise _arguments_mismatch(name, shown, None, TypeError(), args, kw)
-        try:
-            return computed(args, kw)
+        try:  # free where nothing is raised
+            tracked = next((a for a in args if type(a) is TrackedArray), None)
+            if tracked is not None and ACTIVE and recording.current() is not None:
+                if shaped_by_data:
+                    recording.refuse(f"{name}(x) of a traced array (its shape depends on the data)")
+                return traced(*args, **kw)
+            values = [data(a) for a in args]
+            plain_kw = {k: data(v) for k, v in kw.items()} if kw else kw
+            xp = tracked._xp if tracked is not None else _namespace_of_plain(values)
+            value = traced.forward(xp, *values, **plain_kw)  # a fused forward registered first
+            return value if tracked is None else constants(value, tracked._xp)
         except TypeError as error:
             mismatch = _arguments_mismatch(name, shown, None, error, args, kw)
             if mismatch is None:

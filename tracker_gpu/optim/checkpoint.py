@@ -102,7 +102,7 @@ def _record_model(model, arrays, entries):
     tree_map_with_path(record, model)
 
 
-_GENERATORS = (np.random.Generator, np.random.RandomState)
+GENERATORS = (np.random.Generator, np.random.RandomState)  # what a layer draws from
 
 
 def _generator_states(model):
@@ -114,7 +114,7 @@ def _generator_states(model):
 
     def record(path, x):
         key = path or "_"
-        if isinstance(x, _GENERATORS):
+        if isinstance(x, GENERATORS):
             if id(x) in first:
                 found[key] = {"same_as": first[id(x)]}
             else:
@@ -147,7 +147,7 @@ def _fill_generators(model, states):
     def fill(path, x):
         key = path or "_"
         saved = states.get(key)
-        if saved is None or not isinstance(x, _GENERATORS):
+        if saved is None or not isinstance(x, GENERATORS):
             return x
         if "same_as" in saved:
             return made[saved["same_as"]]
