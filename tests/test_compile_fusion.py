@@ -29,7 +29,7 @@ from domain import assert_agree, domain
 
 import tracker_gpu as tg
 from tracker_gpu import nn
-from tracker_gpu.compiler import backward, fusion, loops, opened
+from tracker_gpu.compiler import backward, fusion, loops, numpy_loops, opened
 from tracker_gpu.cuda import host
 
 BF16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
@@ -498,17 +498,22 @@ def test_a_clip_by_one_bound_is_the_dtypes_maximum(dtype):
         _same_bits(_quiet(step, x), _quiet(lambda f=f: tg.data(f(x))), f"clip({lo}, {hi})")
 
 
-def test_exact_fusion_leaves_the_c_library_out():
-    """`fuse="exact"`: tanh stays NumPy's, the arithmetic around it is fused; bit for bit."""
+@pytest.mark.parametrize("own", [True, False])
+def test_exact_fusion_takes_numpy_loops_or_leaves_the_function_out(own, monkeypatch):
+    """`fuse="exact"`: tanh is NumPy's own loop called inside the region (one region), or,
+    where that loop cannot be had, NumPy's call between two regions; bit for bit both ways."""
+    if not own:
+        monkeypatch.setattr(numpy_loops, "available", lambda op, dtype: False)
 
     def f(x):
         return tg.tanh(x * 2.0 + 1.0) * 3.0 - 0.5
 
-    x = domain((4, 3), np.float64, seed=5)
-    step = tg.compile(f, gradient=False, fuse="exact")
-    _quiet(step, x)
-    assert step.programs()[0].fused == 2  # x*2+1, then NumPy's tanh, then *3-0.5
-    _same_bits(_quiet(step, x), _quiet(lambda: tg.data(f(x))), "exact fusion")
+    for dtype in (np.float32, np.float64):
+        x = domain((4, 3), dtype, seed=5)
+        step = tg.compile(f, gradient=False, fuse="exact")
+        _quiet(step, x)
+        assert step.programs()[0].fused == (1 if own else 2)
+        _same_bits(_quiet(step, x), _quiet(lambda x=x: tg.data(f(x))), "exact fusion")
 
 
 def test_small_regions_are_left_to_numpy(monkeypatch):
@@ -532,8 +537,8 @@ def test_fusion_is_exact_by_default_and_checked(monkeypatch):
     exact = tg.compile(chain10, gradient=False, fuse=expected)
     _quiet(exact, x)
     assert step.programs()[0].fused == exact.programs()[0].fused
-    if expected:
-        assert step.programs()[0].fused == 2  # tanh (twice) left to NumPy
+    if expected:  # tanh (twice) NumPy's own loop inside the region, else left to NumPy
+        assert step.programs()[0].fused == (1 if numpy_loops.available("tanh", x.dtype) else 2)
     _same_bits(_quiet(step, x), _quiet(lambda: tg.data(chain10(x))), "by default")
     monkeypatch.setattr(loops.platform, "machine", lambda: "sparc64")
     assert loops.default_fuse() is False

@@ -22,7 +22,7 @@ from test_compile_fusion import (
 
 import tracker_gpu as tg
 from tracker_gpu import nn, optim
-from tracker_gpu.compiler import backward, fusion, loops, opened
+from tracker_gpu.compiler import backward, fusion, loops, numpy_loops, opened
 from tracker_gpu.train.text_loop import TextConfig, build, compiled_text_step, rule, text_step
 
 pytestmark = pytest.mark.skipif(loops.compiler() is None, reason="no C++ compiler")
@@ -141,8 +141,15 @@ def test_a_chain_of_multiplications_by_a_number_is_one_kernel_both_ways(monkeypa
     _same_bits(got.grad[0], eager.grad[0], "gradient")
 
 
-def test_the_c_library_in_a_pullback_is_fused_with_fuse_true_only():
-    """`sin`'s vjp reads `cos`: fused with `fuse=True` (within 4 ulps), not by default."""
+@pytest.mark.parametrize("own", [True, False])
+def test_the_functions_in_a_pullback_are_numpys_loops_else_fused_with_fuse_true_only(
+    own, monkeypatch
+):
+    """`sin`'s vjp reads `cos`: NumPy's own loop inside the chain with either `fuse`, bit for
+    bit; where that loop cannot be had, the C library's with `fuse=True` (within 4 ulps), and
+    not fused by default."""
+    if not own:
+        monkeypatch.setattr(numpy_loops, "available", lambda op, dtype: False)
 
     def loss(x):
         return tg.sum(tg.sin(x * 0.5 + 0.25) * 3.0)
@@ -153,9 +160,13 @@ def test_the_c_library_in_a_pullback_is_fused_with_fuse_true_only():
         _quiet(step, x)
     eager = _quiet(tg.withgradient, loss, x)
     _same_bits(_quiet(exact, x).grad[0], eager.grad[0], "exact")
-    assert not any("cos" in str(c.region.ops) for c in exact.programs()[0].chains.values())
+    chains = [str(c.region.ops) for c in exact.programs()[0].chains.values()]
+    assert any("cos" in c for c in chains) == own
     assert any("cos" in str(c.region.ops) for c in libm.programs()[0].chains.values())
-    assert_agree(_quiet(libm, x).grad[0], eager.grad[0], ulps=4, what="sin's vjp, fused")
+    if own:
+        _same_bits(_quiet(libm, x).grad[0], eager.grad[0], "fuse=True")
+    else:
+        assert_agree(_quiet(libm, x).grad[0], eager.grad[0], ulps=4, what="sin's vjp, fused")
 
 
 def test_a_chain_given_something_else_takes_numpys_operations():

@@ -252,7 +252,7 @@ def _pullback(program, node, call, ops, g, types, exact, received):
     mark = (len(ops.ops), len(ops.inputs))
     result = vjps[j](ops, g, *operands)
     if any(o is None for o in _read(ops, mark)) or (
-        exact and any(op in fusion.INEXACT for op, _, _ in ops.ops)
+        exact and not all(fusion.exact_on_host(op, dtype) for op, dtype, _ in ops.ops)
     ):
         del ops.ops[mark[0] :], ops.inputs[mark[1] :]
         return None

@@ -38,6 +38,7 @@ from ..backend import NUMPY_FLOATS, is_numpy_namespace
 from ..primitive import Primitive
 from ..rules import elementwise as ew
 from ..rules import nn
+from . import numpy_loops
 from .recorder import Call, Walk
 
 __all__ = ["Fused", "Region", "Target", "HOST", "fuse", "regions", "OPS", "INEXACT"]
@@ -149,18 +150,25 @@ def _typed(slot, types, start):
 INEXACT = frozenset("pow exp expm1 log log1p sin cos tan sinh cosh tanh sigmoid".split())
 
 
-def _operation(step, types, start, exact=False, library=is_numpy_namespace):
+def exact_on_host(op, dtype):
+    """Whether the host loops compute `op` of `dtype` as NumPy does, bit for bit: correctly
+    rounded, or NumPy's own loop called (`numpy_loops`)."""
+    return op not in INEXACT or numpy_loops.available(op, dtype)
+
+
+def _operation(step, types, start, exact=False, library=is_numpy_namespace, own=False):
     """`(op, dtype, operand kinds)` for a step a region may take, else None: `dtype` the one it
     computes in (a comparison's operands' promoted dtype; its result is bool). An operand kind
     is the slot's type (`_typed`); a weak number is converted to `dtype` as NumPy does.
-    `library(xp)`: whether the target takes the step's namespace (NumPy for the host loops)."""
+    `library(xp)`: whether the target takes the step's namespace (NumPy for the host loops);
+    `own`: whether it calls NumPy's own loops (then `exact` takes the functions it has)."""
     if type(step) is not Call or step.makes_ctx or not library(step.xp):
         return None
     known = OPS.get(step.function)
     if known is None:
         return None
     kind, op = known
-    if exact and op in INEXACT:
+    if exact and op in INEXACT and not (own and numpy_loops.available(op, step.node.dtype)):
         return None
     inputs = step.inputs
     if kind == "astype":  # the dtype, a constant: the node's
@@ -261,7 +269,7 @@ def regions(program, arrays, orders, exact=False, target=None):
     target = target or HOST
     types, operations = _types(program, arrays, target.array), {}
     for index, step in enumerate(program.steps):
-        found = _operation(step, types, program.start, exact, target.library)
+        found = _operation(step, types, program.start, exact, target.library, target.own_loops)
         if found is not None:
             operations[index] = found
     readers = _readers(program, orders)
@@ -467,15 +475,17 @@ class Target:
     """What a fusion target takes: `array` the type of its arrays, `library(xp)` whether it
     takes a step's namespace, `pays(program, members)` whether a region is worth a kernel (None:
     `_pays`), `guard(kernel, region, calls, input slots, start, output slots)` the step's
-    `run`."""
+    `run`; `own_loops` whether its kernels call NumPy's own loops for the functions of
+    `numpy_loops` (the host's)."""
 
     array: type
     library: object
     pays: object
     guard: object
+    own_loops: bool = False
 
 
-HOST = Target(np.ndarray, is_numpy_namespace, None, _guarded)
+HOST = Target(np.ndarray, is_numpy_namespace, None, _guarded, own_loops=True)
 
 
 def _stepwise(calls, slots, values, start, outs):

@@ -46,6 +46,7 @@ import numpy as np
 from ..cuda import host
 from ..cuda.codegen import POW_OF_NUMBER, POWERS, C, constant
 from ..cuda.sources import header
+from . import numpy_loops
 
 __all__ = [
     "build",
@@ -199,10 +200,11 @@ def _types(region):
     return [_compute(dtype) for dtype in _dtypes(region)]
 
 
-def _body(region):
+def _body(region, calls=()):
     """The statements computing each op's value `t<j>` from the inputs' values `a<k>` (each
     in its compute type). An op of a half type is computed in float and rounded to the half
-    type, as NumPy (and ml_dtypes) compute each operation: the next one reads it rounded."""
+    type, as NumPy (and ml_dtypes) compute each operation: the next one reads it rounded. An op
+    of `calls` (NumPy's loop computes it: `numpy_loops`) gives `t<j>` its operand."""
     types, lines = _types(region), []
     for j, (op, dtype, operands) in enumerate(region.ops):
         compute = _compute(dtype)
@@ -219,7 +221,9 @@ def _body(region):
             keep = op == "where" and position == 0  # the condition stays a bool
             values.append(name if keep or ctype == compute else f"static_cast<T>({name})")
         power = _power(region, operands) if op == "pow" else None
-        statement = _expression(op, values, f"t{j}", str(dtype), power)
+        statement = _expression(
+            "identity" if j in calls else op, values, f"t{j}", str(dtype), power
+        )
         if types[j] != "bool" and str(dtype) in _HALF:
             statement += f" t{j} = load({stored(f't{j}', dtype)});"
         lines.append(f"{types[j]} t{j}; {{ typedef {compute} T; {statement} }}")
@@ -269,25 +273,28 @@ def _clip(t, x, lo, hi, first):
             f"{t} = TG_DAZ(r) > TG_DAZ({hi}) ? {hi} : r;")  # fmt: skip
 
 
-def _hoisted(region, invariant):
+def _hoisted(region, invariant, calls=()):
     """The ops whose value is the same for every element (their array operands broadcast along
-    every axis): computed once, before the loops, as NumPy computes them once on 0-d arrays."""
+    every axis): computed once, before the loops, as NumPy computes them once on 0-d arrays
+    (NumPy's loops, `calls`, in the loops)."""
     found = set()
     for j, (_, _, operands) in enumerate(region.ops):
-        if all(kind in ("const", "none") or (kind == "in" and invariant[what])
+        if j not in calls and all(kind in ("const", "none") or (kind == "in" and invariant[what])
                or (kind == "op" and what in found) for kind, what in operands):  # fmt: skip
             found.add(j)
     return found
 
 
-def _function(name, region):
+def _function(name, region, table=None):
     """`<name>_loops(x..., y, n..., lo, hi)`: the region over the outer axis' range [lo, hi)
     (the elements' where the loop is flat), and `<name>(arrays..., y, n...)`: the same over the
-    same, its arrays NumPy's objects (their data pointer read where `PyArray_DATA` reads it)."""
+    same, its arrays NumPy's objects (their data pointer read where `PyArray_DATA` reads it).
+    `table`: `{(op, dtype): index}` of NumPy's loops the source calls (`numpy_loops`)."""
     lengths, masks = _merged(region)
     d = len(lengths)
     invariant = [not any(mask) for mask in masks]
-    hoisted = _hoisted(region, invariant)
+    calls = numpy_loops.calls(region, table or {})
+    hoisted = _hoisted(region, invariant, calls)
     written = region.written()
     out_dtypes = [_dtypes(region)[j] for j in written]
     out_types = [_ctype(dtype) for dtype in out_dtypes]
@@ -302,11 +309,31 @@ def _function(name, region):
             if mask[a]:
                 later = [f"n{b}" for b in range(a + 1, d) if mask[b]] or ["1LL"]
                 lines.append(f"    const long long s{k}_{a} = {' * '.join(later)};")
-    body = _body(region)
+    body = _body(region, calls)
     for k, (dtype, _) in enumerate(region.inputs):
         if invariant[k]:
             lines.append(f"    const {_compute(dtype)} a{k} = {loaded(f'x{k}[0]', dtype)};")
     lines += [f"    {body[j]}" for j in sorted(hoisted)]
+    loads = []
+    for k, mask in enumerate(masks):
+        index = f"o{k} + i" if mask[d - 1] else f"o{k}"
+        dtype = region.inputs[k][0]
+        read = f"const {_compute(dtype)} a{k} = {loaded(f'x{k}[{index}]', dtype)};"
+        loads.append(None if invariant[k] else read)
+    stores = {}
+    for m, j in enumerate(written):
+        stores.setdefault(j, []).append(f"y{m}[oy + i] = {stored(f't{j}', out_dtypes[m])};")
+    span = ("lo", "hi") if d == 1 else ("0", f"n{d - 1}")
+    if calls:
+        declared, inner = numpy_loops.staged(region.ops, calls, hoisted, _types(region), body,
+                                             loads, stores, span)  # fmt: skip
+        lines += [f"    {line}" for line in declared]
+    else:
+        inner = [f"for (long long i = {span[0]}; i < {span[1]}; ++i) {{"]
+        inner += [f"    {line}" for line in loads if line]
+        inner += [f"    {line}" for j, line in enumerate(body) if j not in hoisted]
+        inner += [f"    {line}" for j in written for line in stores.pop(j, ())]
+        inner.append("}")
     for a in range(d - 1):
         first, last = ("lo", "hi") if a == 0 else ("0", f"n{a}")
         lines.append(f"    for (long long i{a} = {first}; i{a} < {last}; ++i{a}) {{")
@@ -316,19 +343,7 @@ def _function(name, region):
     for k, mask in enumerate(masks):
         base = " + ".join(f"i{a} * s{k}_{a}" for a in range(d - 1) if mask[a]) or "0"
         lines.append(f"    const long long o{k} = {base};")
-    first, last = ("lo", "hi") if d == 1 else ("0", f"n{d - 1}")
-    lines.append(f"    for (long long i = {first}; i < {last}; ++i) {{")
-    for k, mask in enumerate(masks):
-        if not invariant[k]:
-            index = f"o{k} + i" if mask[d - 1] else f"o{k}"
-            dtype = region.inputs[k][0]
-            lines.append(
-                f"        const {_compute(dtype)} a{k} = {loaded(f'x{k}[{index}]', dtype)};"
-            )
-    lines += [f"        {line}" for j, line in enumerate(body) if j not in hoisted]
-    lines += [f"        y{m}[oy + i] = {stored(f't{j}', out_dtypes[m])};"
-              for m, j in enumerate(written)]  # fmt: skip
-    lines.append("    }")
+    lines += [f"    {line}" for line in inner]
     lines += ["    }"] * (d - 1)
     lines.append("}")
     return "\n".join(lines) + "\n" + _entry(name, out_types, inputs, d)
@@ -353,7 +368,11 @@ def source(regions, head=16, items=24):
     `items`: where a tuple's items begin (CPython's `PyTupleObject`)."""
     halves = HALF_PRELUDE + header("half") if uses_halves(regions) else ""
     prelude = _PRELUDE + halves + header("compare") + object_macros(head, items)
-    return prelude + "".join(_function(f"tg_region_{k}", r) for k, r in enumerate(regions))
+    table = numpy_loops.table(regions)
+    if table:
+        prelude += numpy_loops.prelude(len(table))
+    functions = (_function(f"tg_region_{k}", r, table) for k, r in enumerate(regions))
+    return prelude + "".join(functions)
 
 
 def object_macros(head=object.__basicsize__, items=tuple.__basicsize__):
@@ -412,6 +431,9 @@ def build(regions):
         _warn_once("build", f"tg.compile: the fused kernels could not be built "
                    f"({error}); the elementwise regions are replayed unfused")  # fmt: skip
         return None
+    table = numpy_loops.table(regions)
+    if table:  # the addresses of NumPy's loops in this process
+        library.held.tg_set_numpy_loops(numpy_loops.pointers(list(table)))
     return [_kernel(library, f"tg_region_{k}", r) for k, r in enumerate(regions)]
 
 
