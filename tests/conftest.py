@@ -157,6 +157,7 @@ NUMPY_ROW_ONLY = (
     "test_compile_fusion_cuda",
     "test_compile_opened",
     "test_native_steps",
+    "test_numpy_loops",
     "test_resume_settings",
     "test_row_loops",
     "test_train_text",

@@ -9,8 +9,9 @@ never made: one kernel (the target of the forward regions, `loops.py`) computes 
 contribution from the chain's first gradient and the values the pullbacks save, in the same
 operations and order as the eager vjps, each in the node's dtype; the contribution is then added
 into its gradient where the eager pass adds it. A chain keeps to one dtype and to contributions
-of its node's shape (no fitting), and leaves out the C library's functions with
-`fuse="exact"` (`sin`'s vjp reads `cos`); small ones are left to NumPy as forward regions are.
+of its node's shape (no fitting); `sin`'s vjp reads `cos`, NumPy's own loop as in forward
+regions (`numpy_loops.py`; where it cannot be had, `fuse="exact"` leaves the vjp out); small
+ones are left to NumPy as forward regions are.
 Where a replay finds something else than the recorded arrays, a view is copied and a NumPy
 scalar (a 0-d comparison's) made a 0-d array for the kernel; anything else (another dtype)
 runs the chain's operations as NumPy's, with the same result.

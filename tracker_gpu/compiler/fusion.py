@@ -15,8 +15,10 @@ as before.
 
 A region computes what the steps computed, operation for operation, each in the dtype NumPy
 computes it in (`np.result_type`, Python numbers weak), inputs cast as NumPy casts them: the
-arithmetic is the eager replay's bit for bit, and the functions of the C library (`exp`,
-`sin`, ...) agree with NumPy's to a few units in the last place. The target that generates and
+arithmetic is the eager replay's bit for bit, and so are `exp`, `sin`, `tanh`... of float32 and
+float64 on the host, where the loop calls NumPy's own inner loop (`numpy_loops.py`); the
+functions of the C library (`sigmoid`, `pow`, the half types' functions with `fuse=True`, and
+CUDA's) agree with NumPy's to a few units in the last place. The target that generates and
 builds the kernel is one function (`build`) and a `Target` (the arrays and namespaces it takes,
 the regions that pay, the guard around a kernel): `HOST` for NumPy arrays (`loops.py`), the
 CUDA target's for CuPy (`cuda_target.py`, which gathers regions into launches); arrays of other
@@ -401,7 +403,7 @@ def fuse(program, arrays, orders, build, exact=False, target=None):
     """`(steps, count)`: `program.steps` with each region (two elementwise steps or more)
     replaced by one `Fused` step, its kernel made by `build(regions)` (a target: a list of
     kernels, one per `Region`, or None where it cannot build them: then the steps stay as they
-    are), and the number of regions. `exact`: correctly rounded operations only; `target` as
+    are), and the number of regions. `exact`: what is eager's bit for bit only; `target` as
     in `regions` (its `guard` wraps each kernel, as `_guarded` does for the host loops)."""
     target = target or HOST
     found, operations, exported = regions(program, arrays, orders, exact, target)

@@ -4,7 +4,9 @@ A region (`fusion.Region`) becomes one function: nested loops over the output's 
 where every input allows: a contiguous chain is one flat loop), each input read through the
 strides of its broadcast, the region's operations written with the expression code of the
 generated CUDA kernels (`cuda/codegen.py`: its `C` table and its constants), each operation in
-the C type of the dtype NumPy computes it in. Only the loop differs from a GPU kernel. What
+the C type of the dtype NumPy computes it in; `exp`, `sin`, `tanh`... of float32 and float64
+by NumPy's own inner loops, called on blocks of the innermost axis (`numpy_loops.py`). Only the
+loop differs from a GPU kernel. What
 depends on inputs broadcast along every axis only (Adam's bias corrections, from 0-d step
 counts) is computed once, before the loops, as NumPy computes it once on 0-d arrays. float16
 and bfloat16 are stored as the half types of `kernels/half.cuh` and each operation on them is

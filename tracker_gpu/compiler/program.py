@@ -46,7 +46,7 @@ class _Slot:
 class Program:
     """The steps of a recording and the shape of its result (`result`: the values as recorded,
     tracked ones standing for their slots). `arrays` are the recording's arguments; with
-    `fuse` (True, or "exact": correctly rounded operations only), the elementwise regions of a
+    `fuse` (True, or "exact": what is eager's bit for bit only), the elementwise regions of a
     host program become generated kernels (`fusion.py`): `fused` counts them."""
 
     def __init__(self, recorder, result, arrays, use_graphs=True, fuse=False):
