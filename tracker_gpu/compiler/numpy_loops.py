@@ -1,7 +1,8 @@
 """NumPy's own inner loops, called from the generated host loops: a fused `exp`, `sin`, `tanh`
 computes with the very function NumPy's ufunc calls, so that a region holding them is eager's
-bit for bit (NumPy's float32 functions are its own vector code, its float64 `tanh`, `expm1`,
-`log1p` SVML's on AVX-512: the C library's differ from them in the last bits).
+bit for bit (NumPy's float32 functions are its own vector code, and so are most of its float64
+ones on AVX-512: on 20,000 float64 values, its `exp`, `log1p`, `sinh`, `cosh` and `tanh`
+give another result than the C library's for 4% to 27% of them; `sin` and `cos` agree).
 
 A ufunc keeps, for each of its signatures, the address of its inner loop and of the data the
 loop takes (`PyUFuncObject.functions` and `.data` in NumPy's C API, the loop chosen for the
