@@ -430,18 +430,22 @@ def fuse(program, arrays, orders, build, exact=False, target=None):
 def guard(kernel, region, fallback):
     """The kernel, called on arrays of the recorded dtypes and shapes (made C-contiguous where
     their axes are in C order; a NumPy scalar made a 0-d array); anything else (a transposed
-    input) goes to `fallback(values)`."""
+    input, or a view that a NumPy loop of the kernel reads as it is) goes to
+    `fallback(values)`."""
     expected, ndarray = list(region.inputs), np.ndarray
+    # NumPy's function of a view is not always the same as of its copy (reversed, its float64
+    # exp and log; unaligned): the steps give eager's
+    as_is = numpy_loops.read_directly(region)
 
     def checked(values):
         ready = []
-        for value, (dtype, shape) in zip(values, expected):
+        for k, (value, (dtype, shape)) in enumerate(zip(values, expected)):
             if isinstance(value, np.generic):  # a 0-d result (a reduction's, a comparison's)
                 value = np.asarray(value)
             if type(value) is not ndarray or value.dtype != dtype or value.shape != shape:
                 return fallback(values)
             if not value.flags.c_contiguous or not value.flags.aligned:
-                if not _c_ordered(value):  # NumPy's outputs would keep its order: its steps
+                if k in as_is or not _c_ordered(value):  # NumPy's outputs keep its order
                     return fallback(values)
                 value = np.ascontiguousarray(value)
             ready.append(value)

@@ -27,7 +27,8 @@ import functools
 
 import numpy as np
 
-__all__ = ["BLOCK", "FUNCTIONS", "available", "calls", "pointers", "prelude", "staged", "table"]
+__all__ = ["BLOCK", "FUNCTIONS", "available", "calls", "pointers", "prelude", "read_directly",
+           "staged", "table"]  # fmt: skip
 
 FUNCTIONS = frozenset("exp expm1 log log1p sin cos tan sinh cosh tanh".split())
 DTYPES = frozenset({"float32", "float64"})
@@ -128,6 +129,12 @@ def calls(region, table):
     """`{j: index in table}` of the region's ops that call a loop of `table`."""
     return {j: table[op, str(dtype)] for j, (op, dtype, _) in enumerate(region.ops)
             if (op, str(dtype)) in table}  # fmt: skip
+
+
+def read_directly(region):
+    """The inputs of `region` that a NumPy loop reads as they are (an operand of a function)."""
+    return {what for op, dtype, operands in region.ops if available(op, dtype)
+            for kind, what in operands if kind == "in"}  # fmt: skip
 
 
 def pointers(used):
