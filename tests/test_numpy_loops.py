@@ -97,3 +97,15 @@ def test_a_view_read_by_a_function_takes_numpys_steps(dtype):
         expected = _quiet(tg.withgradient, loss, given)
         _same_bits(got.val, expected.val, "value of a view")
         _same_bits(got.grad[0], expected.grad[0], "gradient of a view")
+
+
+def test_a_function_that_is_not_numpys_ufunc_is_not_read(monkeypatch):
+    """Where `np.sin` is something else (patched by a library), its memory is not read as a
+    ufunc's: no loop, and `fuse="exact"` leaves sin to the replay's own call."""
+    monkeypatch.setattr(np, "sin", lambda x: x)
+    numpy_loops._loop.cache_clear()
+    try:
+        assert numpy_loops._loop("sin", "float64") is None
+        assert not numpy_loops.available("sin", np.float64)
+    finally:
+        numpy_loops._loop.cache_clear()

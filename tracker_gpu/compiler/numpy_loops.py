@@ -74,13 +74,16 @@ def available(op, dtype):
 @functools.cache
 def _loop(op, dtype):
     """`(function, data)`: the addresses of the ufunc's loop for `dtype -> dtype`, or None."""
-    ufunc, code = getattr(np, op), np.dtype(dtype)
+    ufunc, code = getattr(np, op, None), np.dtype(dtype)
+    if type(ufunc) is not np.ufunc or (ufunc.nin, ufunc.nout) != (1, 1):
+        return None  # not NumPy's own object: its memory is read as a ufunc's only below
     found = _UFunc.from_address(id(ufunc))
+    if (found.nin, found.nout, found.ntypes) != (1, 1, ufunc.ntypes):
+        return None  # another layout: its pointers are not followed
     try:
-        name = found.name.decode()
+        if found.name.decode() != op:
+            return None
     except (AttributeError, UnicodeDecodeError):
-        return None
-    if (name, found.nin, found.nout, found.ntypes) != (op, 1, 1, ufunc.ntypes):
         return None
     signature = f"{code.char}->{code.char}"
     for k in range(found.ntypes):
