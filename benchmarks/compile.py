@@ -16,10 +16,11 @@ Every peer computes the same formulation: NumPy by hand keeps each chain's input
 forward pass and multiplies the derivatives in the backward pass (what a tape does, written
 out); PyTorch runs eager autograd; JAX runs `jax.jit(jax.value_and_grad(f))` (compiled once,
 before timing, with its result blocked on). tracker_gpu's compiled step is
-`tg.compile(f)` after its first (recording) call: by default each region of correctly rounded
-elementwise operations one generated C++ loop (`fuse="exact"`, built before timing); "unfused"
-is `tg.compile(f, fuse=False)`, "fused" `tg.compile(f, fuse=True)` (the C library's functions
-fused too). Each figure is the
+`tg.compile(f)` after its first (recording) call: by default each region of elementwise
+operations that it computes as eager does, bit for bit, one generated C++ loop (`fuse="exact"`,
+built before timing; `sin` and `tanh` NumPy's own loops called inside it); "unfused" is
+`tg.compile(f, fuse=False)`, "fused" `tg.compile(f, fuse=True)` (the C library's functions
+fused too where NumPy's cannot be had). Each figure is the
 median wall time of `--repeats` calls, peers interleaved round by round; BLAS on one thread
 where threadpoolctl is installed. Not measured: memory of a replay (see memory.py), JAX's
 tracing and compilation.
