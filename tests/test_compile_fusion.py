@@ -516,6 +516,31 @@ def test_exact_fusion_takes_numpy_loops_or_leaves_the_function_out(own, monkeypa
         _same_bits(_quiet(step, x), _quiet(lambda x=x: tg.data(f(x))), "exact fusion")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BF16])
+def test_exact_fusion_takes_numpys_fast_powers(dtype):
+    """`x ** 2`, `** 0.5`, `** -1` (NumPy's square, square root, reciprocal: correctly rounded)
+    join a region with `fuse="exact"`, bit for bit over the whole domain; `x ** 3` (`pow`) and
+    `2 ** x` stay NumPy's."""
+    x = domain((1500,), dtype, seed=9)
+    for exponent in (2, 2.0, 0.5, -1, -1.0):
+        f = lambda x, e=exponent: (x * 1.0 + 0.0) ** e * 3.0 - 0.5  # noqa: E731
+        step = tg.compile(f, gradient=False, fuse="exact")
+        _quiet(step, x)
+        assert step.programs()[0].fused == 1 and not _powers(step), exponent
+        _same_bits(_quiet(step, x), _quiet(lambda f=f: tg.data(f(x))), f"x ** {exponent}")
+    for f in (lambda x: (x * 1.0) ** 3 * 3.0, lambda x: 2.0 ** (x * 1.0) * 3.0):
+        step = tg.compile(f, gradient=False, fuse="exact")
+        _quiet(step, x)
+        assert _powers(step) == 1  # the power is a step of its own
+        _same_bits(_quiet(step, x), _quiet(lambda f=f: tg.data(f(x))), "pow")
+
+
+def _powers(step):
+    """The powers a compiled step's program runs as steps of their own (not in a region)."""
+    pow_forward = next(f for f, known in fusion.OPS.items() if known == ("binary", "pow"))
+    return sum(getattr(s, "function", None) is pow_forward for s in step.programs()[0].steps)
+
+
 def test_small_regions_are_left_to_numpy(monkeypatch):
     """A region of few operations on a small array would cost more as a kernel call."""
     monkeypatch.setattr(fusion, "SMALL_OPS", 8)

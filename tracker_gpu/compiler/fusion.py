@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend import NUMPY_FLOATS, is_numpy_namespace
+from ..cuda.codegen import POWERS
 from ..primitive import Primitive
 from ..rules import elementwise as ew
 from ..rules import nn
@@ -163,15 +164,14 @@ def _operation(step, types, start, exact=False, library=is_numpy_namespace, own=
     computes in (a comparison's operands' promoted dtype; its result is bool). An operand kind
     is the slot's type (`_typed`); a weak number is converted to `dtype` as NumPy does.
     `library(xp)`: whether the target takes the step's namespace (NumPy for the host loops);
-    `own`: whether it calls NumPy's own loops (then `exact` takes the functions it has)."""
+    `own`: whether it computes as NumPy's own loops (then `exact` takes the functions it has,
+    and the powers of a number NumPy computes by its fast paths: `_fast_power`)."""
     if type(step) is not Call or step.makes_ctx or not library(step.xp):
         return None
     known = OPS.get(step.function)
     if known is None:
         return None
     kind, op = known
-    if exact and op in INEXACT and not (own and numpy_loops.available(op, step.node.dtype)):
-        return None
     inputs = step.inputs
     if kind == "astype":  # the dtype, a constant: the node's
         if len(inputs) != 2 or start[inputs[1]] is None:
@@ -181,9 +181,23 @@ def _operation(step, types, start, exact=False, library=is_numpy_namespace, own=
     if any(k is None for k in kinds):
         return None
     out = np.dtype(step.node.dtype)
+    if (
+        exact
+        and op in INEXACT
+        and not (own and (numpy_loops.available(op, out) or _fast_power(op, kinds)))
+    ):
+        return None
     if not _CHECKS[kind](op, out, kinds, step):
         return None
     return op, _promoted(kinds) if kind == "compare" else out, kinds  # the dtype computed in
+
+
+def _fast_power(op, kinds):
+    """Whether `op` is an array to a number's power that NumPy computes as a square, a square
+    root or a reciprocal (correctly rounded: the host loops compute it so, `POWERS`)."""
+    if op != "pow" or len(kinds) != 2 or kinds[0][0] != "array" or kinds[1][0] != "weak":
+        return False
+    return float(kinds[1][1]) in POWERS
 
 
 def _arrays(kinds):
@@ -481,8 +495,8 @@ class Target:
     """What a fusion target takes: `array` the type of its arrays, `library(xp)` whether it
     takes a step's namespace, `pays(program, members)` whether a region is worth a kernel (None:
     `_pays`), `guard(kernel, region, calls, input slots, start, output slots)` the step's
-    `run`; `own_loops` whether its kernels call NumPy's own loops for the functions of
-    `numpy_loops` (the host's)."""
+    `run`; `own_loops` whether its kernels compute as NumPy's own loops: its functions of
+    `numpy_loops` and its fast powers (the host's)."""
 
     array: type
     library: object
