@@ -156,6 +156,7 @@ NUMPY_ROW_ONLY = (
     "test_compile_fusion_backward",
     "test_compile_fusion_cuda",
     "test_compile_opened",
+    "test_fused_errors",
     "test_native_steps",
     "test_numpy_loops",
     "test_resume_settings",

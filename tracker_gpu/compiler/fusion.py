@@ -41,7 +41,7 @@ from ..cuda.codegen import POWERS
 from ..primitive import Primitive
 from ..rules import elementwise as ew
 from ..rules import nn
-from . import numpy_loops
+from . import loops, numpy_loops
 from .recorder import Call, Walk
 
 __all__ = ["Fused", "Region", "Target", "HOST", "fuse", "regions", "OPS", "INEXACT"]
@@ -446,7 +446,7 @@ def guard(kernel, region, fallback):
     their axes are in C order; a NumPy scalar made a 0-d array); anything else (a transposed
     input, or a view that a NumPy loop of the kernel reads as it is) goes to
     `fallback(values)`."""
-    expected, ndarray = list(region.inputs), np.ndarray
+    expected, ndarray, flagged = list(region.inputs), np.ndarray, loops.Flagged
     # NumPy's function of a view is not always the same as of its copy (reversed, its float64
     # exp and log; unaligned): the steps give eager's
     as_is = numpy_loops.read_directly(region)
@@ -463,14 +463,20 @@ def guard(kernel, region, fallback):
                     return fallback(values)
                 value = np.ascontiguousarray(value)
             ready.append(value)
-        return kernel(*ready)
+        try:
+            return kernel(*ready)
+        except flagged:  # an overflow, say, that NumPy's steps report as they would eagerly
+            return fallback(values)
 
     def run(*values):  # the common case first: aligned, contiguous (and writeable) arrays
         for value, (dtype, shape) in zip(values, expected):
             if (type(value) is not ndarray or value.dtype != dtype or value.shape != shape
                     or not value.flags.carray):  # fmt: skip
                 return checked(values)
-        return kernel(*values)
+        try:
+            return kernel(*values)
+        except flagged:
+            return fallback(values)
 
     return run
 

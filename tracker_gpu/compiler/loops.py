@@ -60,6 +60,8 @@ __all__ = [
     "object_macros",
     "threads",
     "FLAGS",
+    "FLAGS_NAMED",
+    "Flagged",
     "STATS",
     "source",
 ]
@@ -73,6 +75,25 @@ _HALF = {"float16": "tg_half", "bfloat16": "tg_bfloat16"}  # stored so, computed
 _CTYPE = {"float32": "float", "float64": "double", "bool": "unsigned char", **_HALF}
 # the C library's functions without <cmath>, whose parsing took most of a region's build
 _PRELUDE = host.math_prelude("")
+# The floating-point exceptions a call raised, as the bits of `FLAGS_NAMED` (the C library's own
+# values differ between platforms): a region's loops clear them first and read them last
+_STATUS = r"""#include <fenv.h>
+#define TG_FP_ALL (FE_DIVBYZERO | FE_OVERFLOW | FE_UNDERFLOW | FE_INVALID)
+static inline int tg_fp_status(void) {
+    const int f = fetestexcept(TG_FP_ALL);
+    return (f & FE_DIVBYZERO ? 1 : 0) | (f & FE_OVERFLOW ? 2 : 0) | (f & FE_UNDERFLOW ? 4 : 0)
+        | (f & FE_INVALID ? 8 : 0);
+}
+"""
+FLAGS_NAMED = ((1, "divide"), (2, "over"), (4, "under"), (8, "invalid"))  # np.geterr's names
+
+
+class Flagged(Exception):
+    """A kernel raised a floating-point exception that NumPy's settings (`np.seterr`,
+    `np.errstate`) do not ignore: its guard runs NumPy's steps instead, which warn or raise as
+    they would eagerly (the values are the same)."""
+
+
 HALF_PRELUDE = "#define __device__\n#define __forceinline__ inline\n"  # half.cuh on the host
 COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
 # what `C` does not name, in the same notation: the rules' own forwards, operation for operation
@@ -304,8 +325,9 @@ def _function(name, region, table=None):
     params = [f"const {t}* __restrict x{k}" for k, t in enumerate(inputs)]
     params += [f"{t}* __restrict y{m}" for m, t in enumerate(out_types)]
     params += [f"long long n{a}" for a in range(d)] + ["long long lo", "long long hi"]
-    lines = ["extern \"C\" __attribute__((noinline)) void "
-             f"{name}_loops({', '.join(params)}) {{"]  # fmt: skip
+    lines = ["extern \"C\" __attribute__((noinline)) int "
+             f"{name}_loops({', '.join(params)}) {{",
+             "    feclearexcept(TG_FP_ALL);"]  # fmt: skip
     for k, mask in enumerate(masks):  # strides of the outer axes, in elements
         for a in range(d - 1):
             if mask[a]:
@@ -347,7 +369,7 @@ def _function(name, region, table=None):
         lines.append(f"    const long long o{k} = {base};")
     lines += [f"    {line}" for line in inner]
     lines += ["    }"] * (d - 1)
-    lines.append("}")
+    lines += ["    return tg_fp_status();", "}"]
     return "\n".join(lines) + "\n" + _entry(name, out_types, inputs, d)
 
 
@@ -358,8 +380,8 @@ def _entry(name, out_types, inputs, d):
     arrays = [f"(const {t}*)TG_DATA(TG_ITEM(t, {k}))" for k, t in enumerate(inputs)]
     arrays += [f"({t}*)TG_DATA(TG_ITEM(t, {len(inputs) + m}))" for m, t in enumerate(out_types)]
     call = ", ".join([*arrays, *(f"n{a}" for a in range(d))])
-    return f"""extern "C" void {name}({", ".join(["void* t", *sizes])}) {{
-    {name}_loops({call}, lo, hi);
+    return f"""extern "C" int {name}({", ".join(["void* t", *sizes])}) {{
+    return {name}_loops({call}, lo, hi);
 }}
 """
 
@@ -369,7 +391,7 @@ def source(regions, head=16, items=24):
     object's header, where an ndarray's data pointer follows (NumPy's `PyArrayObject_fields`);
     `items`: where a tuple's items begin (CPython's `PyTupleObject`)."""
     halves = HALF_PRELUDE + header("half") if uses_halves(regions) else ""
-    prelude = _PRELUDE + halves + header("compare") + object_macros(head, items)
+    prelude = _STATUS + _PRELUDE + halves + header("compare") + object_macros(head, items)
     table = numpy_loops.table(regions)
     if table:
         prelude += numpy_loops.prelude(len(table))
@@ -551,7 +573,8 @@ _pool = []  # (the process's id, workers, the executor): a forked child makes it
 
 def _split(function, arrays, lengths, count):
     """`function` (releasing the GIL) of `arrays` (the inputs, then the outputs) over the outer
-    range cut into `count` parts: the first on this thread, the others on a pool's."""
+    range cut into `count` parts: the first on this thread, the others on a pool's; the
+    floating-point status of all (each thread has its own)."""
     with _lock:
         if not _pool or _pool[0][1] < count - 1 or _pool[0][0] != os.getpid():
             if _pool:
@@ -566,9 +589,10 @@ def _split(function, arrays, lengths, count):
         # submitted under the lock: another thread growing the pool shuts this one down
         futures = [executor.submit(function, *arrays, *lengths, cuts[p], cuts[p + 1])
                    for p in range(1, count)]  # fmt: skip
-    function(*arrays, *lengths, cuts[0], cuts[1])
+    status = function(*arrays, *lengths, cuts[0], cuts[1])
     for future in futures:
-        future.result()
+        status |= future.result()
+    return status
 
 
 # --- calling
@@ -589,7 +613,7 @@ def _kernel(library, name, region):
     for handle in (library.held, library.released):
         function = getattr(handle, entry)
         function.argtypes = kinds + [ctypes.c_longlong] * (len(lengths) + 2)
-        function.restype = None
+        function.restype = ctypes.c_int
         functions.append(function)
     held, released = functions
     call = _caller(released if size >= RELEASE_FROM else held, released, lengths, size, objects)
@@ -620,12 +644,19 @@ def _caller(function, released, lengths, size, objects):
 
     def call(arrays, ys):
         handed = ((*arrays, *ys),) if objects else [a.ctypes.data for a in (*arrays, *ys)]
-        if size >= THREADS[0] and lengths[0] > 1:
-            threaded = _thread_count()
-            if threaded > 1:
-                _split(released, handed, lengths, threaded)
-                return ys
-        function(*handed, *whole)
+        threaded = _thread_count() if size >= THREADS[0] and lengths[0] > 1 else 1
+        if threaded > 1:
+            status = _split(released, handed, lengths, threaded)
+        else:
+            status = function(*handed, *whole)
+        if status and _reported(status):
+            raise Flagged
         return ys
 
     return call
+
+
+def _reported(status):
+    """Whether NumPy's settings would report one of the exceptions of `status` (not ignore it)."""
+    modes = np.geterr()
+    return any(status & bit and modes[name] != "ignore" for bit, name in FLAGS_NAMED)

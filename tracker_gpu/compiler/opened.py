@@ -30,7 +30,7 @@ import numpy as np
 from ..nn.primitives import GELU_C, GELU_K, _gelu_forward, _gelu_vjp, gelu_tanh
 from ..rules import losses, nn
 from ..rules.rows import row_sum, row_sum_of_products
-from . import fusion, row_loops
+from . import fusion, loops, row_loops
 from .recorder import Call
 
 __all__ = ["Opening", "forward", "pullback", "OPENED"]
@@ -188,7 +188,10 @@ class Opening:
                 if type(a) is not ndarray or a.dtype != dtype or a.shape != shape or (
                         not a.flags.carray):  # fmt: skip
                     return own_code(eager, arrays, kw)
-            return composed(kernels, *arrays, **kw)
+            try:
+                return composed(kernels, *arrays, **kw)
+            except loops.Flagged:  # NumPy's settings report what a loop raised: the rule's code
+                return own_code(eager, arrays, kw)
 
         return run
 
