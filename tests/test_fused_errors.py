@@ -10,7 +10,7 @@ import pytest
 
 import tracker_gpu as tg
 from tracker_gpu import nn
-from tracker_gpu.compiler import backward, fusion, loops, opened
+from tracker_gpu.compiler import backward, fusion, loops, opened, row_loops
 
 pytestmark = pytest.mark.skipif(loops.compiler() is None, reason="no C++ compiler")
 
@@ -100,3 +100,22 @@ def test_each_kind_of_kernel_hands_over_to_numpy(monkeypatch):
         _run(step, x, "warn")
         assert guard in seen, (name, seen)
         seen.clear()
+
+
+@pytest.mark.parametrize("mode", ["ignore", "warn", "raise"])
+def test_the_row_loop_reports_what_numpy_reports(mode):
+    """A row holding +inf: its maximum is inf, and inf - inf is nan, which NumPy reports."""
+    x = np.linspace(-1.0, 1.0, 4 * 64).reshape(4, 64)
+    x[1, 5] = np.inf
+    expected = _shifted(lambda: x - x.max(axis=-1, keepdims=True), mode)
+    assert _shifted(lambda: row_loops.shifted(np, x, -1), mode) == expected
+
+
+def _shifted(function, mode):
+    with warnings.catch_warnings(record=True) as seen, np.errstate(all=mode):
+        warnings.simplefilter("always")
+        try:
+            outcome = function().tobytes()
+        except FloatingPointError:
+            outcome = FloatingPointError
+    return outcome, sorted(str(w.message) for w in seen if w.category is RuntimeWarning)

@@ -61,7 +61,9 @@ __all__ = [
     "threads",
     "FLAGS",
     "FLAGS_NAMED",
+    "FP_STATUS",
     "Flagged",
+    "reported",
     "STATS",
     "source",
 ]
@@ -77,7 +79,7 @@ _CTYPE = {"float32": "float", "float64": "double", "bool": "unsigned char", **_H
 _PRELUDE = host.math_prelude("")
 # The floating-point exceptions a call raised, as the bits of `FLAGS_NAMED` (the C library's own
 # values differ between platforms): a region's loops clear them first and read them last
-_STATUS = r"""#include <fenv.h>
+FP_STATUS = r"""#include <fenv.h>
 #define TG_FP_ALL (FE_DIVBYZERO | FE_OVERFLOW | FE_UNDERFLOW | FE_INVALID)
 static inline int tg_fp_status(void) {
     const int f = fetestexcept(TG_FP_ALL);
@@ -391,7 +393,7 @@ def source(regions, head=16, items=24):
     object's header, where an ndarray's data pointer follows (NumPy's `PyArrayObject_fields`);
     `items`: where a tuple's items begin (CPython's `PyTupleObject`)."""
     halves = HALF_PRELUDE + header("half") if uses_halves(regions) else ""
-    prelude = _STATUS + _PRELUDE + halves + header("compare") + object_macros(head, items)
+    prelude = FP_STATUS + _PRELUDE + halves + header("compare") + object_macros(head, items)
     table = numpy_loops.table(regions)
     if table:
         prelude += numpy_loops.prelude(len(table))
@@ -649,14 +651,14 @@ def _caller(function, released, lengths, size, objects):
             status = _split(released, handed, lengths, threaded)
         else:
             status = function(*handed, *whole)
-        if status and _reported(status):
+        if status and reported(status):
             raise Flagged
         return ys
 
     return call
 
 
-def _reported(status):
+def reported(status):
     """Whether NumPy's settings would report one of the exceptions of `status` (not ignore it)."""
     modes = np.geterr()
     return any(status & bit and modes[name] != "ignore" for bit, name in FLAGS_NAMED)

@@ -60,12 +60,16 @@ static void shifted_rows(const T* __restrict x, T* __restrict out, long long row
             to[j] = row[j] - m;
     }
 }
-extern "C" void tg_shifted_rows_float(const float* x, float* out, long long rows, long long n) {
+extern "C" int tg_shifted_rows_float(const float* x, float* out, long long rows, long long n) {
+    feclearexcept(TG_FP_ALL);
     shifted_rows<float, 32>(x, out, rows, n);
+    return tg_fp_status();
 }
-extern "C" void tg_shifted_rows_double(const double* x, double* out, long long rows,
-                                       long long n) {
+extern "C" int tg_shifted_rows_double(const double* x, double* out, long long rows,
+                                      long long n) {
+    feclearexcept(TG_FP_ALL);
     shifted_rows<double, 32>(x, out, rows, n);
+    return tg_fp_status();
 }
 """
 
@@ -84,7 +88,7 @@ def _build():
     if found is None:
         return None
     try:
-        library = loops.library_of(SOURCE + loops.object_macros(), found)
+        library = loops.library_of(loops.FP_STATUS + SOURCE + loops.object_macros(), found)
     except (OSError, RuntimeError) as error:
         warnings.warn(f"tg.compile: the row loop could not be built ({error}); NumPy "
                       "computes the rows' maxima", RuntimeWarning, stacklevel=2)  # fmt: skip
@@ -95,7 +99,7 @@ def _build():
         for handle in (library.held, library.released):
             function = getattr(handle, f"tg_shifted_rows_{ctype}")
             function.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 2
-            function.restype = None
+            function.restype = ctypes.c_int
             pair.append(function)
         functions[dtype] = tuple(pair)
     return functions
@@ -103,7 +107,8 @@ def _build():
 
 def shifted(xp, x, axis):
     """`x - row_max(xp, x, axis)`: by the row loop for a C-contiguous float32 or float64
-    NumPy array reduced over its last axis, by the library else."""
+    NumPy array reduced over its last axis, by the library else, and again by the library where
+    the loop raised a floating-point exception that NumPy's settings report (it warns)."""
     functions = _functions() if type(x) is np.ndarray else None
     found = functions and functions.get(x.dtype)
     if not (
@@ -119,5 +124,7 @@ def shifted(xp, x, axis):
     out = np.empty_like(x)
     n = x.shape[-1]
     function = released if x.size >= loops.RELEASE_FROM else held
-    function(x.ctypes.data, out.ctypes.data, x.size // n, n)
+    status = function(x.ctypes.data, out.ctypes.data, x.size // n, n)
+    if status and loops.reported(status):  # inf - inf, say: NumPy's steps warn or raise
+        return x - row_max(xp, x, axis)
     return out
