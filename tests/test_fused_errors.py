@@ -3,6 +3,7 @@
 as the eager run does. Every kind of exception and every mode, through a forward region, a
 backward chain and an opened rule, against the eager run of the same function."""
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -119,3 +120,43 @@ def _shifted(function, mode):
         except FloatingPointError:
             outcome = FloatingPointError
     return outcome, sorted(str(w.message) for w in seen if w.category is RuntimeWarning)
+
+
+@pytest.mark.parametrize("mode", ["ignore", "warn", "raise"])
+@pytest.mark.parametrize("rule", ["Descent", "Momentum", "Nesterov", "Adam"])
+def test_an_eager_optimiser_step_reports_what_its_rule_reports(rule, mode):
+    """The native steps of eager NumPy parameters: a gradient whose square overflows (Adam's
+    second moment) or a step that does, reported as the generic rule's operations report it."""
+    from tracker_gpu import optim
+    from tracker_gpu.cuda import generic_only
+
+    params = {"w": np.linspace(1.0, 2.0, 64)}
+    grads = {"w": np.full(64, 1e300)}
+    rule_of = getattr(optim, rule)
+    outcomes = []
+    for generic in (False, True):
+        with contextlib.ExitStack() as stack:
+            if generic:
+                stack.enter_context(generic_only())
+            state = optim.setup(rule_of(1e10) if rule != "Adam" else rule_of(), params)
+            outcomes.append(_run(lambda p, s=state: _stepped(s, p, grads), params, mode))
+    assert outcomes[0] == outcomes[1], (rule, mode)
+
+
+def _stepped(state, params, grads):
+    """`(new parameter, the state's arrays)` of one update, as `_run` takes a result."""
+    from tracker_gpu import optim
+
+    state, params = optim.update(state, params, grads)
+    return params["w"], (np.concatenate([np.ravel(a) for a in _arrays(state)]),)
+
+
+def _arrays(tree):
+    if isinstance(tree, np.ndarray):
+        return [tree]
+    if isinstance(tree, dict):
+        return [a for v in tree.values() for a in _arrays(v)]
+    if isinstance(tree, (list, tuple)):
+        return [a for v in tree for a in _arrays(v)]
+    state = getattr(tree, "state", None)
+    return _arrays(state) if state is not None else []

@@ -37,11 +37,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend import NUMPY_FLOATS, is_numpy_namespace
+from ..cuda import fp_status
 from ..cuda.codegen import POWERS
 from ..primitive import Primitive
 from ..rules import elementwise as ew
 from ..rules import nn
-from . import loops, numpy_loops
+from . import numpy_loops
 from .recorder import Call, Walk
 
 __all__ = ["Fused", "Region", "Target", "HOST", "fuse", "regions", "OPS", "INEXACT"]
@@ -446,7 +447,7 @@ def guard(kernel, region, fallback):
     their axes are in C order; a NumPy scalar made a 0-d array); anything else (a transposed
     input, or a view that a NumPy loop of the kernel reads as it is) goes to
     `fallback(values)`."""
-    expected, ndarray, flagged = list(region.inputs), np.ndarray, loops.Flagged
+    expected, ndarray, flagged = list(region.inputs), np.ndarray, fp_status.Flagged
     # NumPy's function of a view is not always the same as of its copy (reversed, its float64
     # exp and log; unaligned): the steps give eager's
     as_is = numpy_loops.read_directly(region)

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cuda import host
+from ..cuda import fp_status, host
 from ..cuda.codegen import POW_OF_NUMBER, POWERS, C, constant
 from ..cuda.sources import header
 from . import numpy_loops
@@ -60,10 +60,6 @@ __all__ = [
     "object_macros",
     "threads",
     "FLAGS",
-    "FLAGS_NAMED",
-    "FP_STATUS",
-    "Flagged",
-    "reported",
     "STATS",
     "source",
 ]
@@ -77,25 +73,6 @@ _HALF = {"float16": "tg_half", "bfloat16": "tg_bfloat16"}  # stored so, computed
 _CTYPE = {"float32": "float", "float64": "double", "bool": "unsigned char", **_HALF}
 # the C library's functions without <cmath>, whose parsing took most of a region's build
 _PRELUDE = host.math_prelude("")
-# The floating-point exceptions a call raised, as the bits of `FLAGS_NAMED` (the C library's own
-# values differ between platforms): a region's loops clear them first and read them last
-FP_STATUS = r"""#include <fenv.h>
-#define TG_FP_ALL (FE_DIVBYZERO | FE_OVERFLOW | FE_UNDERFLOW | FE_INVALID)
-static inline int tg_fp_status(void) {
-    const int f = fetestexcept(TG_FP_ALL);
-    return (f & FE_DIVBYZERO ? 1 : 0) | (f & FE_OVERFLOW ? 2 : 0) | (f & FE_UNDERFLOW ? 4 : 0)
-        | (f & FE_INVALID ? 8 : 0);
-}
-"""
-FLAGS_NAMED = ((1, "divide"), (2, "over"), (4, "under"), (8, "invalid"))  # np.geterr's names
-
-
-class Flagged(Exception):
-    """A kernel raised a floating-point exception that NumPy's settings (`np.seterr`,
-    `np.errstate`) do not ignore: its guard runs NumPy's steps instead, which warn or raise as
-    they would eagerly (the values are the same)."""
-
-
 HALF_PRELUDE = "#define __device__\n#define __forceinline__ inline\n"  # half.cuh on the host
 COMPARISONS = frozenset({"gt", "ge", "lt", "le", "eq", "ne"})
 # what `C` does not name, in the same notation: the rules' own forwards, operation for operation
@@ -393,7 +370,7 @@ def source(regions, head=16, items=24):
     object's header, where an ndarray's data pointer follows (NumPy's `PyArrayObject_fields`);
     `items`: where a tuple's items begin (CPython's `PyTupleObject`)."""
     halves = HALF_PRELUDE + header("half") if uses_halves(regions) else ""
-    prelude = FP_STATUS + _PRELUDE + halves + header("compare") + object_macros(head, items)
+    prelude = fp_status.STATUS + _PRELUDE + halves + header("compare") + object_macros(head, items)
     table = numpy_loops.table(regions)
     if table:
         prelude += numpy_loops.prelude(len(table))
@@ -651,14 +628,8 @@ def _caller(function, released, lengths, size, objects):
             status = _split(released, handed, lengths, threaded)
         else:
             status = function(*handed, *whole)
-        if status and reported(status):
-            raise Flagged
+        if status and fp_status.reported(status):
+            raise fp_status.Flagged
         return ys
 
     return call
-
-
-def reported(status):
-    """Whether NumPy's settings would report one of the exceptions of `status` (not ignore it)."""
-    modes = np.geterr()
-    return any(status & bit and modes[name] != "ignore" for bit, name in FLAGS_NAMED)

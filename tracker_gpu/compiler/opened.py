@@ -27,10 +27,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..cuda import fp_status
 from ..nn.primitives import GELU_C, GELU_K, _gelu_forward, _gelu_vjp, gelu_tanh
 from ..rules import losses, nn
 from ..rules.rows import row_sum, row_sum_of_products
-from . import fusion, loops, row_loops
+from . import fusion, row_loops
 from .recorder import Call
 
 __all__ = ["Opening", "forward", "pullback", "OPENED"]
@@ -190,7 +191,7 @@ class Opening:
                     return own_code(eager, arrays, kw)
             try:
                 return composed(kernels, *arrays, **kw)
-            except loops.Flagged:  # NumPy's settings report what a loop raised: the rule's code
+            except fp_status.Flagged:  # NumPy's settings report what a loop raised: the rule's code
                 return own_code(eager, arrays, kw)
 
         return run

@@ -19,6 +19,7 @@ import warnings
 
 import numpy as np
 
+from ..cuda import fp_status
 from ..rules.rows import row_max
 from . import loops
 
@@ -88,7 +89,7 @@ def _build():
     if found is None:
         return None
     try:
-        library = loops.library_of(loops.FP_STATUS + SOURCE + loops.object_macros(), found)
+        library = loops.library_of(fp_status.STATUS + SOURCE + loops.object_macros(), found)
     except (OSError, RuntimeError) as error:
         warnings.warn(f"tg.compile: the row loop could not be built ({error}); NumPy "
                       "computes the rows' maxima", RuntimeWarning, stacklevel=2)  # fmt: skip
@@ -125,6 +126,6 @@ def shifted(xp, x, axis):
     n = x.shape[-1]
     function = released if x.size >= loops.RELEASE_FROM else held
     status = function(x.ctypes.data, out.ctypes.data, x.size // n, n)
-    if status and loops.reported(status):  # inf - inf, say: NumPy's steps warn or raise
+    if status and fp_status.reported(status):  # inf - inf, say: NumPy's steps warn or raise
         return x - row_max(xp, x, axis)
     return out

@@ -22,7 +22,7 @@ import threading
 import numpy as np
 
 from ..backend import NUMPY_FLOATS
-from . import dispatch
+from . import dispatch, fp_status
 from .sources import C_TYPES, SCALAR_TYPES, c_type, family
 
 __all__ = ["KERNELS", "available", "launch", "takes"]
@@ -77,11 +77,15 @@ def available():
 
 def launch(name, dtype, grid, *args):
     """Run kernel `name` for `dtype` over its arrays, with exactly its parameters: `launch.launch`
-    on the host (the grid is the loop's own)."""
+    on the host (the grid is the loop's own). Raises `fp_status.Flagged` where it raised a
+    floating-point exception that NumPy's settings report: the generic rule then steps (its
+    NumPy operations warn or raise as they do)."""
     dispatch.note(("launch", name))
     released = args[0].size >= _RELEASE_FROM
     function, count = _functions.get((name, dtype, released)) or _function(name, dtype, released)
-    function(args[:count], *args[count:])  # the arrays come first
+    status = function(args[:count], *args[count:])  # the arrays come first
+    if status and fp_status.reported(status):
+        raise fp_status.Flagged
 
 
 def source(object_macros):
@@ -105,8 +109,10 @@ def _entry(name, dtype):
         else:
             declared.append(f"{ctype} {pname}")
             passed.append(pname)
-    return f"""extern "C" void tg_native_{name}_{dtype}({", ".join(declared)}) {{
+    return f"""extern "C" int tg_native_{name}_{dtype}({", ".join(declared)}) {{
+    feclearexcept(TG_FP_ALL);
     {name}<{C_TYPES[dtype]}>({", ".join(passed)});
+    return tg_fp_status();
 }}
 """
 
@@ -119,7 +125,7 @@ def _built():
     if loops.default_fuse() != "exact" or found is None:
         return None
     try:
-        library = loops.library_of(source(loops.object_macros()), found)
+        library = loops.library_of(fp_status.STATUS + source(loops.object_macros()), found)
     except (OSError, RuntimeError):
         return None
     return library if library.objects else None
@@ -138,6 +144,6 @@ def _function(name, dtype, released):
     function.argtypes = [ctypes.py_object] + [
         ctypes.c_double if ctype in SCALAR_TYPES else _ARGUMENT_TYPES[ctype] for ctype in scalars
     ]
-    function.restype = None
+    function.restype = ctypes.c_int
     found = _functions[(name, dtype, released)] = (function, len(params) - len(scalars))
     return found

@@ -31,6 +31,7 @@ import numpy as np
 from .. import recording
 from ..backend import NUMPY_FLOATS, device_of, dtype_name, is_array, isdtype, namespace_of
 from ..cuda import dispatch
+from ..cuda.fp_status import Flagged
 from ..primitive import detached
 from ..pytree import tree_map
 from ..rules.elementwise import astype
@@ -183,7 +184,10 @@ def _step(rule, param, grad, state):
     # the kernels take their scalars by value: a rate in an array (a schedule's) goes generic;
     # each fused step decides whether it takes the arrays (CuPy's, or NumPy's natively)
     if fused is not None and not is_array(getattr(rule, "eta", 0.0)):
-        done = fused(rule, param, grad, state)
+        try:
+            done = fused(rule, param, grad, state)
+        except Flagged:  # an overflow NumPy's settings report: the rule's own operations do
+            done = None
         if done is not None:
             return done
     state, delta = rule.apply(state, param, grad)
