@@ -8,6 +8,7 @@ from domain import domain
 from test_compile_fusion import _quiet, _same_bits
 
 import tracker_gpu as tg
+from tracker_gpu import nn
 from tracker_gpu.compiler import fusion, loops, numpy_loops
 from tracker_gpu.compiler.recorder import Call
 
@@ -109,3 +110,23 @@ def test_a_function_that_is_not_numpys_ufunc_is_not_read(monkeypatch):
         assert not numpy_loops.available("sin", np.float64)
     finally:
         numpy_loops._loop.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sigmoid_is_its_rules_operations_around_numpys_exp(dtype):
+    """`sigmoid` joins a region by default as the operations of its rule (`exp(-|x|)`, then a
+    selection of two quotients), NumPy's `exp` among them: eager's bits over the whole domain,
+    values and gradients."""
+
+    def loss(x):
+        y = nn.sigmoid(x * 2.0 + 0.5) * 3.0 - x
+        return tg.sum(tg.where(tg.abs(y) < 1e30, y, 0.0))
+
+    x = domain((1500,), dtype, seed=8)
+    step = tg.compile(loss)
+    _quiet(step, x)
+    left = [s for s in step.programs()[0].steps if type(s) is Call and fusion.OPS.get(s.function)]
+    assert step.programs()[0].fused and not left, left
+    got, expected = _quiet(step, x), _quiet(tg.withgradient, loss, x)
+    _same_bits(got.val, expected.val, "sigmoid's value")
+    _same_bits(got.grad[0], expected.grad[0], "sigmoid's gradient")

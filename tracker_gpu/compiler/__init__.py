@@ -98,8 +98,8 @@ def compile(f, *, gradient=None, wrt=None, fallback=False, maxsize=32, cuda_grap
     backward passes, as one generated C++ loop, built once and cached on disk (`fusion.py`,
     `backward.py`, `loops.py`; without a compiler, unfused with a warning): `fuse="exact"`
     fuses what it computes bit for bit as eager does (the correctly rounded operations, and
-    exp, sin, tanh... of float32 and float64 by NumPy's own loops: `numpy_loops.py`),
-    `fuse=True` the C library's sigmoid, powers and half-type functions too (within a few
+    exp, sin, tanh, sigmoid... of float32 and float64 by NumPy's own loops: `numpy_loops.py`),
+    `fuse=True` the C library's powers and half-type functions too (within a few
     units in the last place of NumPy's), `fuse=False` nothing. None (the default) is "exact"
     where the machine's vector instructions are IEEE arithmetic and tested
     (`loops.EXACT_MACHINES`: x86-64), else False. A CuPy

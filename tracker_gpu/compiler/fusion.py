@@ -16,9 +16,10 @@ as before.
 A region computes what the steps computed, operation for operation, each in the dtype NumPy
 computes it in (`np.result_type`, Python numbers weak), inputs cast as NumPy casts them: the
 arithmetic is the eager replay's bit for bit, and so are `exp`, `sin`, `tanh`... of float32 and
-float64 on the host, where the loop calls NumPy's own inner loop (`numpy_loops.py`); the
-functions of the C library (`sigmoid`, `pow`, the half types' functions with `fuse=True`, and
-CUDA's) agree with NumPy's to a few units in the last place. The target that generates and
+float64 on the host, where the loop calls NumPy's own inner loop (`numpy_loops.py`), and
+`sigmoid`, there the operations of its rule around NumPy's `exp` (`_sigmoid_ops`); the
+functions of the C library (`pow`, the half types' functions with `fuse=True`, and CUDA's)
+agree with NumPy's to a few units in the last place. The target that generates and
 builds the kernel is one function (`build`) and a `Target` (the arrays and namespaces it takes,
 the regions that pay, the guard around a kernel): `HOST` for NumPy arrays (`loops.py`), the
 CUDA target's for CuPy (`cuda_target.py`, which gathers regions into launches); arrays of other
@@ -185,7 +186,14 @@ def _operation(step, types, start, exact=False, library=is_numpy_namespace, own=
     if (
         exact
         and op in INEXACT
-        and not (own and (numpy_loops.available(op, out) or _fast_power(op, kinds)))
+        and not (
+            own
+            and (
+                numpy_loops.available(op, out)
+                or _fast_power(op, kinds)
+                or (op == "sigmoid" and numpy_loops.available("exp", out))
+            )
+        )
     ):
         return None
     if not _CHECKS[kind](op, out, kinds, step):
@@ -385,11 +393,12 @@ def _types(program, arrays, array=np.ndarray):
     return types
 
 
-def describe(program, members, operations, exported=()):
+def describe(program, members, operations, exported=(), opened=False):
     """The `Region` of the steps `members`, the slots of its inputs, and those of its outputs
-    (the values of the members in `exported`, then the last member's)."""
+    (the values of the members in `exported`, then the last member's). `opened`: a `sigmoid`
+    is the operations of its rule (`_sigmoid_ops`), where NumPy's `exp` can be called."""
     steps = program.steps
-    made = {steps[i].out: j for j, i in enumerate(members)}
+    made, at = {}, {}  # a member's slot -> its value's op; a member -> the same
     inputs, ops, specs = [], [], []
     for index in members:
         step = steps[index]
@@ -407,11 +416,27 @@ def describe(program, members, operations, exported=()):
                 operands.append(("const", kind[1]))
             else:
                 operands.append(("none", None))
-        ops.append((op, dtype, operands))
+        if op == "sigmoid" and opened and numpy_loops.available("exp", dtype):
+            ops += _sigmoid_ops(dtype, operands[0], len(ops))
+        else:
+            ops.append((op, dtype, operands))
+        made[step.out] = at[index] = len(ops) - 1
     shape = tuple(steps[members[-1]].node.shape)
-    written = [j for j, i in enumerate(members[:-1]) if i in exported] + [len(members) - 1]
-    outs = [steps[members[j]].out for j in written]
+    exports = [i for i in members[:-1] if i in exported] + [members[-1]]
+    written = [at[i] for i in exports]
+    outs = [steps[i].out for i in exports]
     return Region(ops, specs, shape, written if len(written) > 1 else None), inputs, outs
+
+
+def _sigmoid_ops(dtype, x, first):
+    """The operations of the sigmoid rule's NumPy code (`sigmoid_values`), from the op `first`
+    on: `e = exp(-abs(x))`, then `where(x >= 0, 1 / (1 + e), e / (1 + e))`."""
+    e, d = ("op", first + 2), ("op", first + 3)
+    quotients, positive = [("op", first + 4), ("op", first + 5)], ("op", first + 6)
+    return [("abs", dtype, [x]), ("negative", dtype, [("op", first)]),
+            ("exp", dtype, [("op", first + 1)]), ("add", dtype, [("const", 1), e]),
+            ("divide", dtype, [("const", 1), d]), ("divide", dtype, [e, d]),
+            ("ge", dtype, [x, ("const", 0)]), ("where", dtype, [positive, *quotients])]  # fmt: skip
 
 
 def fuse(program, arrays, orders, build, exact=False, target=None):
@@ -424,7 +449,8 @@ def fuse(program, arrays, orders, build, exact=False, target=None):
     found, operations, exported = regions(program, arrays, orders, exact, target)
     if not found:
         return program.steps, 0
-    described = [describe(program, members, operations, exported) for members in found]
+    described = [describe(program, members, operations, exported, target.own_loops)
+                 for members in found]  # fmt: skip
     kernels = build([region for region, _, _ in described])
     if kernels is None:
         return program.steps, 0
