@@ -393,10 +393,10 @@ def _types(program, arrays, array=np.ndarray):
     return types
 
 
-def describe(program, members, operations, exported=(), opened=False):
+def describe(program, members, operations, exported=(), own_loops=False):
     """The `Region` of the steps `members`, the slots of its inputs, and those of its outputs
-    (the values of the members in `exported`, then the last member's). `opened`: a `sigmoid`
-    is the operations of its rule (`_sigmoid_ops`), where NumPy's `exp` can be called."""
+    (the values of the members in `exported`, then the last member's). `own_loops` (the host's):
+    a `sigmoid` is the operations of its rule (`_sigmoid_ops`), where NumPy's `exp` is had."""
     steps = program.steps
     made, at = {}, {}  # a member's slot -> its value's op; a member -> the same
     inputs, ops, specs = [], [], []
@@ -416,7 +416,7 @@ def describe(program, members, operations, exported=(), opened=False):
                 operands.append(("const", kind[1]))
             else:
                 operands.append(("none", None))
-        if op == "sigmoid" and opened and numpy_loops.available("exp", dtype):
+        if op == "sigmoid" and own_loops and numpy_loops.available("exp", dtype):
             ops += _sigmoid_ops(dtype, operands[0], len(ops))
         else:
             ops.append((op, dtype, operands))
