@@ -155,10 +155,14 @@ def _typed(slot, types, start):
 INEXACT = frozenset("pow exp expm1 log log1p sin cos tan sinh cosh tanh sigmoid".split())
 
 
-def exact_on_host(op, dtype):
-    """Whether the host loops compute `op` of `dtype` as NumPy does, bit for bit: correctly
-    rounded, or NumPy's own loop called (`numpy_loops`)."""
-    return op not in INEXACT or numpy_loops.available(op, dtype)
+def exact_on_host(op, dtype, kinds=()):
+    """Whether the host loops compute `op` of `dtype` (of operands `kinds`) as NumPy does, bit
+    for bit: correctly rounded, NumPy's own loop called (`numpy_loops`), a power NumPy computes
+    by its fast path (`_fast_power`), or `sigmoid` as its rule's operations around NumPy's
+    `exp` (`_sigmoid_ops`)."""
+    if op not in INEXACT or numpy_loops.available(op, dtype) or _fast_power(op, kinds):
+        return True
+    return op == "sigmoid" and numpy_loops.available("exp", dtype)
 
 
 def _operation(step, types, start, exact=False, library=is_numpy_namespace, own=False):
@@ -166,8 +170,8 @@ def _operation(step, types, start, exact=False, library=is_numpy_namespace, own=
     computes in (a comparison's operands' promoted dtype; its result is bool). An operand kind
     is the slot's type (`_typed`); a weak number is converted to `dtype` as NumPy does.
     `library(xp)`: whether the target takes the step's namespace (NumPy for the host loops);
-    `own`: whether it computes as NumPy's own loops (then `exact` takes the functions it has,
-    and the powers of a number NumPy computes by its fast paths: `_fast_power`)."""
+    `own`: whether it computes as NumPy's own loops (then `exact` takes what `exact_on_host`
+    says it computes as NumPy does)."""
     if type(step) is not Call or step.makes_ctx or not library(step.xp):
         return None
     known = OPS.get(step.function)
@@ -183,18 +187,7 @@ def _operation(step, types, start, exact=False, library=is_numpy_namespace, own=
     if any(k is None for k in kinds):
         return None
     out = np.dtype(step.node.dtype)
-    if (
-        exact
-        and op in INEXACT
-        and not (
-            own
-            and (
-                numpy_loops.available(op, out)
-                or _fast_power(op, kinds)
-                or (op == "sigmoid" and numpy_loops.available("exp", out))
-            )
-        )
-    ):
+    if exact and not (exact_on_host(op, out, kinds) if own else op not in INEXACT):
         return None
     if not _CHECKS[kind](op, out, kinds, step):
         return None
@@ -416,7 +409,7 @@ def describe(program, members, operations, exported=(), own_loops=False):
                 operands.append(("const", kind[1]))
             else:
                 operands.append(("none", None))
-        if op == "sigmoid" and own_loops and numpy_loops.available("exp", dtype):
+        if op == "sigmoid" and own_loops and exact_on_host(op, dtype):
             ops += _sigmoid_ops(dtype, operands[0], len(ops))
         else:
             ops.append((op, dtype, operands))
