@@ -58,11 +58,12 @@ def takes(*arrays):
     if type(first) is not np.ndarray or not dispatch.native_allowed():
         return False
     dtype = first.dtype
-    return (
-        dtype in NUMPY_FLOATS  # in the machine's byte order: a dtype's name says nothing of it
-        and all(type(a) is np.ndarray and a.dtype == dtype and a.flags.c_contiguous for a in arrays)
-        and available()
-    )
+    if dtype not in NUMPY_FLOATS:  # in the machine's byte order: a dtype's name says nothing
+        return False
+    for a in arrays:  # a loop, not a generator: this runs at every parameter's step
+        if type(a) is not np.ndarray or a.dtype != dtype or not a.flags.c_contiguous:
+            return False
+    return available()
 
 
 def available():

@@ -33,7 +33,7 @@ from ..backend import NUMPY_FLOATS, device_of, dtype_name, is_array, isdtype, na
 from ..cuda import dispatch
 from ..cuda.fp_status import Flagged
 from ..primitive import detached
-from ..pytree import tree_map
+from ..pytree import TypeTable, tree_map
 from ..rules.elementwise import astype
 from ..tracked import data
 from .rules import Rule, hyperparameters
@@ -151,7 +151,10 @@ def step(rule, param, grad, state):
     if wide is not None:
         new_param, new_state = _step(rule, astype(param, wide), astype(grad, wide), state)
         return astype(new_param, param.dtype), _kept(new_state, state)
-    new_param, new_state = _step(rule, param, grad, state)
+    done = _fused_step(rule, param, grad, state)
+    if done is not None:  # a kernel writes the one dtype it reads: nothing to cast back
+        return done
+    new_param, new_state = _own_step(rule, param, grad, state)
     return _kept(new_param, param), _kept(new_state, state)
 
 
@@ -172,26 +175,49 @@ def _kept(new, old):
 
 
 def _step(rule, param, grad, state):
+    done = _fused_step(rule, param, grad, state)
+    return done if done is not None else _own_step(rule, param, grad, state)
+
+
+def _own_step(rule, param, grad, state):
+    """The rule's own operations (`rule.apply`); a `Scheduled` rule steps its rule as it runs
+    at this step, by a kernel where one takes it."""
     if type(rule) is Scheduled:
         t, inner = state
         new_param, inner = _step(rule.at(t, like=grad), param, grad, inner)
         return new_param, (next_count(t), inner)
-    cls = type(rule)
-    own = cls.__module__.rpartition(".")[0] == __package__
-    fused = dispatch.STEPS.get(cls.__name__) if own else None
-    if getattr(rule, "maximize", False):  # the kernels know only descent
-        fused = None
-    # the kernels take their scalars by value: a rate in an array (a schedule's) goes generic;
-    # each fused step decides whether it takes the arrays (CuPy's, or NumPy's natively)
-    if fused is not None and not is_array(getattr(rule, "eta", 0.0)):
-        try:
-            done = fused(rule, param, grad, state)
-        except Flagged:  # an overflow NumPy's settings report: the rule's own operations do
-            done = None
-        if done is not None:
-            return done
     state, delta = rule.apply(state, param, grad)
     return param - delta, state
+
+
+def _fused_step(rule, param, grad, state):
+    """The step by the kernel `cuda.dispatch` registered for the rule (this package's rules
+    only), or None where the rule's own operations step: the kernel does not take the arrays
+    (each decides: CuPy's, or NumPy's natively), the rule maximises (the kernels know only
+    descent), its rate is an array (a schedule's: the kernels take their scalars by value), or
+    the kernel raised a floating-point exception that NumPy's settings report (the rule's
+    operations then warn or raise as they do)."""
+    cls = type(rule)
+    fused = _FUSED_STEPS.get(cls)
+    if fused is None:
+        fused = _FUSED_STEPS[cls] = _registered_step(cls)
+    if fused is False or getattr(rule, "maximize", False):
+        return None
+    eta = getattr(rule, "eta", 0.0)
+    if type(eta) is not float and is_array(eta):
+        return None
+    try:
+        return fused(rule, param, grad, state)
+    except Flagged:
+        return None
+
+
+_FUSED_STEPS = TypeTable()  # a rule's class -> its registered kernel step, or False
+
+
+def _registered_step(cls):
+    own = cls.__module__.rpartition(".")[0] == __package__
+    return (dispatch.STEPS.get(cls.__name__) if own else None) or False
 
 
 def _is_parameter(x):
@@ -308,7 +334,7 @@ def _update(x, dx, leaf, path, done, skipped):
         dx = _checked_gradient(path, x, dx)
         _check_state(path, x, leaf.state)
         state = tree_map(detached, leaf.state) if recording.ACTIVE else leaf.state
-        new_x, new_state = step(leaf.rule, detached(x), dx, state)
+        new_x, new_state = step(leaf.rule, x if type(x) is np.ndarray else detached(x), dx, state)
         done[id(leaf)] = result = (new_x, Leaf(leaf.rule, new_state))
         return result
     if dx is None:
@@ -354,6 +380,8 @@ def _check_no_state(path, x, leaf):
 
 
 def _checked_gradient(path, x, dx):
+    if type(dx) is np.ndarray and type(x) is np.ndarray and dx.shape == x.shape:
+        return dx if dx.dtype == x.dtype else astype(dx, x.dtype)  # the common case, at once
     traced = detached(dx)
     dx, x = data(dx), data(x)
     if not is_array(dx) or tuple(dx.shape) != tuple(x.shape):

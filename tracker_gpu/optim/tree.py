@@ -29,11 +29,13 @@ class Structure:
 
 
 def _rebuild_dataclass(tree, keys, values):
-    if hasattr(tree, "__dict__"):  # a shallow copy, faster than copy.copy
-        out = object.__new__(type(tree))
-        out.__dict__.update(tree.__dict__)
-    else:
-        out = copy.copy(tree)
+    if hasattr(tree, "__dict__") and not hasattr(type(tree), "__slots__"):
+        out = object.__new__(type(tree))  # a shallow copy, faster than copy.copy
+        fields = out.__dict__
+        fields.update(tree.__dict__)
+        fields.update(zip(keys, values))  # as object.__setattr__ would, frozen or not
+        return out
+    out = copy.copy(tree)
     for key, value in zip(keys, values):
         object.__setattr__(out, key, value)
     return out
