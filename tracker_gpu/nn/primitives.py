@@ -10,6 +10,8 @@ matrix, so that convolutions and pools are matmuls and reductions, and `col2im` 
 import itertools
 import math
 
+import numpy as np
+
 from ..backend import HALF, added_into, device_of, dtype_name, into, namespace_of
 from ..primitive import Primitive
 from ..rules.elementwise import add, astype, multiply, subtract, tanh
@@ -124,7 +126,7 @@ col2im = Primitive(
 
 # --- the affine map of Dense and Conv: one primitive
 def _linear_forward(xp, x, weight, bias):
-    y = _rows_matmul(xp, x, xp.matrix_transpose(weight))
+    y = _rows_matmul(xp, x, _transposed(xp, weight))
     return y if bias is None else added_into(xp, y, bias)  # in place, as `into` says why
 
 
@@ -135,6 +137,11 @@ def _rows_matmul(xp, x, w):
         return xp.matmul(x, w)
     rows = xp.reshape(x, (math.prod(x.shape[:-1]), x.shape[-1]))
     return xp.reshape(xp.matmul(rows, w), (*x.shape[:-1], w.shape[-1]))
+
+
+def _transposed(xp, a):
+    """`xp.matrix_transpose(a)` (NumPy's is Python around the array's own `mT`)."""
+    return a.mT if type(a) is np.ndarray else xp.matrix_transpose(a)
 
 
 # The vjps call the library directly on plain arrays (a first-order pass: the hot path of
@@ -161,7 +168,7 @@ def _linear_vjp_weight(g, ans, x, weight, bias):
         g, x = reshape(g, (rows, n_out)), reshape(x, (rows, n_in))
     xp = _plain_namespace(g, x)
     if xp is not None:
-        return xp.matmul(xp.matrix_transpose(g), x)
+        return xp.matmul(_transposed(xp, g), x)
     return matmul(matrix_transpose(g), x)
 
 
