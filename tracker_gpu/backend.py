@@ -466,19 +466,17 @@ def dtype_in(xp, dtype):
 
 def dtype_name(dtype):
     """The standard's name of a dtype of any library ("float32"), or None."""
-    try:  # NumPy's `dtype.name` is Python, about 1.8 us: rules ask it at every operation
-        return _NAMES[dtype]
-    except (KeyError, TypeError):  # not seen yet, or not hashable
-        pass
-    name = _dtype_name(dtype)
-    with contextlib.suppress(TypeError):
-        if len(_NAMES) >= 256:  # dtypes made at run time (structured ones) are not kept forever
-            _NAMES.clear()
-        _NAMES[dtype] = name
+    if not isinstance(dtype, np.dtype):
+        return _dtype_name(dtype)
+    name = _NAMES.get(dtype)  # NumPy's `dtype.name` is Python, about 1.8 us: rules ask it at
+    if name is None:  # every operation (the table holds NumPy's dtypes alone: other libraries'
+        if len(_NAMES) >= 256:  # compare with them, array-api-strict's warning that they do)
+            _NAMES.clear()  # dtypes made at run time (structured ones) are not kept forever
+        name = _NAMES[dtype] = dtype.name
     return name
 
 
-_NAMES = {}  # dtype -> its name; equal dtypes have one name
+_NAMES = {}  # NumPy dtype -> its name; equal dtypes have one name
 
 
 def _dtype_name(dtype):
