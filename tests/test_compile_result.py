@@ -55,6 +55,8 @@ STRUCTURES = {
     "dataclasses": [Plain(_Slot(1), Frozen(_Slot(2))), Slotted(_Slot(3)), Copied(_Slot(1))],
     "attributes": _with_extra(Frozen(_Slot(2))),
     "a class": (Plain, _Slot(1)),
+    "a frozen record": (Frozen((0.5, "a", None)), _Slot(1)),
+    "a frozen dataclass of a list": (Frozen([0.5]), _Slot(1)),
     "deep": [[[[_Slot(1)]]]],
 }
 
@@ -93,3 +95,23 @@ def test_the_generated_builder_builds_what_the_closures_build(name):
     assert built is not template or not dataclasses.is_dataclass(template)
     second = _builder(template)({1: "one", 2: "two", 3: "three"})
     assert second != built or name == "constant" or name == "a class"
+
+
+def test_a_frozen_record_is_returned_as_it_is_and_anything_that_can_change_anew():
+    """An optimiser's rule (a frozen dataclass of numbers) is the recording's object in every
+    replay's result, so that the next call's matcher finds the very object it knows; a frozen
+    dataclass that holds a list, a slot or an attribute of its own is built anew."""
+    record = Frozen((0.5, "a", Frozen(3)))
+    changing = {
+        "a list": Frozen([0.5]),
+        "a slot": Frozen(_Slot(1)),
+        "an attribute": Frozen(2.0),
+        "a mutable dataclass": Plain(0.5),
+    }
+    object.__setattr__(changing["an attribute"], "note", "not a field")
+    build = _builder([record, *changing.values()])
+    for env in ({1: "one"}, {1: "two"}):
+        built = build(env)
+        assert built[0] is record
+        for name, value in zip(changing, built[1:]):
+            assert value is not changing[name], name

@@ -30,6 +30,7 @@ from ..tracked import TrackedArray
 from . import backward, fusion, graphs, loops, opened
 from .codegen import _calls, _leading_to_stop, _order, generate
 from .recorder import Call, Draw, Walk, slots_by_id
+from .signature import immutable
 
 __all__ = ["Program"]
 
@@ -282,7 +283,7 @@ class _BuilderCode:
                 return f"{self.const(kind)}({values})"
             return f"{self.const(kind)}([{values}])"
         fields = getattr(kind, "__dataclass_fields__", None)
-        if fields is None or isinstance(template, type):
+        if fields is None or isinstance(template, type) or immutable(template):
             if _owned(template):  # the program's own array: the caller's copy, every call
                 return f"OWN({self.const(template)})"
             return self.const(template)

@@ -21,7 +21,14 @@ from .. import backend
 from ..pytree import TypeTable
 from ..tracked import TrackedArray
 
-__all__ = ["signature", "arrays_of", "signature_and_arrays", "non_fields", "TrackedArgument"]
+__all__ = [
+    "signature",
+    "arrays_of",
+    "signature_and_arrays",
+    "non_fields",
+    "immutable",
+    "TrackedArgument",
+]
 
 VALUES = frozenset((int, float, bool, str, type(None), complex))  # described by their value
 
@@ -93,6 +100,20 @@ def non_fields(x):
         return ()
     fields = type(x).__dataclass_fields__
     return tuple(sorted([(k, constant_key(v)) for k, v in found.items() if k not in fields]))
+
+
+def immutable(x):
+    """Whether `x` is a frozen dataclass of numbers, strings and tuples of them (nothing in it
+    can change: the same object has the same signature), with no attribute but its fields."""
+    kind = type(x)
+    if kind in VALUES:
+        return True
+    if kind is tuple:
+        return all(immutable(v) for v in x)
+    params = getattr(kind, "__dataclass_params__", None)
+    if params is None or not params.frozen or isinstance(x, type) or non_fields(x):
+        return False
+    return all(immutable(getattr(x, name)) for name in kind.__dataclass_fields__)
 
 
 _CONSTANT_DEPTH = 4  # containers inside a constant keyed item by item, deeper ones by identity

@@ -59,11 +59,12 @@ class Leaf:
         reads them as inputs and every replay advances them, instead of a signature per step."""
         leaves = _flat(self.state)
         counts, array = False, None
-        for v in leaves:  # loops, not generators: this runs at every compiled call
-            if _is_count(v):
+        for v in leaves:  # loops, not generators, calls inlined: this runs at every compiled call
+            kind = type(v)
+            if kind is float or kind is int or isinstance(v, np.floating):  # `_is_count`
                 counts = True
             elif array is None and (
-                type(v) is np.ndarray or (is_array(v) and not isinstance(v, np.generic))
+                kind is np.ndarray or (is_array(v) and not isinstance(v, np.generic))
             ):
                 array = v
         if not counts:
@@ -95,8 +96,10 @@ def _counted(state, made):
         inner = type(part)
         if inner is tuple or inner is list:
             parts.append(_counted(part, made))
+        elif inner is float or inner is int or isinstance(part, np.floating):  # `_is_count`
+            parts.append(made(part))
         else:
-            parts.append(made(part) if _is_count(part) else part)
+            parts.append(part)
     return kind(parts)
 
 
