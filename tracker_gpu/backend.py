@@ -466,12 +466,15 @@ def dtype_in(xp, dtype):
 
 def dtype_name(dtype):
     """The standard's name of a dtype of any library ("float32"), or None."""
+    # NumPy's `dtype.name` is Python, about 1.8 us, and the rules ask it at every operation:
+    # NumPy's dtypes are looked up in a table (theirs alone: other libraries' dtypes compare
+    # with them, and array-api-strict's warn that they do)
     if not isinstance(dtype, np.dtype):
         return _dtype_name(dtype)
-    name = _NAMES.get(dtype)  # NumPy's `dtype.name` is Python, about 1.8 us: rules ask it at
-    if name is None:  # every operation (the table holds NumPy's dtypes alone: other libraries'
-        if len(_NAMES) >= 256:  # compare with them, array-api-strict's warning that they do)
-            _NAMES.clear()  # dtypes made at run time (structured ones) are not kept forever
+    name = _NAMES.get(dtype)
+    if name is None:
+        if len(_NAMES) >= 256:  # dtypes made at run time (structured ones) are not kept forever
+            _NAMES.clear()
         name = _NAMES[dtype] = dtype.name
     return name
 
