@@ -21,6 +21,11 @@ class Frozen:
     a: object
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Token:  # frozen, but told apart by identity: each call's is its own
+    a: object
+
+
 @dataclasses.dataclass
 class Slotted:
     __slots__ = ("a",)
@@ -98,15 +103,17 @@ def test_the_generated_builder_builds_what_the_closures_build(name):
 
 
 def test_a_frozen_record_is_returned_as_it_is_and_anything_that_can_change_anew():
-    """An optimiser's rule (a frozen dataclass of numbers) is the recording's object in every
-    replay's result, so that the next call's matcher finds the very object it knows; a frozen
-    dataclass that holds a list, a slot or an attribute of its own is built anew."""
+    """An optimiser's rule (a frozen dataclass of numbers, compared by value) is the recording's
+    object in every replay's result, not a copy made at every call; a frozen dataclass that
+    holds a list, a slot or an attribute of its own, or is compared by identity, is built
+    anew."""
     record = Frozen((0.5, "a", Frozen(3)))
     changing = {
         "a list": Frozen([0.5]),
         "a slot": Frozen(_Slot(1)),
         "an attribute": Frozen(2.0),
         "a mutable dataclass": Plain(0.5),
+        "a record compared by identity": Token(0.5),
     }
     object.__setattr__(changing["an attribute"], "note", "not a field")
     build = _builder([record, *changing.values()])

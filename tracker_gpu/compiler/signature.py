@@ -103,15 +103,18 @@ def non_fields(x):
 
 
 def immutable(x):
-    """Whether `x` is a frozen dataclass of numbers, strings and tuples of them (nothing in it
-    can change: the same object has the same signature), with no attribute but its fields."""
+    """Whether `x` is a frozen dataclass of numbers, strings and tuples of them, compared by
+    value (`eq`), with no attribute but its fields: nothing in it can change, and one such
+    object is as good as another equal to it (the same signature, the same answers)."""
     kind = type(x)
     if kind in VALUES:
         return True
     if kind is tuple:
         return all(immutable(v) for v in x)
     params = getattr(kind, "__dataclass_params__", None)
-    if params is None or not params.frozen or isinstance(x, type) or non_fields(x):
+    if params is None or not (params.frozen and params.eq) or isinstance(x, type):
+        return False
+    if non_fields(x):
         return False
     return all(immutable(getattr(x, name)) for name in kind.__dataclass_fields__)
 
