@@ -59,12 +59,11 @@ class Leaf:
         reads them as inputs and every replay advances them, instead of a signature per step."""
         leaves = _flat(self.state)
         counts, array = False, None
-        for v in leaves:  # loops, not generators, calls inlined: this runs at every compiled call
-            kind = type(v)
-            if kind is float or kind is int or isinstance(v, np.floating):  # `_is_count`
+        for v in leaves:  # loops, not generators: this runs at every compiled call
+            if _is_count(v):
                 counts = True
             elif array is None and (
-                kind is np.ndarray or (is_array(v) and not isinstance(v, np.generic))
+                type(v) is np.ndarray or (is_array(v) and not isinstance(v, np.generic))
             ):
                 array = v
         if not counts:
@@ -96,10 +95,8 @@ def _counted(state, made):
         inner = type(part)
         if inner is tuple or inner is list:
             parts.append(_counted(part, made))
-        elif inner is float or inner is int or isinstance(part, np.floating):  # `_is_count`
-            parts.append(made(part))
         else:
-            parts.append(part)
+            parts.append(made(part) if _is_count(part) else part)
     return kind(parts)
 
 
@@ -206,8 +203,7 @@ def _fused_step(rule, param, grad, state):
         fused = _FUSED_STEPS[cls] = _registered_step(cls)
     if fused is False or getattr(rule, "maximize", False):
         return None
-    eta = getattr(rule, "eta", 0.0)
-    if type(eta) is not float and is_array(eta):
+    if is_array(getattr(rule, "eta", 0.0)):
         return None
     try:
         return fused(rule, param, grad, state)
@@ -337,7 +333,7 @@ def _update(x, dx, leaf, path, done, skipped):
         dx = _checked_gradient(path, x, dx)
         _check_state(path, x, leaf.state)
         state = tree_map(detached, leaf.state) if recording.ACTIVE else leaf.state
-        new_x, new_state = step(leaf.rule, x if type(x) is np.ndarray else detached(x), dx, state)
+        new_x, new_state = step(leaf.rule, detached(x), dx, state)
         done[id(leaf)] = result = (new_x, Leaf(leaf.rule, new_state))
         return result
     if dx is None:
