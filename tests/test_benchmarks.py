@@ -228,6 +228,33 @@ def test_a_ci_gpu_step_out_of_time_is_interrupted_and_still_reports(monkeypatch)
     assert rc == 124 and "interrupted: the summary" in output and "stopped after 2 s" in output
 
 
+def test_ci_gpu_gives_each_step_what_its_total_limit_leaves(monkeypatch, tmp_path):
+    """With --total-limit a step gets at most what is left, a step that finds under MIN_STEP
+    left is skipped and named so, and the report is rewritten after each step (a run stopped
+    from outside still leaves one)."""
+    ci_gpu = _ci_gpu_module()
+    clock, limits, reports = [0.0], [], []
+    report = tmp_path / "report.md"
+    monkeypatch.setattr(ci_gpu.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(ci_gpu, "setup", lambda args, step: sys.executable)
+    monkeypatch.setattr(ci_gpu, "probe", lambda python: {"gpus": 1, "cpus": 4})
+    monkeypatch.setattr(ci_gpu, "imports_from", lambda facts, venv: True)
+
+    def step_of_50_seconds(step, command, env, work, limit):
+        limits.append((step.name, limit))
+        clock[0] += 50
+        step.result = "passed"
+        reports.append(report.read_text() if report.exists() else "")
+
+    monkeypatch.setattr(ci_gpu, "run_step", step_of_50_seconds)
+    only = ["--only", "memory", "--only", "train-step", "--only", "compile"]
+    ci_gpu.main([*only, "--total-limit", "110", "--step-limit", "100", "--report", str(report)])
+    assert limits == [("memory", 100), ("train-step", 60)]
+    assert reports[1].count("Running: 1 of 3 steps done") == 1
+    text = report.read_text()
+    assert "out of time: --total-limit 110 s was spent" in text and "Running" not in text
+
+
 def test_ci_gpu_machine_facts():
     facts = json.loads(run(CI_GPU, "machine").strip().splitlines()[-1])
     assert facts["python"] and "gpus" in facts and facts["numpy"]
