@@ -4,6 +4,7 @@ element's sum in the same order) over the whole domain, every real dtype, repeat
 negative indices, broadcast index arrays, keys of any shape and chunks; anything else is
 `np.add.at`'s own, its errors included."""
 
+import array_api_compat.numpy
 import numpy as np
 import pytest
 from domain import domain
@@ -63,3 +64,33 @@ def test_other_keys_are_add_ats_own():
     for key in (np.array([0, 5]), np.array([-6, 0]), (np.array([0]), np.array([3]))):
         with pytest.raises(IndexError):
             backend.scatter_add(np, z.copy(), key, np.ones(_values_shape(key, z.shape)))
+
+
+CUPY_SCATTER_DTYPES = ("int32", "int64", "float16", "float32", "float64", "uint32", "uint64")
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "int16", "uint8", "uint16"])
+def test_a_scatter_add_that_refuses_narrow_dtypes_adds_in_a_wider_one(monkeypatch, dtype):
+    """CuPy's scatter-add refuses bool and the narrow integers (imitated on NumPy): the sums
+    made in a wider type equal `np.add.at`'s, a bool one a logical or and the integers wrapped
+    (200 added 9 times to one int8 element overflows)."""
+    import sys
+    import types
+
+    def cupy_like(z, key, values):
+        if z.dtype.name not in CUPY_SCATTER_DTYPES:
+            raise TypeError(f"add.at of {z.dtype}")
+        np.add.at(z, key, values)
+
+    monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(scatter_add=cupy_like))
+    monkeypatch.setattr(backend, "is_cupy", lambda x: isinstance(x, np.ndarray))
+    rng = np.random.default_rng(3)
+    key = np.array([0, 2, 0, 0, 5, 2, 0, 0, 0, 0, 0, 0])
+    big = np.iinfo(dtype).max if dtype != "bool" else True
+    values = np.concatenate([np.full(9, big), rng.integers(0, 2, 3)]).astype(dtype)
+    start = (rng.integers(0, 2, 7) * (dtype != "bool" and 3)).astype(dtype)
+    expected = start.copy()
+    np.add.at(expected, key, values)
+    got = backend.scatter_add(array_api_compat.numpy, start.copy(), key, values)
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)

@@ -342,7 +342,11 @@ def scatter_add(xp, z, key, values):
     if is_cupy(z):
         import cupyx
 
-        _by_real_parts(cupyx.scatter_add, z, key, values)
+        wide = _CUPY_SCATTER_WIDER.get(z.dtype.name)
+        if wide is None:
+            _by_real_parts(cupyx.scatter_add, z, key, values)
+        else:
+            _scatter_widened(cupyx.scatter_add, z, key, values, wide)
         return z
     shape = z.shape
     positions = xp.reshape(xp.arange(size_of(z), device=device_of(z)), shape)[key]
@@ -423,6 +427,22 @@ def _add_at_flat(z, key, values):
         part = slice(start, start + step)
         np.add.at(into, (flat[part, None] * width + columns).reshape(-1), values[part].reshape(-1))
     return True
+
+
+# CuPy's atomic add takes none of these: each scatters in the wider type, whose sums wrap to
+# the same values modulo the narrow type's range (its width divides the wider one's)
+_CUPY_SCATTER_WIDER = {
+    "bool": "int32", "int8": "int32", "int16": "int32", "uint8": "uint32", "uint16": "uint32",
+}  # fmt: skip
+
+
+def _scatter_widened(scatter, z, key, values, wide):
+    """`scatter(z, key, values)` (in place) done in dtype `wide`: a bool `z` ends as NumPy's
+    `add.at` leaves it (an element is True where it was or where a True was added), an integer
+    `z` as its sums wrapped into its own type."""
+    total = z.astype(wide)
+    scatter(total, key, values.astype(wide))
+    z[...] = total != 0 if z.dtype == bool else total.astype(z.dtype)
 
 
 def _by_real_parts(scatter, z, key, values):
