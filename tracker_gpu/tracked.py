@@ -503,10 +503,11 @@ _SWAPPED = {
 
 
 def _numpy_on_the_left(ufunc, inputs, x):
-    """A NumPy scalar or array on the left of a comparison (or bitwise operator) with `x` of
-    another library. A scalar (NumPy makes it 0-d) compares as a number from the right
-    (`np.float64(0) < x` on PyTorch: NumPy's ufunc on the tensor made a uint8 mask, which
-    indexing took for indices); an array is refused, as another library's, but beside Dask's."""
+    """A NumPy scalar or array, or an array of `x`'s library whose ufuncs defer to `x` (CuPy's
+    `mask & x`), on the left of a comparison (or bitwise operator) with `x`. A NumPy scalar
+    (NumPy makes it 0-d) compares as a number from the right (`np.float64(0) < x` on PyTorch:
+    NumPy's ufunc on the tensor made a uint8 mask, which indexing took for indices); an array of
+    another library is refused, but NumPy's beside Dask's."""
     left, right = inputs[0], inputs[-1]
     scalar = isinstance(left, np.generic) or (type(left) is np.ndarray and left.ndim == 0)
     if right is x and scalar and ufunc.__name__ in _SWAPPED:
@@ -514,7 +515,7 @@ def _numpy_on_the_left(ufunc, inputs, x):
     xp = x._xp
     for a in inputs:
         if not isinstance(a, TrackedArray):
-            xp = backend.common_library(xp, np.asarray(a))
+            xp = backend.common_library(xp, a if backend.is_array(a) else np.asarray(a))
     return constant(ufunc(*(data(a) for a in inputs)), xp)
 
 
