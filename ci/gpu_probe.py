@@ -71,11 +71,13 @@ def _cupy_facts():
 
 
 def _has_bfloat16(cupy):
-    """Whether CuPy makes arrays of ml_dtypes' bfloat16 (CuPy 14.2 does not)."""
-    try:
-        import ml_dtypes
+    """Whether tracker_gpu makes CuPy arrays of bfloat16: the library's own answer, since CuPy
+    14.2 makes arrays of ml_dtypes' bfloat16 where ml_dtypes is installed, but tracker_gpu's
+    kernels and rules do not take them there, and refuse."""
+    from tracker_gpu.backend import half_dtype
 
-        cupy.zeros(2, dtype=ml_dtypes.bfloat16)
+    try:
+        cupy.zeros(2, dtype=half_dtype("bfloat16", cupy))
     except Exception:
         return False
     return True

@@ -208,6 +208,12 @@ def test_every_function_gives_the_plain_namespaces_value_bit_for_bit(backend, na
             expected = _arrays(_call(plain_xp, plain, backend.device, name))
         except TypeError as refusal:  # array-api-strict's fft of real arrays
             pytest.skip(f"the plain namespace refuses it ({refusal}); the tracked one answers")
+        except ValueError:  # array-api-compat's frequencies refuse CUDA devices: CuPy's own
+            if not (backend.name == "cupy" and name.endswith("freq")):
+                raise
+            import cupy
+
+            expected = [_function(cupy, name)(4)]
         got = _arrays(_call(xp, x, backend.device, name))
     assert len(got) == len(expected), name
     for a, b in zip(got, expected):
