@@ -65,7 +65,7 @@ def describe_capture(captures):
     """One line for `capture_of`'s list."""
     return "; ".join("replayed step by step (no CUDA graph)" if c is None else
                      f"{c['graphs']} CUDA graphs, {c['library_calls']} library calls (cuBLAS, "
-                     "cuSOLVER) run live between them" for c in captures)  # fmt: skip
+                     "cuSOLVER, joins) run live between them" for c in captures)  # fmt: skip
 
 
 def torch_cuda():

@@ -90,6 +90,7 @@ def expected_compute(backend, precision):
     return HALF.get(precision, "float32")
 
 
+@pytest.mark.filterwarnings("error:tg.compile. no CUDA graph")  # on CuPy: never step by step
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("precision", ["32", "16", "bf16"])
 @pytest.mark.parametrize("case", list(CASES))
@@ -181,6 +182,7 @@ def test_an_overflowing_scale_skips_steps_and_a_resumed_run_keeps_its_scale(
         assert np.array_equal(a, b)
 
 
+@pytest.mark.filterwarnings("error:tg.compile. no CUDA graph")  # on CuPy: never step by step
 @pytest.mark.parametrize("case", ["mlp", "text"])
 def test_a_compiled_float16_step_skips_and_scales_on_the_device_as_the_eager_one(backend, case):
     """A scale of 2^20 overflows the first steps: the compiled step (its scaler on the device,

@@ -124,6 +124,7 @@ def test_the_command_line_saves_and_resumes(tmp_path, capsys):
     assert "mlp: test accuracy" in capsys.readouterr().out
 
 
+@pytest.mark.filterwarnings("error:tg.compile. no CUDA graph")  # on CuPy: never step by step
 @pytest.mark.parametrize("name", ["mlp", "cnn", "lstm"])
 def test_a_compiled_step_trains_as_the_eager_one(backend, data, name):
     """`--compile`: the step, recorded once per batch shape and replayed, is the eager step bit

@@ -11,9 +11,11 @@ inputs with a memory pool of its own (so that it allocates the buffers the captu
 and compiles every kernel), then again under capture, drawing the same buffers from that pool
 without allocating; the pool stays with the graphs, whose buffers no one else may use.
 
-CuPy refuses to capture a call of cuBLAS or cuSOLVER (a matrix product, a factorisation). The
-capture is cut at each such library call (`LIBRARY_CALLS`): the graph so far is closed and
-launched, the call runs live, and a new graph opens. A call replays the parts in order: graph,
+CuPy refuses to capture a call of cuBLAS or cuSOLVER (a matrix product, a factorisation), and
+a join of several arrays (`stack`, `concat`), whose single kernel reads a table of the arrays'
+addresses copied from the host (found on an H200, in the text model's step). The capture is
+cut at each such library call (`LIBRARY_CALLS`): the graph so far is closed and launched, the
+call runs live, and a new graph opens. A call replays the parts in order: graph,
 library call (its value copied into the buffer the capture's later graphs read), graph. The
 capturing run is a real run, and its result must equal the first run's value for value (nan
 where nan: `_equal`), or the program is replayed step by step (with a warning): a graph never
@@ -29,9 +31,11 @@ from .recorder import Draw
 
 __all__ = ["Plan", "plan", "Captured", "LIBRARY_CALLS"]
 
-# The namespace's functions (by submodule) that may call cuBLAS or cuSOLVER on CuPy arrays.
+# The namespace's functions (by submodule) that may call cuBLAS or cuSOLVER on CuPy arrays, or
+# copy from the host (the joins).
 LIBRARY_CALLS = {
-    "": ("matmul", "tensordot", "vecdot", "einsum", "dot", "inner", "vdot", "kron"),
+    "": ("matmul", "tensordot", "vecdot", "einsum", "dot", "inner", "vdot", "kron", "stack",
+         "concat", "concatenate"),
     "linalg": ("matmul", "tensordot", "vecdot", "cholesky", "det", "eig", "eigh", "eigvals",
                "eigvalsh", "inv", "lstsq", "matrix_norm", "matrix_power", "matrix_rank", "norm",
                "pinv", "qr", "slogdet", "solve", "svd", "svdvals", "tensorinv", "tensorsolve",
