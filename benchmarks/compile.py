@@ -516,10 +516,10 @@ def gpu_run(args):
         for name, step in steps.items():
             blocks[name].append(timer.block(step, 50) * 1e3)
     us = {name: statistics.median(seen) for name, seen in blocks.items()}
-    targets = [_target("compiled at least 3x faster than eager", us["compiled"] * 3, us["eager"])]
+    targets = [_speedup("compiled at least 3x faster than eager", us["compiled"], us["eager"], 3)]
     if "PyTorch eager" in us:
-        targets.append(_target("compiled faster than PyTorch eager", us["compiled"],
-                               us["PyTorch eager"]))  # fmt: skip
+        targets.append(_speedup("compiled faster than PyTorch eager", us["compiled"],
+                                us["PyTorch eager"], 1))  # fmt: skip
     document = {"backend": "cupy", "device": cp.cuda.runtime.getDeviceProperties(0)["name"]
                 .decode(), "agree": agree, "us": us, "targets": targets,
                 "capture": capture_of(steps["compiled"].compiled)}  # fmt: skip
@@ -532,8 +532,9 @@ def gpu_run(args):
     return document
 
 
-def _target(text, ours, reference):
-    return {"target": text, "value": ours / reference, "met": ours < reference}
+def _speedup(text, ours, reference, times):
+    """A target of being `times` faster than `reference`: the value is the speed-up."""
+    return {"target": text, "value": reference / ours, "met": ours * times < reference}
 
 
 def cupy_mlp(cp, x, labels, model, compiled):
