@@ -2,7 +2,8 @@
 generated loops around the library's own calls, their values and gradients are eager's bit for
 bit over the whole domain, in float32 and float64; anything else than the recorded arrays
 takes the rule's own code; small arrays stay NumPy's; a second derivative through a compiled
-function is eager's."""
+function is eager's. Eager's references run the rules' NumPy code (`generic_only`): eagerly too
+the rules take these loops (`compiler/native_rules.py`)."""
 
 import functools
 
@@ -13,6 +14,7 @@ from test_compile_fusion import _quiet, _same_bits, cache, fallbacks
 
 import tracker_gpu as tg
 from tracker_gpu.compiler import fusion, loops, opened
+from tracker_gpu.cuda import dispatch
 from tracker_gpu.nn.primitives import gelu_tanh
 from tracker_gpu.rules import losses, nn
 
@@ -55,6 +57,12 @@ def _loss(rule, weights):
     return loss
 
 
+def _numpy_code(function, *args):
+    """`function(*args)` with the rules' NumPy code, quietly."""
+    with dispatch.generic_only():
+        return _quiet(function, *args)
+
+
 def _opened_parts(program):
     forwards = [s for s in program.steps if type(s) is fusion.Fused and len(s.calls) == 1
                 and s.calls[0].node.rule in opened.OPENED]  # fmt: skip
@@ -72,7 +80,7 @@ def _compiled_as_eager(loss, x, what):
     eager's at its second call: `(step, its opened parts)`."""
     step = tg.compile(loss, fuse="exact")
     _quiet(step, x)
-    got, eager = _quiet(step, x), _quiet(tg.withgradient, loss, x)
+    got, eager = _quiet(step, x), _numpy_code(tg.withgradient, loss, x)
     _same_bits(got.val, eager.val, f"{what}: the loss")
     _same_bits(got.grad[0], eager.grad[0], f"{what}: the gradient")
     return step, _opened_parts(step.programs()[0])
@@ -98,7 +106,7 @@ def test_opened_rules_replay_eager_bit_for_bit(rule, dtype, seed, fallbacks):
     step, (forwards, chains) = _compiled_as_eager(loss, x, rule.name)
     assert (len(forwards), len(chains)) == _expected_parts(rule), (forwards, chains)
     again = _input(rule, dtype, seed + 20)  # new arguments, the same program
-    _same_bits(_quiet(step, again).grad[0], _quiet(tg.withgradient, loss, again).grad[0],
+    _same_bits(_quiet(step, again).grad[0], _numpy_code(tg.withgradient, loss, again).grad[0],
                f"{rule.name}: a second call")  # fmt: skip
     assert not fallbacks, f"{fallbacks} in a replay of {rule.name}"
 
@@ -116,11 +124,11 @@ def test_something_else_than_recorded_takes_the_rules_own_code(rule):
         opening, *_, kw = part.opening if what == "pullback" else _opening_of(part)
         eager = functools.partial(opening.eager, **kw)
         arrays = [domain(SHAPE, np.float64, seed=5 + k) for k in range(len(part.inputs))]
-        expected = _quiet(eager, *arrays)
+        expected = _numpy_code(eager, *arrays)
         _same_bits(_quiet(run, *arrays), expected, f"{rule.name} {what}: the recorded arrays")
         for name, change in changes:
             changed = [_quiet(change, a) for a in arrays]
-            _same_bits(_quiet(run, *changed), _quiet(eager, *changed),
+            _same_bits(_quiet(run, *changed), _numpy_code(eager, *changed),
                        f"{rule.name} {what}: {name}")  # fmt: skip
 
 
@@ -146,7 +154,7 @@ def test_a_second_derivative_through_an_opened_rule_is_eagers(rule):
     x = np.linspace(-4.0, 4.0, 2048).reshape(32, 64)
     step = tg.compile(first, gradient=True)
     _quiet(step, x)
-    got, eager = _quiet(step, x), _quiet(tg.withgradient, first, x)
+    got, eager = _quiet(step, x), _numpy_code(tg.withgradient, first, x)
     _same_bits(got.val, eager.val, "the value")
     _same_bits(got.grad[0], eager.grad[0], "the second derivative")
 

@@ -62,7 +62,7 @@ from ..api import (
 from ..pytree import tree_map
 from ..recording import RecordingError
 from ..tracked import TrackedArray
-from . import cuda_target, loops
+from . import cuda_target, loops, native_rules  # noqa: F401 (installs the rules' native loops)
 from .argument_writes import CONTAINER_CHANGED, AsEagerly, changed, containers
 from .fastpath import matcher
 from .guards import ITEMS_MAX, Guards, guards_of

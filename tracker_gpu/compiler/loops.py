@@ -51,6 +51,7 @@ from ..cuda.sources import header
 from . import numpy_loops
 
 __all__ = [
+    "any_lengths",
     "build",
     "cache_dir",
     "compiler",
@@ -604,6 +605,32 @@ def _kernel(library, name, region):
         block = (len(outs), *shape)
         return lambda *arrays: call(arrays, tuple(empty(block, outs[0])))
     return lambda *arrays: call(arrays, tuple(empty(shape, dtype) for dtype in outs))
+
+
+def any_lengths(library, name, region):
+    """`kernel(row, shape, *arrays)`: region `name` of `library`, built for `region`'s shape,
+    over arrays of any shape of the same structure (`source` depends on the output's merged
+    axes and on which of them each input runs along, not on their lengths), writing one new
+    C-contiguous output of `shape`. A structure of one axis is the flat array; of two, rows of
+    `row` elements. The library must read NumPy's objects; a region of one output only."""
+    (written,) = region.written()
+    out, d = _dtype(region, written), len(_merged(region)[0])
+    functions = []
+    for handle in (library.held, library.released):
+        function = getattr(handle, name)
+        function.argtypes = [ctypes.py_object] + [ctypes.c_longlong] * (d + 2)
+        function.restype = ctypes.c_int
+        functions.append(function)
+    held, released = functions
+
+    def kernel(row, shape, *arrays):
+        size = math.prod(shape)
+        lengths = (size,) if d == 1 else (size // row, row)
+        function = released if size >= RELEASE_FROM else held
+        call = _caller(function, released, lengths, size, True)
+        return call(arrays, (np.empty(shape, out),))[0]
+
+    return kernel
 
 
 # Outputs of fewer elements than this (not 0-d) are rows of one array: one allocation (an

@@ -39,6 +39,7 @@ from .elementwise import (
     subtract,
     where,
 )
+from .native_hook import native
 from .nn import logsoftmax, logsoftmax_parts, real_only, softmax
 from .reductions import _over_count, mean
 from .reductions import sum as _sum
@@ -234,6 +235,9 @@ def _logsoftmax_plain(xp, x, axis):
 
 def _lce_forward(xp, logits, targets, *, axis=-1, agg="mean", normalized=False):
     real_only("logitcrossentropy", logits)
+    done = native("crossentropy", logits, targets, axis=axis, agg=agg, normalized=normalized)
+    if done is not None:
+        return done
     logp = _logsoftmax_plain(xp, logits, axis)
     # the target's log-probability only: a class masked with a -inf logit and a zero target
     # adds 0, not 0 * -inf = nan (PyTorch's cross_entropy)

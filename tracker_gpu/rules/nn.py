@@ -29,6 +29,7 @@ from .elementwise import (
     where,
     zeros_like,
 )
+from .native_hook import native
 from .reductions import check_axes, expand, mean
 from .reductions import sum as _sum
 from .rows import row_max, row_mean, row_mean_of_products, row_sum, row_sum_of_products
@@ -54,6 +55,9 @@ def _softmax_forward(xp, x, /, *, axis=-1):
     x = _floating(xp, x)
     if _empty_along(x, axis):  # nothing to normalise (NumPy's max of nothing raises)
         return xp.zeros_like(x)
+    done = native("softmax", x, axis=axis)
+    if done is not None:
+        return done
     e = into(xp, "exp", x - row_max(xp, x, axis))
     e /= row_sum(xp, e, axis)  # in place, as `into` says why
     return e
@@ -108,6 +112,9 @@ def _softmax_vjp(g, ans, axis):
     xp = _plain(g, ans)
     if xp is None:
         return ans * (g - _sum(g * ans, axis=axis, keepdims=True))
+    done = native("softmax_vjp", ans, g, axis=axis)
+    if done is not None:
+        return done
     out = g - row_sum_of_products(xp, g, ans, axis)
     if out.dtype != ans.dtype or out.shape != ans.shape:
         return ans * out
@@ -189,6 +196,9 @@ def _normalise_vjp(g, ans, x, *, axes, eps=1e-5):
     """`((g - mean(g)) - y * mean(g * y)) / sigma`, sigma recomputed from `x` as the forward
     computes it."""
     xp = _plain(g, ans, x)
+    done = native("normalise_vjp", ans, x, g, axes=axes, eps=eps) if xp is not None else None
+    if done is not None:
+        return done
     if xp is not None:
         mean_g, mean_ga, sigma = normalise_statistics(xp, g, ans, x, axes, eps)
         spread = g - mean_g
