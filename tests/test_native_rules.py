@@ -186,3 +186,23 @@ def test_a_reported_floating_point_exception_raises_as_the_numpy_code_does(name)
     for context in (dispatch.generic_only, lambda: np.errstate()):  # numpy code, then native
         with context(), np.errstate(all="raise"), pytest.raises(FloatingPointError):
             CALLS[name](x, w)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", list(CALLS))
+def test_the_same_warnings_as_the_numpy_code(name, dtype):
+    """Under NumPy's default settings, over the whole domain (overflows, inf - inf, 0 * inf)."""
+    import contextlib
+    import warnings
+
+    x, w = _inputs(name, (40, 64), dtype, 6)
+
+    def warned(context):
+        with context(), warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            CALLS[name](x, w)
+        return sorted(str(s.message) for s in seen)
+
+    numpy = warned(dispatch.generic_only)
+    assert numpy, "the domain makes the NumPy code warn"
+    assert warned(contextlib.nullcontext) == numpy

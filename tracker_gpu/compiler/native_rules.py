@@ -14,9 +14,10 @@ native build (`cuda/native.py`). The rules reach `run` through `rules/native_hoo
 this module installs itself when the package is imported.
 
 The rule's NumPy code runs instead (`run` returns None) where no library can be built, inside
-`generic_only()` and `on_host()`, for other arrays (another dtype or layout, fewer than `FROM`
-elements, statistics over leading axes), and where a loop raised a floating-point exception
-that NumPy's settings report (the NumPy code then warns or raises as it does).
+`generic_only()` and `on_host()`, and for other arrays (another dtype or layout, fewer than
+`FROM` elements, statistics over leading axes). Where a loop raised a floating-point exception
+that NumPy's settings report, that loop's operations run again as NumPy's functions, which warn
+or raise as the rule's NumPy code does (the library calls before it are not made twice).
 """
 
 import functools
@@ -27,12 +28,12 @@ import threading
 import numpy as np
 
 from ..backend import NUMPY_FLOATS
-from ..cuda import dispatch, fp_status
+from ..cuda import dispatch
 from ..nn.primitives import gelu_tanh
 from ..rules import losses, native_hook, nn
 from ..rules.native_hook import FROM
 from . import loops, numpy_loops
-from .opened import OPENED
+from .opened import OPENED, RunWhole, with_fallbacks
 
 __all__ = ["run", "available", "FROM", "RULES"]
 
@@ -71,9 +72,11 @@ def run(name, *arrays, **kw):
     kernels = available() and _state["kernels"][name, dtype]
     if not kernels:
         return None
+    regions = [region for _, region in kernels]
+    bound = [functools.partial(kernel, row, shape) for kernel, _ in kernels]
     try:
-        return opening.composed([functools.partial(k, row, shape) for k in kernels], *arrays, **kw)
-    except fp_status.Flagged:
+        return opening.composed(with_fallbacks(bound, regions, opening.loop_first), *arrays, **kw)
+    except RunWhole:
         return None
 
 
@@ -121,7 +124,8 @@ def _built():
         library.held.tg_set_numpy_loops(numpy_loops.pointers(list(table)))
     kernels = {}
     for k, (region, owner) in enumerate(zip(regions, owners)):
-        kernels.setdefault(owner, []).append(loops.any_lengths(library, f"tg_region_{k}", region))
+        kernel = loops.any_lengths(library, f"tg_region_{k}", region)
+        kernels.setdefault(owner, []).append((kernel, region))
     return kernels
 
 

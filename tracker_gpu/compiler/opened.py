@@ -166,13 +166,15 @@ class Opening:
     `shape` (None where it does not open: a keyword it does not know); `composed(kernels,
     *arrays, **kw)` the rule's code with the loops' kernels for its elementwise parts, `eager(
     *arrays, **kw)` the rule's own code; `reads` the node's saved values a pullback reads
-    (positions: 0 its output, k its argument k), before the gradient."""
+    (positions: 0 its output, k its argument k), before the gradient; `loop_first` whether its
+    code's first operation is its first loop (`with_fallbacks`)."""
 
     loops: tuple
     inputs: object
     composed: object
     eager: object
     reads: tuple = ()
+    loop_first: bool = False
 
     def regions(self, dtype, shape, kw):
         """The regions of its loops, for arrays of `dtype` and `shape`."""
@@ -183,6 +185,7 @@ class Opening:
         """`run(*arrays)`: the composed code where the arrays are the recording's (C-contiguous,
         of `dtype` and `shape`), the rule's own code else."""
         composed, eager, ndarray = self.composed, self.eager, np.ndarray
+        kernels = with_fallbacks(kernels, self.regions(dtype, shape, kw), self.loop_first)
 
         def run(*arrays):
             for a in arrays:
@@ -191,10 +194,55 @@ class Opening:
                     return own_code(eager, arrays, kw)
             try:
                 return composed(kernels, *arrays, **kw)
-            except fp_status.Flagged:  # NumPy's settings report what a loop raised: the rule's code
+            except RunWhole:
                 return own_code(eager, arrays, kw)
 
         return run
+
+
+class RunWhole(Exception):
+    """The first loop of a `loop_first` opening raised: the rule's own code runs whole."""
+
+
+def with_fallbacks(kernels, regions, loop_first):
+    """The `kernels` of the `regions`, each of which, where it raised a floating-point exception
+    that NumPy's settings report, computes its operations again by NumPy's functions
+    (`by_numpy`), which warn or raise as the rule's own code, the same functions in the same
+    order, does: the library calls before it, which warned already, are not made twice. Where
+    the opening is `loop_first`, nothing has warned before its first loop, and that loop raises
+    `RunWhole` instead (GELU's later loop computes `x * x` again, which its own code computes
+    once: by NumPy's functions it would warn twice)."""
+
+    def guarded(kernel, region, whole):
+        def loop(*arrays):
+            try:
+                return kernel(*arrays)
+            except fp_status.Flagged:
+                if whole:
+                    raise RunWhole from None
+                return by_numpy(region, arrays)
+
+        return loop
+
+    return [guarded(kernel, region, loop_first and not j)
+            for j, (kernel, region) in enumerate(zip(kernels, regions))]  # fmt: skip
+
+
+# the loops' comparisons by NumPy's names (the other operations are NumPy's functions' names)
+_NUMPY = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+          "gt": np.greater, "ge": np.greater_equal, "where": np.where}  # fmt: skip
+
+
+def by_numpy(region, arrays):
+    """The value of `region`'s written operation, each operation by NumPy's function of its
+    name on `arrays`, earlier values and numbers (weakly typed, as the rules write them)."""
+    values = []
+    for op, _, operands in region.ops:
+        args = [arrays[what] if kind == "in" else values[what] if kind == "op" else what
+                for kind, what in operands]  # fmt: skip
+        values.append(_NUMPY.get(op, getattr(np, op, None))(*args))
+    (written,) = region.written()
+    return values[written]
 
 
 def own_code(eager, arrays, kw):
@@ -228,6 +276,7 @@ OPENED = {  # rule -> (its forward's opening or None, its first vjp's or None)
             _gelu_shapes(2),
             _gelu_forward_opened,
             lambda x: _gelu_forward(np, x),
+            loop_first=True,
         ),
         Opening(
             (_gelu_inner, _gelu_slope),
@@ -235,6 +284,7 @@ OPENED = {  # rule -> (its forward's opening or None, its first vjp's or None)
             _gelu_vjp_opened,
             lambda x, g: _gelu_vjp(g, None, x),
             reads=(1,),
+            loop_first=True,
         ),
     ),
     nn.softmax: (
