@@ -240,7 +240,7 @@ def by_numpy(region, arrays):
     for op, _, operands in region.ops:
         args = [arrays[what] if kind == "in" else values[what] if kind == "op" else what
                 for kind, what in operands]  # fmt: skip
-        values.append(_NUMPY.get(op, getattr(np, op, None))(*args))
+        values.append((_NUMPY.get(op) or getattr(np, op))(*args))
     (written,) = region.written()
     return values[written]
 
