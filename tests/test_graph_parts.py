@@ -5,12 +5,14 @@ itself is tested on a GPU (`ci/gpu`); these check the cutting, the replay and th
 
 import contextlib
 import functools
+import sys
 import threading
 import types
 
 import numpy as np
 import pytest
 
+import tracker_gpu as tg
 from tracker_gpu.compiler import graphs
 from tracker_gpu.compiler.graphs import Parts, cut_at_library_calls
 
@@ -280,3 +282,47 @@ def test_every_join_the_library_calls_is_cut():
     called = set(re.findall(r"\bxp\.(stack|concat|concatenate|hstack|vstack)\(", source))
     assert {"stack", "concat"} <= called  # the scan finds them
     assert called <= set(graphs.LIBRARY_CALLS[""])
+
+
+def test_an_error_in_an_interpreted_replay_names_the_step_it_came_from():
+    """The host's interpreted replay (a GPU's too): the library's own error, as eagerly, with a
+    note naming the step that raised."""
+    with tg.cuda.on_host():
+        step = tg.compile(lambda x: tg.sum(tg.linalg.cholesky(x)))
+        step(np.eye(3) * 2.0)
+        with pytest.raises(np.linalg.LinAlgError) as raised:
+            step(-np.eye(3))
+    assert "tg.compile: raised while replaying the call of cholesky" in raised.value.__notes__
+
+
+def test_a_capture_that_fails_says_which_step_failed(monkeypatch):
+    """CuPy refusing a host copy during the capture (its joins did): the warning names the step,
+    so that the user sees what kept the program from being a CUDA graph."""
+    from tracker_gpu.compiler import program as program_module
+
+    def capture(program, arrays, cp):
+        return program.interpret(arrays)  # the capture's own run, which meets the refusal
+
+    def refused(*args, **kw):
+        raise RuntimeError("the current stream is capturing, so H2D transfers are disallowed")
+
+    step = tg.compile(lambda x: tg.sum(tg.stack([x, x * 2.0])))
+    x = np.arange(3.0)
+    with tg.cuda.on_host():
+        step(x)
+        (program,) = step.programs()
+        program.graphs, program.graph = True, None
+        monkeypatch.setattr(graphs, "plan", lambda p, a: graphs.Plan([], [], []))
+        monkeypatch.setattr(graphs, "Captured", capture)
+        monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))  # not used here
+        call = next(s for s in program.steps if getattr(s, "function", None) is not None
+                    and s.node.rule.name == "stack")  # fmt: skip
+        monkeypatch.setattr(call, "function", refused)
+        with pytest.warns(
+            UserWarning,
+            match="H2D transfers are disallowed; tg.compile: raised "
+            "while replaying the call of stack\\); replaying step by step",
+        ):
+            with pytest.raises(RuntimeError):  # then step by step, where it raises again
+                step(x)
+    assert program_module.describe_step(call) == "the call of stack"

@@ -195,7 +195,11 @@ class Program:
             _keep_what_is_walked_again(self.steps)
             self._releases = _last_uses(self.steps, self.outputs)
         for step, released in zip(self.steps, self._releases):
-            _RUN[type(step)](step, env)
+            try:
+                _RUN[type(step)](step, env)
+            except Exception as error:
+                error.add_note(f"tg.compile: raised while replaying {describe_step(step)}")
+                raise
             for slot in released:
                 env[slot] = None
         return env
@@ -212,8 +216,10 @@ class Program:
         try:
             self.graph = graphs.Captured(self, arrays, sys.modules["cupy"])
         except Exception as error:
+            where = "".join(f"; {note}" for note in getattr(error, "__notes__", ()))
             warnings.warn(
-                f"tg.compile: no CUDA graph ({error}); replaying step by step", stacklevel=4
+                f"tg.compile: no CUDA graph ({error}{where}); replaying step by step",
+                stacklevel=4,
             )
             return None
         return self.graph
@@ -394,6 +400,23 @@ def _slot(recorder, value):
 
 
 # --- the interpreter
+def describe_step(step):
+    """What a step of the program computes, in words: the rule of a call (`stack`, `matmul`),
+    the rules of a fused region, a backward pass or a random draw."""
+    if type(step) is Call:
+        return f"the call of {_rule_name(step)}"
+    if type(step) is fusion.Fused:
+        return "the fused region of " + ", ".join(dict.fromkeys(map(_rule_name, step.calls)))
+    if type(step) is Walk:
+        return "a backward pass"
+    return "a random draw"
+
+
+def _rule_name(call):
+    rule = getattr(call.node, "rule", None)
+    return getattr(rule, "name", None) or getattr(call.function, "__name__", "a function")
+
+
 def _run_call(step, env):
     value = step.function(step.xp, *[env[i] for i in step.inputs], **step.kw)
     node = step.node
