@@ -13,7 +13,7 @@ from test_compile_fusion import _same_bits
 import tracker_gpu as tg
 from tracker_gpu.compiler import loops, native_rules, opened
 from tracker_gpu.cuda import dispatch
-from tracker_gpu.rules import losses, nn
+from tracker_gpu.rules import nn
 
 pytestmark = [
     pytest.mark.numpy_row,
@@ -37,12 +37,6 @@ def _gradient(f, x, weights):
 
 def _normalise(x):
     return nn.normalise(x, axes=tuple(range(min(1, x.ndim - 1), x.ndim)))  # trailing axes
-
-
-def _crossentropy(x):
-    return losses.logitcrossentropy_primitive(
-        x, _onehot(x.shape, x.dtype), axis=-1, agg="mean", normalized=True
-    )
 
 
 # each rule of native_rules.RULES through what a user calls: `(x, weights) -> array`
