@@ -71,9 +71,9 @@ def _cupy_facts():
 
 
 def _has_bfloat16(cupy):
-    """Whether tracker_gpu makes CuPy arrays of bfloat16: the library's own answer, since CuPy
-    14.2 makes arrays of ml_dtypes' bfloat16 where ml_dtypes is installed, but tracker_gpu's
-    kernels and rules do not take them there, and refuse."""
+    """Whether tracker_gpu makes CuPy arrays of bfloat16: the library's own answer (CuPy 14.2
+    makes arrays of ml_dtypes' bfloat16 where ml_dtypes is installed, but tracker_gpu refuses
+    bfloat16 on CuPy, where it has not been tested)."""
     from tracker_gpu.backend import half_dtype
 
     try:
