@@ -111,8 +111,8 @@ _UNARY = {getattr(ew, name): name for name in (
     "negative exp expm1 log log1p sqrt square reciprocal sin cos tan sinh cosh tanh abs"
 ).split()}  # fmt: skip
 _UNARY[ew.identity] = "identity"
-_COMPARE = {"greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": "le",
-            "equal": "eq", "not_equal": "ne"}  # fmt: skip
+COMPARISON_OPS = {"greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": "le",
+                  "equal": "eq", "not_equal": "ne"}  # fmt: skip
 
 
 def _plain_forward(function):
@@ -126,7 +126,7 @@ OPS.update({rule.forward: ("unary", name) for rule, name in _UNARY.items()})
 OPS.update({ew.where.forward: ("where", "where"), ew._clip.forward: ("clip", "clip"),
             ew.astype.forward: ("astype", "astype"), nn.relu.forward: ("unary", "relu"),
             nn.sigmoid.forward: ("unary", "sigmoid")})  # fmt: skip
-for _name, _op in _COMPARE.items():
+for _name, _op in COMPARISON_OPS.items():
     _forward = _plain_forward(ew.PLAIN_FUNCTIONS[_name])
     if _forward is not None:
         OPS[_forward] = ("compare", _op)

@@ -589,13 +589,7 @@ def _kernel(library, name, region):
     shape, size, objects = region.shape, math.prod(region.shape), library.objects
     entry = name if objects else f"{name}_loops"
     kinds = [ctypes.py_object] if objects else [ctypes.c_void_p] * (len(region.inputs) + len(outs))
-    functions = []
-    for handle in (library.held, library.released):
-        function = getattr(handle, entry)
-        function.argtypes = kinds + [ctypes.c_longlong] * (len(lengths) + 2)
-        function.restype = ctypes.c_int
-        functions.append(function)
-    held, released = functions
+    held, released = _entry_points(library, entry, kinds, len(lengths))
     call = _caller(released if size >= RELEASE_FROM else held, released, lengths, size, objects)
     empty = np.empty
     if len(outs) == 1:
@@ -615,13 +609,7 @@ def any_lengths(library, name, region):
     `row` elements. The library must read NumPy's objects; a region of one output only."""
     (written,) = region.written()
     out, d = _dtype(region, written), len(_merged(region)[0])
-    functions = []
-    for handle in (library.held, library.released):
-        function = getattr(handle, name)
-        function.argtypes = [ctypes.py_object] + [ctypes.c_longlong] * (d + 2)
-        function.restype = ctypes.c_int
-        functions.append(function)
-    held, released = functions
+    held, released = _entry_points(library, name, [ctypes.py_object], d)
 
     def kernel(row, shape, *arrays):
         size = math.prod(shape)
@@ -631,6 +619,18 @@ def any_lengths(library, name, region):
         return call(arrays, (np.empty(shape, out),))[0]
 
     return kernel
+
+
+def _entry_points(library, entry, kinds, axes):
+    """`(held, released)`: the function `entry` of `library`, holding and releasing the GIL,
+    declared to take arguments of ctypes `kinds`, then `axes` lengths and the outer range."""
+    functions = []
+    for handle in (library.held, library.released):
+        function = getattr(handle, entry)
+        function.argtypes = [*kinds] + [ctypes.c_longlong] * (axes + 2)
+        function.restype = ctypes.c_int
+        functions.append(function)
+    return functions
 
 
 # Outputs of fewer elements than this (not 0-d) are rows of one array: one allocation (an

@@ -25,15 +25,13 @@ import math
 import sys
 import threading
 
-import numpy as np
-
 from ..backend import NUMPY_FLOATS
 from ..cuda import dispatch
 from ..nn.primitives import gelu_tanh
 from ..rules import losses, native_hook, nn
 from ..rules.native_hook import FROM
 from . import loops, numpy_loops
-from .opened import OPENED, RunWhole, with_fallbacks
+from .opened import OPENED, RunWhole, takes, with_fallbacks
 
 __all__ = ["run", "available", "FROM", "RULES"]
 
@@ -58,10 +56,8 @@ def run(name, *arrays, **kw):
     dtype, shape = first.dtype, first.shape
     if dtype not in NUMPY_FLOATS or first.size < FROM or not dispatch.native_allowed():
         return None
-    for a in arrays:
-        if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape or (
-                not a.flags.carray):  # fmt: skip
-            return None
+    if not takes(arrays, dtype, shape):
+        return None
     opening, built_for, _ = RULES[name]
     row = 1
     if len(built_for) == 2:
@@ -69,11 +65,10 @@ def run(name, *arrays, **kw):
         if trailing is None:
             return None
         row = math.prod(shape[first.ndim - trailing :])
-    kernels = available() and _state["kernels"][name, dtype]
-    if not kernels:
+    if not available():
         return None
-    regions = [region for _, region in kernels]
-    bound = [functools.partial(kernel, row, shape) for kernel, _ in kernels]
+    kernels, regions = _state["kernels"][name, dtype]
+    bound = [functools.partial(kernel, row, shape) for kernel in kernels]
     try:
         return opening.composed(with_fallbacks(bound, regions, opening.loop_first), *arrays, **kw)
     except RunWhole:
@@ -101,8 +96,8 @@ def available():
 
 
 def _built():
-    """`{(name, dtype): [kernel, ...]}`, each opening's loops for each dtype; None where the
-    library cannot be had."""
+    """`{(name, dtype): ([kernel, ...], [region, ...])}`, each opening's loops for each dtype;
+    None where the library cannot be had."""
     found = loops.compiler()
     if loops.default_fuse() != "exact" or found is None:
         return None
@@ -124,8 +119,9 @@ def _built():
         library.held.tg_set_numpy_loops(numpy_loops.pointers(list(table)))
     kernels = {}
     for k, (region, owner) in enumerate(zip(regions, owners)):
-        kernel = loops.any_lengths(library, f"tg_region_{k}", region)
-        kernels.setdefault(owner, []).append((kernel, region))
+        made, of = kernels.setdefault(owner, ([], []))
+        made.append(loops.any_lengths(library, f"tg_region_{k}", region))
+        of.append(region)
     return kernels
 
 

@@ -184,20 +184,28 @@ class Opening:
     def run(self, kernels, dtype, shape, kw):
         """`run(*arrays)`: the composed code where the arrays are the recording's (C-contiguous,
         of `dtype` and `shape`), the rule's own code else."""
-        composed, eager, ndarray = self.composed, self.eager, np.ndarray
+        composed, eager = self.composed, self.eager
         kernels = with_fallbacks(kernels, self.regions(dtype, shape, kw), self.loop_first)
 
         def run(*arrays):
-            for a in arrays:
-                if type(a) is not ndarray or a.dtype != dtype or a.shape != shape or (
-                        not a.flags.carray):  # fmt: skip
-                    return own_code(eager, arrays, kw)
+            if not takes(arrays, dtype, shape):
+                return own_code(eager, arrays, kw)
             try:
                 return composed(kernels, *arrays, **kw)
             except RunWhole:
                 return own_code(eager, arrays, kw)
 
         return run
+
+
+def takes(arrays, dtype, shape):
+    """Whether loops built for `dtype` and `shape` take `arrays`: NumPy arrays of them, C-contiguous
+    and aligned (`carray`)."""
+    for a in arrays:
+        if type(a) is not np.ndarray or a.dtype != dtype or a.shape != shape or (
+                not a.flags.carray):  # fmt: skip
+            return False
+    return True
 
 
 class RunWhole(Exception):
@@ -228,9 +236,8 @@ def with_fallbacks(kernels, regions, loop_first):
             for j, (kernel, region) in enumerate(zip(kernels, regions))]  # fmt: skip
 
 
-# the loops' comparisons by NumPy's names (the other operations are NumPy's functions' names)
-_NUMPY = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
-          "gt": np.greater, "ge": np.greater_equal, "where": np.where}  # fmt: skip
+# the loops' comparisons by NumPy's functions (the other operations are named as NumPy's are)
+_NUMPY = {op: getattr(np, name) for name, op in fusion.COMPARISON_OPS.items()}
 
 
 def by_numpy(region, arrays):

@@ -225,15 +225,15 @@ def _gelu_vjp(g, ans, x):
         wide = namespace_of(data(x)).float32
         return astype(_gelu_vjp(astype(g, wide), ans, astype(x, wide)), g.dtype)
     xp = _plain_namespace(g, x)
-    done = native("gelu_vjp", x, g) if xp is not None else None
-    if done is not None:
-        return done
     if xp is None:  # a nested pass: the same formula, differentiable again
         square = multiply(x, x)
         t = tanh(multiply(multiply(add(multiply(square, GELU_K), 1.0), x), GELU_C))
         slope = multiply(multiply(x, subtract(1.0, multiply(t, t))), GELU_C)
         slope = multiply(slope, add(multiply(square, 3 * GELU_K), 1.0))
         return multiply(g, multiply(add(add(t, 1.0), slope), 0.5))
+    done = native("gelu_vjp", x, g)
+    if done is not None:
+        return done
     square = x * x  # then as written above, in place on the arrays made here
     t = square * GELU_K
     t += 1.0

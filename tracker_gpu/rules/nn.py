@@ -196,10 +196,10 @@ def _normalise_vjp(g, ans, x, *, axes, eps=1e-5):
     """`((g - mean(g)) - y * mean(g * y)) / sigma`, sigma recomputed from `x` as the forward
     computes it."""
     xp = _plain(g, ans, x)
-    done = native("normalise_vjp", ans, x, g, axes=axes, eps=eps) if xp is not None else None
-    if done is not None:
-        return done
     if xp is not None:
+        done = native("normalise_vjp", ans, x, g, axes=axes, eps=eps)
+        if done is not None:
+            return done
         mean_g, mean_ga, sigma = normalise_statistics(xp, g, ans, x, axes, eps)
         spread = g - mean_g
         slope = ans * mean_ga
